@@ -1,0 +1,33 @@
+# Two commands matter: `make demo` and `make test`. Both install into .venv first if needed.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+OUT    ?= runs/demo
+
+.PHONY: install demo test bench clean
+
+install: $(STAMP)
+
+# ai-dynamo 1.6.1 declares a dependency on `aisimulate`, a placeholder wheel that downloads from a
+# host outside the package registries; it is not needed for the mocker, the frontend or replay.
+# So the two Dynamo wheels go in with --no-deps and their real dependencies come from the
+# `live` extra in pyproject.toml. torch is pinned to the CPU wheel (a bare `torch` pulls CUDA).
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tasim needs Python >= 3.11")'
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,test]'
+	touch $@
+
+demo: install
+	$(BIN)/python -m tasim simulate scenarios/swe-agent.yaml --out $(OUT)
+
+test: install
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-columns=mean,stddev,rounds
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .benchmarks

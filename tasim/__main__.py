@@ -1,0 +1,5 @@
+import sys
+
+from tasim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,185 @@
+"""Command line: ``python -m tasim simulate|report|schema``.
+
+Every user error (bad scenario, bad flag, unreadable log) prints one line and exits 2; results
+already on disk are only replaced once a run has completed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn, Sequence
+
+from rich.console import Console
+
+from tasim import __version__
+from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError, EventWriter, find_events, read_events
+from tasim.events import Event
+from tasim.metrics import MetricsFold
+from tasim.render import print_summary
+from tasim.scenario import Scenario, ScenarioError, load_scenario
+
+EXIT_USAGE = 2
+SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"
+
+
+class UsageError(Exception):
+    """Bad input from the user: printed as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tasim", description="Program-aware LLM routing: simulate, compare, serve.")
+    parser.add_argument("--version", action="version", version=f"tasim {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    simulate = commands.add_parser("simulate", help="run one scenario in the simulator")
+    simulate.add_argument("scenario", help="scenario YAML file")
+    simulate.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
+    simulate.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
+    simulate.add_argument("--out", type=Path, help="output directory (default: runs/<scenario>-<policy>-s<seed>)")
+    simulate.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario field, e.g. --set workload.concurrency=96 (repeatable)",
+    )
+    simulate.add_argument("--gzip", action="store_true", help=f"write {EVENTS_GZIP} instead of {EVENTS_PLAIN}")
+    simulate.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+
+    report = commands.add_parser("report", help="recompute a run's summary from its event log")
+    report.add_argument("run_dir", type=Path, help="directory written by simulate (or live)")
+    report.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
+
+    commands.add_parser("schema", help="print the scenario file JSON schema")
+    return parser
+
+
+def _scenario_from_args(args: argparse.Namespace) -> Scenario:
+    overrides = list(args.overrides)
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
+    if args.policy is not None:
+        overrides += [f"policy.name={args.policy}", "policy.params={}"]
+    return load_scenario(args.scenario, overrides)
+
+
+def _default_out(scenario: Scenario) -> Path:
+    return Path("runs") / f"{scenario.name}-{scenario.policy.name}-s{scenario.seed}"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def run_simulation(scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Simulate ``scenario``, write the event log, summary and run metadata under ``out``."""
+    from tasim.sim.runner import Simulation  # keeps `tasim schema` and `report` light
+
+    out.mkdir(parents=True, exist_ok=True)
+    events_name = EVENTS_GZIP if gzip else EVENTS_PLAIN
+    final = out / events_name
+    partial = out / (events_name + ".partial")
+    writer = EventWriter(partial, compress=gzip)
+    fold = MetricsFold()
+
+    def emit(event: Event) -> None:
+        writer.write(event)
+        fold.apply(event)
+
+    started = time.perf_counter()
+    try:
+        simulation = Simulation(scenario, emit)
+        if progress:
+            _run_with_progress(simulation, scenario.duration_s)
+        else:
+            simulation.run()
+    finally:
+        writer.close()
+    wall = time.perf_counter() - started
+    partial.replace(final)
+    for stale in {EVENTS_PLAIN, EVENTS_GZIP} - {events_name}:
+        (out / stale).unlink(missing_ok=True)
+    summary = fold.summary(wall_time_s=wall)
+    _write_json(out / SUMMARY_FILE, summary)
+    _write_json(
+        out / RUN_FILE,
+        {"tasim_version": __version__, "events": events_name, "wall_time_s": wall, "scenario": scenario.model_dump(mode="json")},
+    )
+    return summary
+
+
+def _run_with_progress(simulation: Any, duration_s: float) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} sim s"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("sim", total=duration_s)
+        simulation.run(progress=lambda now: bar.update(task, completed=now))
+
+
+def report_summary(run_dir: Path) -> dict[str, Any]:
+    if not run_dir.is_dir():
+        raise UsageError(f"{run_dir}: not a directory")
+    path = find_events(run_dir)
+    fold = MetricsFold().apply_all(read_events(path))
+    wall = None
+    run_file = run_dir / RUN_FILE
+    if run_file.exists():
+        try:
+            wall = json.loads(run_file.read_text()).get("wall_time_s")
+        except (ValueError, OSError) as exc:
+            raise UsageError(f"{run_file}: unreadable ({exc.__class__.__name__})") from None
+    try:
+        return fold.summary(wall_time_s=wall)
+    except ValueError as exc:
+        raise EventLogError(f"{path}: {exc}") from None
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    scenario = _scenario_from_args(args)
+    out = args.out or _default_out(scenario)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    interactive = not args.quiet and sys.stderr.isatty()
+    summary = run_simulation(scenario, out, gzip=args.gzip, progress=interactive)
+    if not args.quiet:
+        print_summary(summary)
+        Console().print(f"wrote {out}/{SUMMARY_FILE} and the event log")
+    return 0
+
+
+def _report(args: argparse.Namespace) -> int:
+    summary = report_summary(args.run_dir)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print_summary(summary)
+    return 0
+
+
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(Scenario.model_json_schema(), indent=2))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _build_parser()
+    try:
+        args = parser.parse_args(argv)
+        handler = {"simulate": _simulate, "report": _report, "schema": _schema}[args.command]
+        return handler(args)
+    except (UsageError, ScenarioError, EventLogError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

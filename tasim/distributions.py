@@ -1,0 +1,118 @@
+"""Seeded random distributions for workload quantities (token counts, turns, tool latency).
+
+In a scenario file a distribution is either a plain number (fixed) or a mapping with a
+``kind``: ``fixed``, ``uniform``, ``lognormal`` or ``empirical``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+
+class _Dist(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        raise NotImplementedError
+
+    def mean(self) -> float:
+        raise NotImplementedError
+
+    def sample_int(self, rng: np.random.Generator, minimum: int = 0) -> int:
+        return max(minimum, int(round(self.sample(rng))))
+
+
+class Fixed(_Dist):
+    kind: Literal["fixed"] = "fixed"
+    value: float = Field(ge=0)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return self.value
+
+    def mean(self) -> float:
+        return self.value
+
+
+class Uniform(_Dist):
+    kind: Literal["uniform"]
+    low: float = Field(ge=0)
+    high: float = Field(ge=0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Uniform":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+    def mean(self) -> float:
+        return (self.low + self.high) / 2
+
+
+class LogNormal(_Dist):
+    """exp(N(ln median, sigma²)), optionally clipped to [min, max] (clipping shifts the mean)."""
+
+    kind: Literal["lognormal"]
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0, le=5)
+    min: float = Field(default=0.0, ge=0)
+    max: float = Field(default=math.inf, gt=0)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        value = self.median * math.exp(self.sigma * float(rng.standard_normal()))
+        return min(max(value, self.min), self.max)
+
+    def mean(self) -> float:
+        return self.median * math.exp(self.sigma**2 / 2)
+
+
+class Empirical(_Dist):
+    """Draws one of ``values`` (with optional ``weights``)."""
+
+    kind: Literal["empirical"]
+    values: list[float] = Field(min_length=1)
+    weights: list[float] | None = None
+
+    @model_validator(mode="after")
+    def _weights_match(self) -> "Empirical":
+        if any(v < 0 for v in self.values):
+            raise ValueError("values must be >= 0")
+        if self.weights is not None:
+            if len(self.weights) != len(self.values):
+                raise ValueError(f"weights has {len(self.weights)} entries, values has {len(self.values)}")
+            if any(w < 0 for w in self.weights) or sum(self.weights) <= 0:
+                raise ValueError("weights must be >= 0 with a positive sum")
+        return self
+
+    def _probabilities(self) -> np.ndarray | None:
+        if self.weights is None:
+            return None
+        w = np.asarray(self.weights, dtype=float)
+        return w / w.sum()
+
+    def sample(self, rng: np.random.Generator) -> float:
+        index = int(rng.choice(len(self.values), p=self._probabilities()))
+        return self.values[index]
+
+    def mean(self) -> float:
+        p = self._probabilities()
+        return float(np.mean(self.values)) if p is None else float(np.dot(self.values, p))
+
+
+def _number_is_fixed(value: Any) -> Any:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return {"kind": "fixed", "value": value}
+    return value
+
+
+Distribution = Annotated[
+    Union[Fixed, Uniform, LogNormal, Empirical],
+    Field(discriminator="kind"),
+    BeforeValidator(_number_is_fixed),
+]

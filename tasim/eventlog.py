@@ -1,0 +1,67 @@
+"""Writing and reading event logs (JSON lines, plain or deterministic gzip)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+from pathlib import Path
+from typing import IO, Iterator
+
+from tasim.events import Event, from_record, to_record
+
+EVENTS_PLAIN = "events.jsonl"
+EVENTS_GZIP = "events.jsonl.gz"
+
+
+class EventLogError(ValueError):
+    """A log that cannot be read; the message names the file and line."""
+
+
+class EventWriter:
+    """Appends events to ``path``; gzip output has mtime 0 and no file name, so identical
+    runs give identical bytes."""
+
+    def __init__(self, path: Path, compress: bool = False) -> None:
+        self.path = path
+        raw: IO[bytes] = open(path, "wb")
+        if compress:
+            raw = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)  # type: ignore[assignment]
+            self._outer = raw.fileobj  # type: ignore[attr-defined]
+        else:
+            self._outer = None
+        self._raw = raw
+        self._out = io.TextIOWrapper(raw, encoding="utf-8", newline="\n")
+        self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
+
+    def write(self, event: Event) -> None:
+        self._out.write(self._dumps(to_record(event)))
+        self._out.write("\n")
+
+    def close(self) -> None:
+        self._out.close()
+        if self._outer is not None:
+            self._outer.close()
+
+
+def find_events(directory: Path) -> Path:
+    for name in (EVENTS_PLAIN, EVENTS_GZIP):
+        candidate = directory / name
+        if candidate.exists():
+            return candidate
+    raise EventLogError(f"{directory}: no {EVENTS_PLAIN} or {EVENTS_GZIP} found")
+
+
+def read_events(path: Path) -> Iterator[Event]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as lines:  # type: ignore[operator]
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield from_record(json.loads(line))
+                except (ValueError, TypeError) as exc:
+                    raise EventLogError(f"{path}:{number}: {exc}") from None
+    except (OSError, EOFError) as exc:
+        raise EventLogError(f"{path}: cannot read ({exc})") from None

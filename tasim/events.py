@@ -1,0 +1,255 @@
+"""Typed events: the append-only record both worlds (simulation and live) write.
+
+Every metric tasim reports is a fold over these events (see `tasim.metrics`), so a run can be
+re-reported, diffed and compared sim-vs-live. Events are frozen, slotted dataclasses; their
+JSON form is one object per line with a ``type`` key and the fields in declaration order, which
+keeps the log byte-identical for the same scenario and seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+_frozen = dataclass(frozen=True, slots=True)
+
+
+@_frozen
+class Event:
+    """Base class: ``t`` is simulated (or live) seconds since the run started."""
+
+    t: float
+    TYPE: ClassVar[str] = "event"
+
+
+@_frozen
+class RunStarted(Event):
+    """Header of every log: what ran, so `report` needs nothing but the log."""
+
+    TYPE: ClassVar[str] = "run_started"
+    scenario: str
+    policy: str
+    seed: int
+    duration_s: float
+    workers: tuple[str, ...]
+    block_size: int
+    kv_blocks_per_worker: int
+    warmup_s: float
+
+
+@_frozen
+class ProgramStarted(Event):
+    TYPE: ClassVar[str] = "program_started"
+    program: str
+    planned_turns: int
+
+
+@_frozen
+class RequestArrived(Event):
+    """A turn's LLM call reaches the router. ``history_tokens``: prompt tokens this program
+    already computed in earlier turns (what a perfect cache would serve)."""
+
+    TYPE: ClassVar[str] = "request_arrived"
+    request: str
+    program: str
+    turn: int
+    prompt_tokens: int
+    history_tokens: int
+    output_tokens: int
+
+
+@_frozen
+class RequestHeld(Event):
+    TYPE: ClassVar[str] = "request_held"
+    request: str
+    program: str
+
+
+@_frozen
+class RequestRouted(Event):
+    TYPE: ClassVar[str] = "request_routed"
+    request: str
+    worker: str
+
+
+@_frozen
+class PrefillStarted(Event):
+    """First admission into a running batch; ``cached_tokens`` came from the prefix cache."""
+
+    TYPE: ClassVar[str] = "prefill_started"
+    request: str
+    worker: str
+    cached_tokens: int
+
+
+@_frozen
+class RequestPreempted(Event):
+    """Recompute preemption: ``lost_tokens`` of computed KV are freed and must be redone."""
+
+    TYPE: ClassVar[str] = "request_preempted"
+    request: str
+    worker: str
+    lost_tokens: int
+
+
+@_frozen
+class RequestReadmitted(Event):
+    """A preempted request re-enters the batch; ``recompute_tokens`` are prefilled again."""
+
+    TYPE: ClassVar[str] = "request_readmitted"
+    request: str
+    worker: str
+    recompute_tokens: int
+
+
+@_frozen
+class FirstToken(Event):
+    TYPE: ClassVar[str] = "first_token"
+    request: str
+
+
+@_frozen
+class RequestFinished(Event):
+    TYPE: ClassVar[str] = "request_finished"
+    request: str
+    program: str
+    worker: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+
+
+@_frozen
+class RequestDropped(Event):
+    """The request can never run (e.g. it needs more KV blocks than the pool has)."""
+
+    TYPE: ClassVar[str] = "request_dropped"
+    request: str
+    program: str
+    worker: str
+    reason: str
+
+
+@_frozen
+class ToolStarted(Event):
+    TYPE: ClassVar[str] = "tool_started"
+    program: str
+    duration_s: float
+
+
+@_frozen
+class ToolFinished(Event):
+    TYPE: ClassVar[str] = "tool_finished"
+    program: str
+
+
+@_frozen
+class ProgramPaused(Event):
+    TYPE: ClassVar[str] = "program_paused"
+    program: str
+
+
+@_frozen
+class ProgramResumed(Event):
+    TYPE: ClassVar[str] = "program_resumed"
+    program: str
+    worker: str
+
+
+@_frozen
+class ProgramFinished(Event):
+    TYPE: ClassVar[str] = "program_finished"
+    program: str
+    context_tokens: int
+
+
+@_frozen
+class KvStored(Event):
+    """Full blocks newly cached on a worker, in prefix order (only new stores are reported)."""
+
+    TYPE: ClassVar[str] = "kv_stored"
+    worker: str
+    blocks: tuple[int, ...]
+
+
+@_frozen
+class KvRemoved(Event):
+    TYPE: ClassVar[str] = "kv_removed"
+    worker: str
+    blocks: tuple[int, ...]
+
+
+@_frozen
+class WorkerSample(Event):
+    """Periodic snapshot of one worker's KV pool and queues."""
+
+    TYPE: ClassVar[str] = "worker_sample"
+    worker: str
+    used_blocks: int
+    cached_blocks: int
+    running: int
+    waiting: int
+
+
+@_frozen
+class RunEnded(Event):
+    TYPE: ClassVar[str] = "run_ended"
+    engine_iterations: int
+    unfinished_requests: int
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        RunStarted,
+        ProgramStarted,
+        RequestArrived,
+        RequestHeld,
+        RequestRouted,
+        PrefillStarted,
+        RequestPreempted,
+        RequestReadmitted,
+        FirstToken,
+        RequestFinished,
+        RequestDropped,
+        ToolStarted,
+        ToolFinished,
+        ProgramPaused,
+        ProgramResumed,
+        ProgramFinished,
+        KvStored,
+        KvRemoved,
+        WorkerSample,
+        RunEnded,
+    )
+}
+
+_FIELDS: dict[type[Event], tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in EVENT_TYPES.values()
+}
+
+
+def to_record(event: Event) -> dict[str, Any]:
+    """JSON-ready dict: ``type`` first, then the fields in declaration order."""
+    record: dict[str, Any] = {"type": event.TYPE}
+    for name in _FIELDS[type(event)]:
+        record[name] = getattr(event, name)
+    return record
+
+
+def from_record(record: dict[str, Any]) -> Event:
+    """Inverse of `to_record`; raises ValueError naming the problem for a bad record."""
+    kind = record.get("type")
+    cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise ValueError(f"unknown event type {kind!r} (allowed: {', '.join(sorted(EVENT_TYPES))})")
+    names = _FIELDS[cls]
+    missing = [n for n in names if n not in record]
+    if missing:
+        raise ValueError(f"{kind} event lacks field(s) {', '.join(missing)}")
+    values = []
+    for name in names:
+        value = record[name]
+        values.append(tuple(value) if isinstance(value, list) else value)
+    return cls(*values)

@@ -1,0 +1,236 @@
+"""Metrics as a fold over events: the simulator and `tasim report` compute the same summary.
+
+Rates count requests that *finished* inside the measurement window [warmup_s, end of run];
+latency statistics and the prefix hit rate are over the same requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+
+from tasim import events as ev
+
+SUMMARY_KEYS = (
+    "scenario",
+    "policy",
+    "seed",
+    "workers",
+    "requests_completed",
+    "programs_completed",
+    "requests_dropped",
+    "requests_unfinished",
+    "steps_per_min",
+    "output_tokens_per_s",
+    "prefix_hit_rate",
+    "ttft_s",
+    "tpot_s",
+    "e2e_s",
+    "recomputed_tokens",
+    "preemptions",
+    "pauses",
+    "resumes",
+    "kv_pool_tokens",
+    "mean_kv_utilization",
+    "working_set_ratio",
+    "engine_iterations",
+    "sim_time_s",
+    "wall_time_s",
+)
+
+
+@dataclass(slots=True)
+class _Req:
+    arrival: float
+    prompt: int
+    history: int
+    first_token: float | None = None
+    cached: int | None = None
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    arr = np.asarray(values, dtype=float)
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
+
+
+@dataclass
+class MetricsFold:
+    """Feed every event of one run in order to `apply`, then call `summary`."""
+
+    header: ev.RunStarted | None = None
+    end: ev.RunEnded | None = None
+    _requests: dict[str, _Req] = field(default_factory=dict)
+    _ttft: list[float] = field(default_factory=list)
+    _tpot: list[float] = field(default_factory=list)
+    _e2e: list[float] = field(default_factory=list)
+    _completed: int = 0
+    _output_tokens: int = 0
+    _prompt_tokens: int = 0
+    _cached_tokens: int = 0
+    _recomputed: int = 0
+    _programs_completed: int = 0
+    _dropped: int = 0
+    _preemptions: int = 0
+    _pauses: int = 0
+    _resumes: int = 0
+    _util_sum: float = 0.0
+    _util_samples: int = 0
+    # working set: time integral of the sum of live programs' context tokens
+    _contexts: dict[str, int] = field(default_factory=dict)
+    _context_sum: int = 0
+    _context_since: float = 0.0
+    _context_integral: float = 0.0
+
+    def apply(self, event: ev.Event) -> None:
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def apply_all(self, events: Iterable[ev.Event]) -> "MetricsFold":
+        for event in events:
+            self.apply(event)
+        return self
+
+    # --- handlers ----------------------------------------------------------------------------
+
+    def _run_started(self, e: ev.RunStarted) -> None:
+        self.header = e
+
+    def _arrived(self, e: ev.RequestArrived) -> None:
+        self._requests[e.request] = _Req(e.t, e.prompt_tokens, e.history_tokens)
+        self._set_context(e.program, e.prompt_tokens, e.t)
+
+    def _prefill(self, e: ev.PrefillStarted) -> None:
+        req = self._requests.get(e.request)
+        if req is not None and req.cached is None:
+            req.cached = e.cached_tokens
+
+    def _first_token(self, e: ev.FirstToken) -> None:
+        req = self._requests.get(e.request)
+        if req is not None and req.first_token is None:
+            req.first_token = e.t
+
+    def _readmitted(self, e: ev.RequestReadmitted) -> None:
+        if self._in_window(e.t):
+            self._recomputed += e.recompute_tokens
+
+    def _finished(self, e: ev.RequestFinished) -> None:
+        self._set_context(e.program, e.prompt_tokens + e.output_tokens, e.t)
+        req = self._requests.pop(e.request, None)
+        if req is None or not self._in_window(e.t):
+            return
+        self._completed += 1
+        self._output_tokens += e.output_tokens
+        self._prompt_tokens += e.prompt_tokens
+        self._cached_tokens += e.cached_tokens
+        bs = self.header.block_size if self.header else 1
+        reusable = min(req.history // bs, (req.prompt - 1) // bs) * bs
+        self._recomputed += max(0, reusable - e.cached_tokens)
+        self._e2e.append(e.t - req.arrival)
+        if req.first_token is not None:
+            self._ttft.append(req.first_token - req.arrival)
+            if e.output_tokens > 1:
+                self._tpot.append((e.t - req.first_token) / (e.output_tokens - 1))
+
+    def _dropped_request(self, e: ev.RequestDropped) -> None:
+        self._requests.pop(e.request, None)
+        self._dropped += 1
+
+    def _preempted(self, e: ev.RequestPreempted) -> None:
+        self._preemptions += 1
+
+    def _paused(self, e: ev.ProgramPaused) -> None:
+        self._pauses += 1
+
+    def _resumed(self, e: ev.ProgramResumed) -> None:
+        self._resumes += 1
+
+    def _program_finished(self, e: ev.ProgramFinished) -> None:
+        self._set_context(e.program, 0, e.t)
+        del self._contexts[e.program]
+        if self._in_window(e.t):
+            self._programs_completed += 1
+
+    def _sample(self, e: ev.WorkerSample) -> None:
+        if self.header and self._in_window(e.t):
+            self._util_sum += e.used_blocks / self.header.kv_blocks_per_worker
+            self._util_samples += 1
+
+    def _run_ended(self, e: ev.RunEnded) -> None:
+        self._set_context("", 0, e.t)
+        self.end = e
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _in_window(self, t: float) -> bool:
+        return self.header is None or t >= self.header.warmup_s
+
+    def _set_context(self, program: str, tokens: int, t: float) -> None:
+        """Track the sum of live programs' contexts as a step function of time."""
+        if self.header is not None and t > self._context_since:
+            start = max(self._context_since, self.header.warmup_s)
+            if t > start:
+                self._context_integral += self._context_sum * (t - start)
+        self._context_since = max(self._context_since, t)
+        if program:
+            self._context_sum += tokens - self._contexts.get(program, 0)
+            self._contexts[program] = tokens
+
+    def summary(self, wall_time_s: float | None = None) -> dict[str, Any]:
+        if self.header is None or self.end is None:
+            raise ValueError("event log is incomplete: it needs a run_started and a run_ended event")
+        h = self.header
+        end_t = self.end.t
+        window = max(end_t - h.warmup_s, 1e-12)
+        pool_tokens = h.kv_blocks_per_worker * h.block_size
+        cluster_tokens = pool_tokens * len(h.workers)
+        result: dict[str, Any] = {
+            "scenario": h.scenario,
+            "policy": h.policy,
+            "seed": h.seed,
+            "workers": len(h.workers),
+            "requests_completed": self._completed,
+            "programs_completed": self._programs_completed,
+            "requests_dropped": self._dropped,
+            "requests_unfinished": self.end.unfinished_requests,
+            "steps_per_min": self._completed / window * 60.0,
+            "output_tokens_per_s": self._output_tokens / window,
+            "prefix_hit_rate": self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0,
+            "ttft_s": _stats(self._ttft),
+            "tpot_s": _stats(self._tpot),
+            "e2e_s": _stats(self._e2e),
+            "recomputed_tokens": self._recomputed,
+            "preemptions": self._preemptions,
+            "pauses": self._pauses,
+            "resumes": self._resumes,
+            "kv_pool_tokens": pool_tokens,
+            "mean_kv_utilization": self._util_sum / self._util_samples if self._util_samples else 0.0,
+            "working_set_ratio": self._context_integral / window / cluster_tokens,
+            "engine_iterations": self.end.engine_iterations,
+            "sim_time_s": end_t,
+            "wall_time_s": wall_time_s,
+        }
+        assert tuple(result) == SUMMARY_KEYS
+        return result
+
+
+_HANDLERS = {
+    ev.RunStarted: MetricsFold._run_started,
+    ev.RequestArrived: MetricsFold._arrived,
+    ev.PrefillStarted: MetricsFold._prefill,
+    ev.FirstToken: MetricsFold._first_token,
+    ev.RequestReadmitted: MetricsFold._readmitted,
+    ev.RequestFinished: MetricsFold._finished,
+    ev.RequestDropped: MetricsFold._dropped_request,
+    ev.RequestPreempted: MetricsFold._preempted,
+    ev.ProgramPaused: MetricsFold._paused,
+    ev.ProgramResumed: MetricsFold._resumed,
+    ev.ProgramFinished: MetricsFold._program_finished,
+    ev.WorkerSample: MetricsFold._sample,
+    ev.RunEnded: MetricsFold._run_ended,
+}

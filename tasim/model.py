@@ -1,0 +1,75 @@
+"""Domain model shared by simulation, live mode and policies: requests and block identity.
+
+Block identity: a block's hash stands for the whole token prefix up to the end of that block
+(a chained hash, as engines report in KV events). Simulated workloads do not carry token ids;
+instead a context is a sequence of *segments*, each owned by whoever created that content (the
+shared system prompt, a prompt group, a program). Block ``i`` covers tokens
+``[i*bs, (i+1)*bs)``; its prefix is identical for two contexts exactly when both the segment
+that contains its last token and every earlier segment are shared, so its hash is
+``owner_of_last_token * 2**32 + i``. Policies and indexers treat hashes as opaque ints, which
+is also what live mode feeds them (Dynamo's XXH3 block hashes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+BlockHash = int
+
+# Owner keys: 0 is the system prompt shared by every program; prompt groups and programs get
+# distinct positive keys from the workload generator.
+SHARED_OWNER = 0
+_INDEX_SPACE = 1 << 32
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """Tokens ``[previous segment end, end)`` of a context were written by ``owner``."""
+
+    end: int
+    owner: int
+
+
+def chained_block_hashes(segments: Sequence[Segment], block_size: int, start_block: int = 0) -> list[BlockHash]:
+    """Hashes of the full blocks from ``start_block`` up to the end of the last segment."""
+    if not segments:
+        return []
+    total = segments[-1].end
+    hashes: list[BlockHash] = []
+    seg = 0
+    for index in range(start_block, total // block_size):
+        last_token = (index + 1) * block_size - 1
+        while segments[seg].end <= last_token:
+            seg += 1
+        hashes.append(segments[seg].owner * _INDEX_SPACE + index)
+    return hashes
+
+
+def full_blocks(tokens: int, block_size: int) -> int:
+    return tokens // block_size
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks needed to hold ``tokens`` (the partial tail block counts)."""
+    return -(-tokens // block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """One LLM call as the router and the engine see it.
+
+    ``block_hashes`` covers every full block of prompt *and* output tokens: the engine caches
+    output blocks as they fill, and the program's next turn re-reads them as prompt.
+    """
+
+    id: str
+    program: str
+    turn: int
+    prompt_tokens: int
+    output_tokens: int
+    history_tokens: int
+    block_hashes: tuple[BlockHash, ...]
+
+    def prompt_block_hashes(self, block_size: int) -> tuple[BlockHash, ...]:
+        return self.block_hashes[: self.prompt_tokens // block_size]

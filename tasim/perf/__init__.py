@@ -1,0 +1,37 @@
+"""Perf models: how long one engine step takes. Chosen by ``cluster.perf.model``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tasim.perf.base import PerfModel, StepShape
+from tasim.perf.polynomial import DynamoPolynomial
+from tasim.perf.roofline import Roofline
+
+if TYPE_CHECKING:
+    from tasim.scenario import ClusterConfig
+
+PERF_MODELS = ("roofline", "dynamo_polynomial")
+
+
+def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
+    from tasim.perf import specs
+
+    perf = cluster.perf
+    if perf.model == "dynamo_polynomial":
+        return DynamoPolynomial(perf.speedup_ratio)
+    return Roofline(
+        specs.models()[cluster.model],
+        specs.gpus()[cluster.gpu],
+        cluster.tp,
+        cluster.weight_dtype,
+        cluster.kv_cache_dtype,
+        perf.mfu,
+        perf.bandwidth_efficiency,
+        perf.step_overhead_ms,
+        perf.allreduce_latency_us,
+        perf.speedup_ratio,
+    )
+
+
+__all__ = ["PERF_MODELS", "DynamoPolynomial", "PerfModel", "Roofline", "StepShape", "make_perf_model"]

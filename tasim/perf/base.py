@@ -1,0 +1,45 @@
+"""What a perf model sees of one engine step, and the protocol every perf model follows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class StepShape:
+    """The work of one engine iteration (a batch of prefill chunks and decodes).
+
+    scheduled_tokens:      tokens computed this step, over all requests
+    attn_pairs:            sum over requests of n * (context before + n / 2): attention work
+    kv_read_tokens:        sum over requests of the context already in KV before this step
+    prefill_seqs:          requests computing prompt tokens this step
+    prefill_prompt_tokens: prompt tokens computed this step (recomputed output tokens excluded,
+                           as Dynamo's mocker counts them)
+    prefill_prefix_tokens: tokens those prefilling requests had computed or cached before
+    decode_seqs:           requests whose known tokens are all computed after this step (they
+                           emit a token; includes requests finishing their prefill)
+    active_blocks, total_blocks: KV pool occupancy after scheduling
+    """
+
+    scheduled_tokens: int = 0
+    attn_pairs: float = 0.0
+    kv_read_tokens: int = 0
+    prefill_seqs: int = 0
+    prefill_prompt_tokens: int = 0
+    prefill_prefix_tokens: int = 0
+    decode_seqs: int = 0
+    active_blocks: int = 0
+    total_blocks: int = 1
+
+    @property
+    def kv_utilization(self) -> float:
+        return self.active_blocks / self.total_blocks
+
+
+class PerfModel(Protocol):
+    name: str
+
+    def step_time(self, shape: StepShape) -> float:
+        """Seconds the engine spends on this step."""
+        ...

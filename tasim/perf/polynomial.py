@@ -1,0 +1,46 @@
+"""Dynamo mocker's default ``polynomial`` timing model, for cross-checking against its replay.
+
+Prefill: 4.209989e-7*N^2 + 1.518344e-2*N + 16.50142 ms for N new prompt tokens in the step
+(0 when N = 0). N is computed as the mocker does, from integer means over the prefilling
+requests: N = count * (sum(prefix+chunk) // count - sum(prefix) // count).
+Decode: max(1, -25.74*u^2 + 54.01*u + 5.74) ms for KV utilisation u = active/total blocks,
+when any request decodes this step. A mixed step costs the sum. Both divide by speedup_ratio.
+"""
+
+from __future__ import annotations
+
+from tasim.perf.base import StepShape
+
+PREFILL_COEFFS_MS = (4.209989e-7, 1.518344e-2, 16.50142)
+DECODE_COEFFS_MS = (-25.74, 54.01, 5.74)
+DECODE_FLOOR_MS = 1.0
+
+
+def prefill_ms(new_tokens: int) -> float:
+    if new_tokens <= 0:
+        return 0.0
+    a, b, c = PREFILL_COEFFS_MS
+    return max(0.0, a * new_tokens * new_tokens + b * new_tokens + c)
+
+
+def decode_ms(utilization: float) -> float:
+    a, b, c = DECODE_COEFFS_MS
+    return max(DECODE_FLOOR_MS, a * utilization * utilization + b * utilization + c)
+
+
+class DynamoPolynomial:
+    name = "dynamo_polynomial"
+
+    def __init__(self, speedup_ratio: float = 1.0) -> None:
+        self.scale = 1e-3 / speedup_ratio
+
+    def step_time(self, shape: StepShape) -> float:
+        ms = 0.0
+        count = shape.prefill_seqs
+        if count:
+            mean_isl = (shape.prefill_prefix_tokens + shape.prefill_prompt_tokens) // count
+            mean_prefix = shape.prefill_prefix_tokens // count
+            ms += prefill_ms(count * (mean_isl - mean_prefix))
+        if shape.decode_seqs:
+            ms += decode_ms(shape.kv_utilization)
+        return ms * self.scale

@@ -1,0 +1,34 @@
+"""Policy registry: scenario files and the CLI name policies by these keys."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+from pydantic import BaseModel
+
+from tasim.policies.base import Hold, Pause, Policy, Resume, Route, TurnEnd
+from tasim.policies.round_robin import RoundRobin
+from tasim.view import ClusterView
+
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin,)}
+
+
+def policy_class(name: str) -> type[Policy]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (allowed: {', '.join(sorted(POLICIES))})") from None
+
+
+def validate_params(name: str, params: Mapping[str, Any]) -> BaseModel:
+    """Raises pydantic.ValidationError for bad parameters."""
+    return policy_class(name).params_model.model_validate(dict(params))
+
+
+def make_policy(name: str, params: Mapping[str, Any], view: ClusterView, rng: np.random.Generator) -> Policy:
+    cls = policy_class(name)
+    return cls(view, validate_params(name, params), rng)
+
+
+__all__ = ["POLICIES", "Hold", "Pause", "Policy", "Resume", "Route", "TurnEnd", "make_policy", "policy_class", "validate_params"]

@@ -1,0 +1,115 @@
+"""The policy interface: notifications in, decisions out.
+
+A policy is pure decision logic. It never sleeps, never does I/O and never reads a clock: time
+arrives as ``now`` in every call. The simulator's policy host and the live router call the same
+methods, so a policy judged in simulation is the object that routes real traffic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from tasim.model import BlockHash, RequestSpec
+from tasim.view import ClusterView
+
+
+# --- decisions ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Send the request to ``worker`` now."""
+
+    worker: str
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """Keep the request at the router until a `Resume` for its program names a worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """The program's next request will be held; its KV may be evicted meanwhile."""
+
+    program: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """The program may run again on ``worker``; a held request goes there now."""
+
+    program: str
+    worker: str
+
+
+RequestDecision = Union[Route, Hold]
+ProgramDecision = Union[Pause, Resume]
+
+
+# --- notifications -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnd:
+    """A request finished (``ok``) or failed; usage is what the engine reported."""
+
+    program: str
+    request: str
+    worker: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    ok: bool = True
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Policy:
+    """Base class with no-op hooks; subclasses override what they need.
+
+    ``params_model`` validates ``policy.params`` from the scenario file; ``tick_interval_s``
+    (None = no tick) asks the host to call `on_tick` periodically; ``wants_kv_events`` asks
+    for the workers' KV stored/removed events.
+    """
+
+    name: ClassVar[str] = "base"
+    summary: ClassVar[str] = ""
+    params_model: ClassVar[type[BaseModel]] = NoParams
+    tick_interval_s: float | None = None
+    wants_kv_events: bool = False
+
+    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+        self.view = view
+        self.params = params
+        self.rng = rng
+
+    def on_program_start(self, program: str, now: float) -> None:
+        """A program (agent trajectory, session) begins."""
+
+    def on_request(self, request: RequestSpec, now: float) -> RequestDecision:
+        raise NotImplementedError
+
+    def on_first_token(self, request: str, worker: str, now: float) -> None:
+        """Prefill of ``request`` completed on ``worker``."""
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        return ()
+
+    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        return ()
+
+    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+        """Blocks newly cached on ``worker`` (only when ``wants_kv_events``)."""
+
+    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+        """Blocks evicted from ``worker`` (only when ``wants_kv_events``)."""
+
+    def on_tick(self, now: float) -> Sequence[ProgramDecision]:
+        return ()

@@ -1,0 +1,31 @@
+"""Plain round-robin: each request goes to the next worker in turn, blind to programs and KV.
+
+This is what Dynamo's frontend does with ``--router-mode round-robin`` and what the
+ThunderAgent paper calls the stateless vLLM baseline when there is more than one replica.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import numpy as np
+from pydantic import BaseModel
+
+from tasim.model import RequestSpec
+from tasim.policies.base import Policy, Route
+from tasim.view import ClusterView
+
+
+class RoundRobin(Policy):
+    name: ClassVar[str] = "round_robin"
+    summary: ClassVar[str] = "each request to the next worker in turn"
+
+    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+        super().__init__(view, params, rng)
+        self._next = 0
+
+    def on_request(self, request: RequestSpec, now: float) -> Route:
+        workers = self.view.workers
+        worker = workers[self._next % len(workers)].id
+        self._next += 1
+        return Route(worker)

@@ -1,0 +1,285 @@
+"""One engine replica with vLLM-v1 scheduling semantics (as Dynamo's mocker models them).
+
+The engine is a plain state machine, independent of simpy: `begin_step` schedules one
+iteration at time ``now`` and returns it with its duration from the perf model; `end_step`
+applies its outcome at the step's end. Per step:
+
+1. A token budget of ``max_num_batched_tokens``. Running requests, in admission order, each get
+   ``min(known tokens - computed, budget)``: 1 for a decode, the next chunk for a prefill. If the
+   KV blocks for those tokens cannot be had, the newest (or oldest) running request is preempted
+   (recompute: its blocks are released, it goes back to the front of the waiting queue) until
+   they can; the request may preempt itself.
+2. If nothing was preempted, waiting requests are admitted FCFS while fewer than
+   ``max_num_seqs`` run and budget remains: the longest cached prefix of full blocks is reused
+   (at least one token is always computed); the whole sequence must fit in the blocks that are
+   free or evictable, else admission stops (head-of-line); blocks are taken only for the
+   scheduled chunk. Without chunked prefill the rest of the prompt must fit the budget.
+3. Blocks that this step completes are cached under their hash at scheduling time (KV stored
+   events); evictions happen while allocating (KV removed events).
+4. At the end of the step every request whose known tokens are all computed emits one token:
+   the first one when its prefill completes, then one per decode step. A request that has
+   emitted its last token finishes and releases its blocks (they stay cached until evicted).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+from tasim.model import BlockHash, RequestSpec, blocks_for
+from tasim.perf.base import PerfModel, StepShape
+from tasim.sim.kv_cache import BlockPool, Eviction
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    preemption: Literal["newest_first", "oldest_first"] = "newest_first"
+    eviction: Eviction = "lru"
+
+
+class EngineListener(Protocol):
+    """What the engine reports; the simulation runner turns these into events."""
+
+    def on_admitted(
+        self, worker: str, request: RequestSpec, cached_tokens: int, length: int, first: bool, now: float
+    ) -> None: ...
+
+    def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None: ...
+
+    def on_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None: ...
+
+    def on_first_token(self, worker: str, request: RequestSpec, now: float) -> None: ...
+
+    def on_finished(self, worker: str, request: RequestSpec, cached_tokens: int, now: float) -> None: ...
+
+    def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None: ...
+
+
+class EngineRequest:
+    """Engine-side state of one request."""
+
+    __slots__ = ("spec", "prompt", "target", "generated", "computed", "held", "phys", "full_done", "cached_tokens", "admissions")
+
+    def __init__(self, spec: RequestSpec) -> None:
+        self.spec = spec
+        self.prompt = spec.prompt_tokens
+        self.target = spec.output_tokens
+        self.generated = 0
+        self.computed = 0
+        self.held: list[BlockHash] = []  # registered blocks referenced, in prefix order
+        self.phys = 0  # physical blocks this request occupies (held + private copies + tail)
+        self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
+        self.cached_tokens = 0  # prefix-cache hit at first admission
+        self.admissions = 0
+
+    @property
+    def length(self) -> int:
+        """Known tokens: prompt plus generated (the newest generated token is not yet computed)."""
+        return self.prompt + self.generated
+
+
+@dataclass(slots=True)
+class Step:
+    start: float
+    duration: float
+    scheduled: list[tuple[EngineRequest, int]] = field(default_factory=list)
+    shape: StepShape = field(default_factory=StepShape)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+class Engine:
+    def __init__(self, worker: str, config: EngineConfig, perf: PerfModel, listener: EngineListener) -> None:
+        self.worker = worker
+        self.config = config
+        self.perf = perf
+        self.listener = listener
+        self.pool = BlockPool(config.num_blocks, config.eviction)
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.iterations = 0
+        self._lifo = config.preemption == "newest_first"
+
+    # --- public API ------------------------------------------------------------------------
+
+    def submit(self, spec: RequestSpec) -> None:
+        if spec.output_tokens < 1:
+            raise ValueError(f"request {spec.id}: output_tokens must be >= 1")
+        self.waiting.append(EngineRequest(spec))
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def begin_step(self, now: float) -> Step:
+        """Schedule one iteration at ``now``; the caller waits ``step.duration`` then calls
+        `end_step`. A step with nothing scheduled has duration 0 and changes nothing."""
+        step = Step(start=now, duration=0.0)
+        budget = self.config.max_num_batched_tokens
+        budget, preempted = self._schedule_running(step, budget, now)
+        if not preempted:
+            self._admit_waiting(step, budget, now)
+        stored, removed = self.pool.drain_events()
+        if stored or removed:
+            self.listener.on_kv(self.worker, stored, removed, now)
+        if step.scheduled:
+            self.iterations += 1
+            step.shape = self._shape(step)
+            step.duration = self.perf.step_time(step.shape)
+        return step
+
+    def end_step(self, step: Step, now: float) -> None:
+        finished: list[EngineRequest] = []
+        for req, n in step.scheduled:
+            req.computed += n
+            if req.computed == req.length:
+                req.generated += 1
+                if req.generated == 1:
+                    self.listener.on_first_token(self.worker, req.spec, now)
+                if req.generated >= req.target:
+                    finished.append(req)
+        for req in finished:
+            self.running.remove(req)
+            self._release(req)
+            self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
+
+    def clear_prefix_cache(self) -> None:
+        self.pool.clear()
+        self.pool.drain_events()
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    def _schedule_running(self, step: Step, budget: int, now: float) -> tuple[int, bool]:
+        preempted = False
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.length - req.computed, budget)
+            victim_was_self = False
+            while not self._reserve(req, req.computed + n):
+                victim = running[-1] if self._lifo else running[0]
+                budget += self._preempt(victim, step, now)
+                preempted = True
+                if victim is req:
+                    victim_was_self = True
+                    break
+                if running.index(req) < i:  # an earlier request was removed
+                    i -= 1
+            if victim_was_self:
+                continue
+            step.scheduled.append((req, n))
+            budget -= n
+            i += 1
+        return budget, preempted
+
+    def _admit_waiting(self, step: Step, budget: int, now: float) -> None:
+        cfg = self.config
+        pool = self.pool
+        bs = cfg.block_size
+        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting[0]
+            length = req.length
+            total_blocks = blocks_for(length, bs)
+            if total_blocks > cfg.num_blocks:
+                self.waiting.popleft()
+                self.listener.on_dropped(
+                    self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now
+                )
+                continue
+            hits = active_hits = 0
+            if cfg.enable_prefix_caching:
+                # Leave at least one token to compute, as vLLM does for a fully cached prompt.
+                hits, active_hits = pool.prefix_hits(req.spec.block_hashes, (length - 1) // bs)
+            if total_blocks - active_hits > pool.available:
+                break
+            cached = hits * bs
+            chunk = min(length - cached, budget)
+            if not cfg.enable_chunked_prefill and chunk < length - cached:
+                break
+            self.waiting.popleft()
+            hashes = req.spec.block_hashes
+            req.held = list(hashes[:hits])
+            pool.acquire(req.held)
+            req.phys = req.full_done = hits
+            req.computed = cached
+            if not self._reserve(req, cached + chunk):  # cannot happen after the check above
+                raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
+            req.admissions += 1
+            first = req.admissions == 1
+            if first:
+                req.cached_tokens = cached
+            self.running.append(req)
+            step.scheduled.append((req, chunk))
+            budget -= chunk
+            self.listener.on_admitted(self.worker, req.spec, cached, length, first, now)
+
+    def _reserve(self, req: EngineRequest, upto_tokens: int) -> bool:
+        """Hold blocks for the first ``upto_tokens`` tokens and cache the blocks they complete."""
+        bs = self.config.block_size
+        need = blocks_for(upto_tokens, bs) - req.phys
+        if need > 0:
+            if not self.pool.allocate(need):
+                return False
+            req.phys += need
+        full = upto_tokens // bs
+        if full > req.full_done and self.config.enable_prefix_caching:
+            hashes = req.spec.block_hashes
+            register = self.pool.register
+            held = req.held
+            for j in range(req.full_done, full):
+                block = hashes[j]
+                # Link to the parent only when this request holds it; a parent held as a
+                # private duplicate may sit inactive while this child is in use.
+                parent = hashes[j - 1] if j and held and held[-1] == hashes[j - 1] else None
+                if register(block, parent):
+                    held.append(block)
+        req.full_done = max(req.full_done, full)
+        return True
+
+    def _preempt(self, victim: EngineRequest, step: Step, now: float) -> int:
+        """Recompute preemption; returns the budget refunded if the victim was already scheduled."""
+        refund = 0
+        for k, (req, n) in enumerate(step.scheduled):
+            if req is victim:
+                refund = n
+                del step.scheduled[k]
+                break
+        lost = victim.computed
+        self.running.remove(victim)
+        self._release(victim)
+        victim.computed = 0
+        self.waiting.appendleft(victim)
+        self.listener.on_preempted(self.worker, victim.spec, lost, now)
+        return refund
+
+    def _release(self, req: EngineRequest) -> None:
+        self.pool.release(req.held)
+        self.pool.release_private(req.phys - len(req.held))
+        req.held = []
+        req.phys = req.full_done = 0
+
+    def _shape(self, step: Step) -> StepShape:
+        shape = StepShape(active_blocks=self.pool.active, total_blocks=self.config.num_blocks)
+        for req, n in step.scheduled:
+            c = req.computed
+            shape.scheduled_tokens += n
+            shape.attn_pairs += n * (c + n / 2)
+            shape.kv_read_tokens += c
+            prompt_chunk = min(c + n, req.prompt) - c
+            if prompt_chunk > 0:
+                shape.prefill_seqs += 1
+                shape.prefill_prompt_tokens += prompt_chunk
+                shape.prefill_prefix_tokens += c
+            if c + n == req.length:
+                shape.decode_seqs += 1
+        return shape

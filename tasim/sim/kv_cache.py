@@ -1,0 +1,215 @@
+"""Paged KV block pool with a prefix cache, as vLLM v1 and Dynamo's mocker keep it.
+
+Every physical block is in exactly one of three states:
+
+* **free**: holds nothing reusable (never used, a partial tail block, a duplicate copy);
+* **active**: referenced by at least one running request (``refs > 0``);
+* **inactive**: cached and unreferenced; reusable by a prefix hit until evicted.
+
+``free + active + inactive == num_blocks`` at all times. A full block is registered under its
+chained hash when the step that computes its last token is scheduled; only hashes that were not
+resident emit a *stored* event, and only evicting the last copy emits *removed*. Allocation uses
+free blocks first and evicts inactive ones only when none are free.
+
+Eviction order of inactive blocks:
+
+* ``lru``: least recently released first. Requests release their blocks tail-first, so a
+  sequence's deepest blocks go before its prefix (vLLM's free-queue order).
+* ``lineage``: only leaves (no resident child) are evictable, oldest release first; a parent that
+  becomes a leaf again keeps its original release tick (Dynamo mocker's default).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from typing import Literal, Sequence
+
+from tasim.model import BlockHash
+
+Eviction = Literal["lru", "lineage"]
+
+
+class _Cached:
+    __slots__ = ("refs", "parent", "children", "tick")
+
+    def __init__(self, parent: BlockHash | None) -> None:
+        self.refs = 1
+        self.parent = parent
+        self.children = 0
+        self.tick = 0
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, eviction: Eviction = "lru") -> None:
+        if num_blocks <= 0:
+            raise ValueError("num_blocks must be positive")
+        self.num_blocks = num_blocks
+        self.eviction = eviction
+        self.free = num_blocks
+        self._cached: dict[BlockHash, _Cached] = {}
+        self._inactive_lru: OrderedDict[BlockHash, None] = OrderedDict()
+        self._inactive_count = 0
+        self._leaf_heap: list[tuple[int, BlockHash]] = []
+        self._tick = 0
+        # KV events since the last drain, in the order they happened.
+        self.stored: list[BlockHash] = []
+        self.removed: list[BlockHash] = []
+
+    # --- queries ---------------------------------------------------------------------------
+
+    @property
+    def inactive(self) -> int:
+        return self._inactive_count
+
+    @property
+    def active(self) -> int:
+        return self.num_blocks - self.free - self._inactive_count
+
+    @property
+    def available(self) -> int:
+        """Blocks a new reservation can get: free plus evictable."""
+        return self.free + self._inactive_count
+
+    @property
+    def cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def is_cached(self, block: BlockHash) -> bool:
+        return block in self._cached
+
+    def refs(self, block: BlockHash) -> int:
+        entry = self._cached.get(block)
+        return entry.refs if entry else 0
+
+    def prefix_hits(self, hashes: Sequence[BlockHash], limit: int) -> tuple[int, int]:
+        """Leading blocks of ``hashes[:limit]`` resident in the cache, and how many of those are
+        active (already referenced, so a new reference costs no capacity)."""
+        hits = active = 0
+        cached = self._cached
+        for block in hashes[:limit]:
+            entry = cached.get(block)
+            if entry is None:
+                break
+            hits += 1
+            if entry.refs:
+                active += 1
+        return hits, active
+
+    def inactive_order(self) -> list[BlockHash]:
+        """Inactive blocks in the order they would be evicted (for tests and debugging)."""
+        if self.eviction == "lru":
+            return list(self._inactive_lru)
+        order: list[BlockHash] = []
+        children = {h: e.children for h, e in self._cached.items()}
+        heap = [(e.tick, h) for h, e in self._cached.items() if e.refs == 0 and e.children == 0]
+        heapq.heapify(heap)
+        while heap:
+            _, block = heapq.heappop(heap)
+            order.append(block)
+            parent = self._cached[block].parent
+            if parent is not None and parent in children:
+                children[parent] -= 1
+                entry = self._cached[parent]
+                if children[parent] == 0 and entry.refs == 0:
+                    heapq.heappush(heap, (entry.tick, parent))
+        return order
+
+    # --- reference counting ----------------------------------------------------------------
+
+    def acquire(self, blocks: Sequence[BlockHash]) -> None:
+        """Reference resident blocks (a prefix hit)."""
+        cached = self._cached
+        lru = self._inactive_lru if self.eviction == "lru" else None
+        reactivated = 0
+        for block in blocks:
+            entry = cached[block]
+            if entry.refs == 0:
+                reactivated += 1
+                if lru is not None:
+                    del lru[block]
+                # lineage: the leaf-heap entry goes stale and is skipped when popped
+            entry.refs += 1
+        self._inactive_count -= reactivated
+
+    def release(self, blocks: Sequence[BlockHash]) -> None:
+        """Drop one reference from each block, deepest first, as requests free their blocks."""
+        cached = self._cached
+        lru = self._inactive_lru if self.eviction == "lru" else None
+        heap = self._leaf_heap
+        tick = self._tick
+        for block in reversed(blocks):
+            entry = cached[block]
+            entry.refs -= 1
+            if entry.refs == 0:
+                tick += 1
+                entry.tick = tick
+                if lru is not None:
+                    lru[block] = None
+                elif entry.children == 0:
+                    heapq.heappush(heap, (tick, block))
+        self._inactive_count += tick - self._tick
+        self._tick = tick
+
+    def release_private(self, count: int) -> None:
+        self.free += count
+
+    # --- allocation ------------------------------------------------------------------------
+
+    def allocate(self, count: int) -> bool:
+        """Take ``count`` physical blocks, evicting inactive ones if needed; all or nothing."""
+        if count <= self.free:
+            self.free -= count
+            return True
+        if count > self.free + self._inactive_count:
+            return False
+        need = count - self.free
+        self.free = 0
+        for _ in range(need):
+            self._evict_one()
+        return True
+
+    def register(self, block: BlockHash, parent: BlockHash | None) -> bool:
+        """A freshly computed full block (already allocated) gets its hash. Returns False if a
+        copy is already resident: the caller keeps its block as a private duplicate."""
+        if block in self._cached:
+            return False
+        # Parent links matter only to lineage eviction (LRU may evict a parent before its
+        # children, which would leave dangling links).
+        parent_entry = self._cached.get(parent) if self.eviction == "lineage" and parent is not None else None
+        self._cached[block] = _Cached(parent if parent_entry is not None else None)
+        if parent_entry is not None:
+            parent_entry.children += 1
+        self.stored.append(block)
+        return True
+
+    def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
+        stored, removed = self.stored, self.removed
+        self.stored, self.removed = [], []
+        return stored, removed
+
+    def clear(self) -> None:
+        """Drop every inactive block (as after a weight update); active blocks stay."""
+        while self._inactive_count:
+            self._evict_one()
+            self.free += 1
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _evict_one(self) -> None:
+        if self.eviction == "lru":
+            block, _ = self._inactive_lru.popitem(last=False)
+        else:
+            while True:
+                tick, block = heapq.heappop(self._leaf_heap)
+                entry = self._cached.get(block)
+                if entry is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick:
+                    break
+        entry = self._cached.pop(block)
+        self._inactive_count -= 1
+        self.removed.append(block)
+        if entry.parent is not None:
+            parent = self._cached[entry.parent]  # lineage never evicts a block that has children
+            parent.children -= 1
+            if parent.children == 0 and parent.refs == 0:
+                heapq.heappush(self._leaf_heap, (parent.tick, entry.parent))

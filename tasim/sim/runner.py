@@ -1,0 +1,257 @@
+"""The simulation: simpy processes for programs, engine workers and the policy host.
+
+Programs issue requests; the policy host asks the policy where each goes (or holds it); worker
+processes run their engine one iteration at a time; every state change is reported as an event
+to ``emit``. The run stops at ``duration_s``; requests still in flight then are counted as
+unfinished.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Generator, Sequence
+
+import numpy as np
+import simpy
+
+from tasim import events as ev
+from tasim.model import BlockHash, RequestSpec
+from tasim.perf import make_perf_model
+from tasim.policies import Hold, Pause, Policy, Resume, Route, TurnEnd, make_policy
+from tasim.policies.base import ProgramDecision
+from tasim.scenario import Scenario
+from tasim.sim.engine import Engine, EngineConfig
+from tasim.view import ClusterView, WorkerInfo
+from tasim.workload import ProgramContext, ProgramPlan, plan_program
+
+Emit = Callable[[ev.Event], None]
+Progress = Callable[[float], None]
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, emit: Emit) -> None:
+        self.scenario = scenario
+        self.emit = emit
+        self.env = simpy.Environment()
+        cluster = scenario.cluster
+        engine_cfg = cluster.engine
+        self.block_size = engine_cfg.block_size
+        num_blocks = cluster.kv_blocks_per_worker()
+        self.view = ClusterView(
+            tuple(
+                WorkerInfo(f"w{i}", engine_cfg.block_size, num_blocks, engine_cfg.max_num_seqs, engine_cfg.max_num_batched_tokens)
+                for i in range(cluster.backends)
+            )
+        )
+        policy_seed, arrival_seed = np.random.SeedSequence([scenario.seed, 2]).spawn(2)
+        self.policy: Policy = make_policy(
+            scenario.policy.name, scenario.policy.params, self.view, np.random.default_rng(policy_seed)
+        )
+        self._arrival_rng = np.random.default_rng(arrival_seed)
+        perf = make_perf_model(cluster)
+        config = EngineConfig(
+            block_size=engine_cfg.block_size,
+            num_blocks=num_blocks,
+            max_num_seqs=engine_cfg.max_num_seqs,
+            max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
+            enable_prefix_caching=engine_cfg.enable_prefix_caching,
+            enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
+            preemption=engine_cfg.preemption,
+            eviction=engine_cfg.eviction,
+        )
+        self.engines = {w.id: Engine(w.id, config, perf, self) for w in self.view.workers}
+        self._wake: dict[str, simpy.Event | None] = {w: None for w in self.engines}
+        self._waiters: dict[str, simpy.Event] = {}
+        self._held: dict[str, RequestSpec] = {}
+        self._next_program = 0
+        self._log_kv = scenario.metrics.log_kv_events
+
+    # --- running -------------------------------------------------------------------------------
+
+    def run(self, progress: Progress | None = None) -> None:
+        s = self.scenario
+        env = self.env
+        self.emit(
+            ev.RunStarted(
+                0.0, s.name, s.policy.name, s.seed, s.duration_s, self.view.worker_ids,
+                self.block_size, self.view.workers[0].kv_blocks, s.metrics.warmup_s,
+            )
+        )
+        for engine in self.engines.values():
+            env.process(self._worker(engine))
+        if s.workload.arrival == "closed":
+            for _ in range(s.workload.concurrency):
+                env.process(self._closed_loop_slot())
+        else:
+            env.process(self._poisson_arrivals())
+        if self.policy.tick_interval_s:
+            env.process(self._ticks(self.policy.tick_interval_s))
+        env.process(self._samples(s.metrics.sample_interval_s))
+        if progress is not None:
+            env.process(self._progress(progress))
+        env.run(until=s.duration_s)
+        iterations = sum(e.iterations for e in self.engines.values())
+        self.emit(ev.RunEnded(s.duration_s, iterations, len(self._waiters)))
+
+    # --- processes ---------------------------------------------------------------------------
+
+    def _worker(self, engine: Engine) -> Generator[simpy.Event, object, None]:
+        env = self.env
+        while True:
+            if not engine.has_work:
+                wake = self._wake[engine.worker] = env.event()
+                yield wake
+            step = engine.begin_step(env.now)
+            if not step.scheduled:
+                # Everything runnable was preempted this step; the next step re-admits.
+                if not engine.running and engine.waiting:
+                    continue
+                wake = self._wake[engine.worker] = env.event()
+                yield wake
+                continue
+            yield env.timeout(step.duration)
+            engine.end_step(step, env.now)
+
+    def _closed_loop_slot(self) -> Generator[simpy.Event, object, None]:
+        while self.env.now < self.scenario.duration_s:
+            yield self.env.process(self._program(self._new_plan()))
+
+    def _poisson_arrivals(self) -> Generator[simpy.Event, object, None]:
+        rate = self.scenario.workload.rate_per_s
+        assert rate is not None
+        while True:
+            yield self.env.timeout(float(self._arrival_rng.exponential(1.0 / rate)))
+            self.env.process(self._program(self._new_plan()))
+
+    def _new_plan(self) -> ProgramPlan:
+        index = self._next_program
+        self._next_program += 1
+        return plan_program(self.scenario.workload, self.scenario.seed, index, self.scenario.max_context_tokens)
+
+    def _program(self, plan: ProgramPlan) -> Generator[simpy.Event, object, None]:
+        env = self.env
+        context = ProgramContext(plan, self.block_size)
+        self.emit(ev.ProgramStarted(env.now, plan.id, len(plan.turns)))
+        self.policy.on_program_start(plan.id, env.now)
+        last = len(plan.turns) - 1
+        for turn in range(len(plan.turns)):
+            spec = context.request(turn)
+            self.emit(
+                ev.RequestArrived(
+                    env.now, spec.id, plan.id, turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens
+                )
+            )
+            done = self._waiters[spec.id] = env.event()
+            self._dispatch(spec)
+            outcome = yield done
+            assert isinstance(outcome, TurnEnd)
+            self._apply(self.policy.on_turn_end(outcome, env.now))
+            if not outcome.ok:
+                break
+            context.complete_turn(turn)
+            if turn == last:
+                break
+            latency = plan.turns[turn].tool_latency_s
+            self.emit(ev.ToolStarted(env.now, plan.id, latency))
+            yield env.timeout(latency)
+            self.emit(ev.ToolFinished(env.now, plan.id))
+        self.emit(ev.ProgramFinished(env.now, plan.id, context.context_tokens))
+        self._apply(self.policy.on_program_end(plan.id, env.now))
+
+    def _ticks(self, interval: float) -> Generator[simpy.Event, object, None]:
+        while True:
+            yield self.env.timeout(interval)
+            self._apply(self.policy.on_tick(self.env.now))
+
+    def _samples(self, interval: float) -> Generator[simpy.Event, object, None]:
+        while True:
+            now = self.env.now
+            for engine in self.engines.values():
+                pool = engine.pool
+                self.emit(
+                    ev.WorkerSample(now, engine.worker, pool.active, pool.cached_blocks, len(engine.running), len(engine.waiting))
+                )
+            yield self.env.timeout(interval)
+
+    def _progress(self, report: Progress) -> Generator[simpy.Event, object, None]:
+        step = self.scenario.duration_s / 200
+        while True:
+            report(self.env.now)
+            yield self.env.timeout(step)
+
+    # --- policy host -------------------------------------------------------------------------
+
+    def _dispatch(self, spec: RequestSpec) -> None:
+        decision = self.policy.on_request(spec, self.env.now)
+        if isinstance(decision, Route):
+            self._route(spec, decision.worker)
+        elif isinstance(decision, Hold):
+            self._held[spec.program] = spec
+            self.emit(ev.RequestHeld(self.env.now, spec.id, spec.program))
+        else:
+            raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
+
+    def _route(self, spec: RequestSpec, worker: str) -> None:
+        engine = self.engines.get(worker)
+        if engine is None:
+            raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
+        self.emit(ev.RequestRouted(self.env.now, spec.id, worker))
+        engine.submit(spec)
+        wake = self._wake[worker]
+        if wake is not None and not wake.triggered:
+            wake.succeed()
+
+    def _apply(self, decisions: Sequence[ProgramDecision]) -> None:
+        now = self.env.now
+        for decision in decisions:
+            if isinstance(decision, Pause):
+                self.emit(ev.ProgramPaused(now, decision.program))
+            elif isinstance(decision, Resume):
+                self.emit(ev.ProgramResumed(now, decision.program, decision.worker))
+                held = self._held.pop(decision.program, None)
+                if held is not None:
+                    self._route(held, decision.worker)
+            else:
+                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause or Resume")
+
+    # --- engine listener ---------------------------------------------------------------------
+
+    def on_admitted(
+        self, worker: str, request: RequestSpec, cached_tokens: int, length: int, first: bool, now: float
+    ) -> None:
+        if first:
+            self.emit(ev.PrefillStarted(now, request.id, worker, cached_tokens))
+        else:
+            self.emit(ev.RequestReadmitted(now, request.id, worker, length - cached_tokens))
+
+    def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None:
+        self.emit(ev.RequestPreempted(now, request.id, worker, lost_tokens))
+
+    def on_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+        if self._log_kv:
+            if stored:
+                self.emit(ev.KvStored(now, worker, tuple(stored)))
+            if removed:
+                self.emit(ev.KvRemoved(now, worker, tuple(removed)))
+        if self.policy.wants_kv_events:
+            if stored:
+                self.policy.on_kv_stored(worker, stored, now)
+            if removed:
+                self.policy.on_kv_removed(worker, removed, now)
+
+    def on_first_token(self, worker: str, request: RequestSpec, now: float) -> None:
+        self.emit(ev.FirstToken(now, request.id))
+        self.policy.on_first_token(request.id, worker, now)
+
+    def on_finished(self, worker: str, request: RequestSpec, cached_tokens: int, now: float) -> None:
+        self.emit(
+            ev.RequestFinished(
+                now, request.id, request.program, worker, request.prompt_tokens, request.output_tokens, cached_tokens
+            )
+        )
+        turn = TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens)
+        self._waiters.pop(request.id).succeed(turn)
+
+    def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None:
+        self.emit(ev.RequestDropped(now, request.id, request.program, worker, reason))
+        turn = TurnEnd(request.program, request.id, worker, request.prompt_tokens, 0, 0, ok=False)
+        self._waiters.pop(request.id).succeed(turn)

@@ -1,0 +1,69 @@
+"""Shared helpers for tests: a recording engine listener and request builders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import zlib
+
+import pytest
+
+from tasim.model import BlockHash, RequestSpec
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = REPO / "scenarios"
+
+
+def spec(rid: str, prompt: int, output: int, hashes: list[BlockHash] | None = None, block_size: int = 4,
+         program: str | None = None) -> RequestSpec:
+    """A request whose full blocks get distinct hashes unless ``hashes`` are given."""
+    if hashes is None:
+        base = zlib.crc32(rid.encode()) % 10_000 * 1000
+        hashes = [base + i for i in range((prompt + output) // block_size)]
+    return RequestSpec(rid, program or rid, 0, prompt, output, 0, tuple(hashes))
+
+
+@dataclass
+class Recorder:
+    """EngineListener that records (kind, request id, detail) tuples."""
+
+    log: list[tuple] = field(default_factory=list)
+    stored: list[BlockHash] = field(default_factory=list)
+    removed: list[BlockHash] = field(default_factory=list)
+
+    def on_admitted(self, worker, request, cached_tokens, length, first, now):
+        self.log.append(("admitted" if first else "readmitted", request.id, cached_tokens, now))
+
+    def on_preempted(self, worker, request, lost_tokens, now):
+        self.log.append(("preempted", request.id, lost_tokens, now))
+
+    def on_kv(self, worker, stored, removed, now):
+        self.stored += stored
+        self.removed += removed
+
+    def on_first_token(self, worker, request, now):
+        self.log.append(("first_token", request.id, None, now))
+
+    def on_finished(self, worker, request, cached_tokens, now):
+        self.log.append(("finished", request.id, cached_tokens, now))
+
+    def on_dropped(self, worker, request, reason, now):
+        self.log.append(("dropped", request.id, reason, now))
+
+    def kinds(self, kind: str) -> list[str]:
+        return [entry[1] for entry in self.log if entry[0] == kind]
+
+
+class UnitStep:
+    """Perf model where every non-empty step takes exactly one second."""
+
+    name = "unit"
+
+    def step_time(self, shape) -> float:
+        return 1.0
+
+
+@pytest.fixture
+def recorder() -> Recorder:
+    return Recorder()

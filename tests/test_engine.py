@@ -1,0 +1,199 @@
+"""Engine scheduling with exact expected values: prefix hits, chunked prefill, preemption,
+recompute accounting and block conservation."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import Recorder, UnitStep, spec
+from tasim.perf.polynomial import DynamoPolynomial
+from tasim.sim.engine import Engine, EngineConfig
+
+
+def run_until_idle(engine: Engine, now: float = 0.0, max_steps: int = 10_000) -> tuple[float, list[list[tuple[str, int]]]]:
+    """Run steps back to back; returns the end time and each step's (request, tokens) list."""
+    steps = []
+    for _ in range(max_steps):
+        if not engine.has_work:
+            return now, steps
+        step = engine.begin_step(now)
+        steps.append([(req.spec.id, n) for req, n in step.scheduled])
+        now = step.end
+        engine.end_step(step, now)
+        check_conservation(engine)
+    raise AssertionError("engine did not go idle")
+
+
+def check_conservation(engine: Engine) -> None:
+    pool = engine.pool
+    assert pool.free + pool.active + pool.inactive == pool.num_blocks
+    assert min(pool.free, pool.active, pool.inactive) >= 0
+    # Every active block is either a private block of a running request or a cached block
+    # referenced exactly as many times as running requests hold it.
+    refs: dict[int, int] = {}
+    private = 0
+    for req in engine.running:
+        private += req.phys - len(req.held)
+        for block in req.held:
+            refs[block] = refs.get(block, 0) + 1
+    assert pool.active == private + len(refs)
+    for block, count in refs.items():
+        assert pool.refs(block) == count
+
+
+def test_prefix_hit_on_repeated_prompt(recorder: Recorder) -> None:
+    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=64), UnitStep(), recorder)
+    hashes = list(range(100, 104))  # prompt 10 + output 6 = 16 tokens = 4 full blocks
+    engine.submit(spec("a", 10, 6, hashes))
+    run_until_idle(engine)
+    engine.submit(spec("b", 10, 6, hashes))
+    run_until_idle(engine)
+    finished = {e[1]: e[2] for e in recorder.log if e[0] == "finished"}
+    # First time nothing is cached; the repeat reuses the two full prompt blocks (8 tokens).
+    assert finished == {"a": 0, "b": 8}
+
+
+def test_fully_cached_aligned_prompt_recomputes_last_block(recorder: Recorder) -> None:
+    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=64), UnitStep(), recorder)
+    hashes = [1, 2, 3]
+    engine.submit(spec("a", 8, 4, hashes))
+    run_until_idle(engine)
+    engine.submit(spec("b", 8, 4, hashes))
+    run_until_idle(engine)
+    # (8 - 1) // 4 = 1 block may be reused: at least one prompt token is always computed.
+    assert [e[2] for e in recorder.log if e[0] == "finished"] == [0, 4]
+
+
+def test_chunked_prefill_split_and_running_first(recorder: Recorder) -> None:
+    cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=8)
+    engine = Engine("w0", cfg, UnitStep(), recorder)
+    engine.submit(spec("d", 3, 4))  # short request: decodes while the long one prefills
+    engine.submit(spec("p", 20, 2))
+    end, steps = run_until_idle(engine)
+    assert steps == [
+        [("d", 3), ("p", 5)],  # d prefills 3, p gets the rest of the 8-token budget
+        [("d", 1), ("p", 7)],  # running requests first: d decodes, p continues its prefill
+        [("d", 1), ("p", 7)],
+        [("d", 1), ("p", 1)],  # p's prefill is done (5+7+7+1 = 20); d finishes after 4 tokens
+        [("p", 1)],
+    ]
+    assert [(e[0], e[1], e[3]) for e in recorder.log if e[0] in ("first_token", "finished")] == [
+        ("first_token", "d", 1.0),
+        ("first_token", "p", 4.0),  # tokens of a step are emitted before its finishes
+        ("finished", "d", 4.0),
+        ("finished", "p", 5.0),
+    ]
+    assert end == 5.0
+
+
+def test_no_chunking_blocks_prompt_over_budget(recorder: Recorder) -> None:
+    cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    engine = Engine("w0", cfg, UnitStep(), recorder)
+    engine.submit(spec("d", 3, 3))
+    engine.submit(spec("q", 6, 1))
+    _, steps = run_until_idle(engine)
+    # q (6 tokens) cannot share the first step's remaining budget of 5, so it waits a step.
+    assert steps == [[("d", 3)], [("d", 1), ("q", 6)], [("d", 1)]]
+
+
+def _preemption_engine(recorder: Recorder, preemption: str) -> Engine:
+    cfg = EngineConfig(block_size=2, num_blocks=6, preemption=preemption)  # type: ignore[arg-type]
+    engine = Engine("w0", cfg, UnitStep(), recorder)
+    for rid, base in (("A", 10), ("B", 20), ("C", 30)):
+        engine.submit(spec(rid, 3, 4, [base, base + 1, base + 2], block_size=2))
+    return engine
+
+
+def test_preemption_newest_first_and_recompute(recorder: Recorder) -> None:
+    engine = _preemption_engine(recorder, "newest_first")
+    end, steps = run_until_idle(engine)
+    # Prompts of 3 tokens in 2-token blocks: 2 blocks each fill the 6-block pool. At t=2 A needs
+    # a third block for its 5th token; the newest running request, C, is preempted (it had
+    # computed 4 tokens). Its cached blocks (31 deepest first, then 30) are evicted for A and B.
+    assert steps == [
+        [("A", 3), ("B", 3), ("C", 3)],
+        [("A", 1), ("B", 1), ("C", 1)],
+        [("A", 1), ("B", 1)],
+        [("A", 1), ("B", 1)],
+        [("C", 5)],  # recompute: 3 prompt + 2 generated tokens, nothing left in the cache
+        [("C", 1)],
+    ]
+    assert recorder.log == [
+        ("admitted", "A", 0, 0.0),
+        ("admitted", "B", 0, 0.0),
+        ("admitted", "C", 0, 0.0),
+        ("first_token", "A", None, 1.0),
+        ("first_token", "B", None, 1.0),
+        ("first_token", "C", None, 1.0),
+        ("preempted", "C", 4, 2.0),
+        ("finished", "A", 0, 4.0),
+        ("finished", "B", 0, 4.0),
+        ("readmitted", "C", 0, 4.0),
+        ("finished", "C", 0, 6.0),
+    ]
+    assert recorder.stored == [10, 20, 30, 11, 21, 31, 12, 22, 30, 31, 32]
+    assert recorder.removed == [31, 30, 12, 11, 10]
+    assert end == 6.0
+
+
+def test_preemption_oldest_first_preempts_self(recorder: Recorder) -> None:
+    engine = _preemption_engine(recorder, "oldest_first")
+    _, steps = run_until_idle(engine)
+    # A is the oldest running request; when it needs a block it preempts itself.
+    assert steps[2:] == [[("B", 1), ("C", 1)], [("B", 1), ("C", 1)], [("A", 5)], [("A", 1)]]
+    assert [e for e in recorder.log if e[0] in ("preempted", "readmitted")] == [
+        ("preempted", "A", 4, 2.0),
+        ("readmitted", "A", 0, 4.0),
+    ]
+    assert recorder.removed == [11, 10, 22, 21, 20]
+
+
+def test_request_larger_than_pool_is_dropped(recorder: Recorder) -> None:
+    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=4), UnitStep(), recorder)
+    engine.submit(spec("big", 17, 1))  # needs 5 blocks
+    engine.submit(spec("ok", 4, 1))
+    run_until_idle(engine)
+    assert recorder.kinds("dropped") == ["big"]
+    assert recorder.kinds("finished") == ["ok"]
+
+
+def test_polynomial_step_times_in_engine(recorder: Recorder) -> None:
+    cfg = EngineConfig(block_size=16, num_blocks=1000)
+    engine = Engine("w0", cfg, DynamoPolynomial(), recorder)
+    engine.submit(spec("a", 100, 2, block_size=16))
+    step = engine.begin_step(0.0)
+    # Prefill of 100 new tokens plus the decode term at u = 7/1000 (7 blocks active).
+    u = 7 / 1000
+    expected_ms = (4.209989e-7 * 100**2 + 1.518344e-2 * 100 + 16.50142) + (-25.74 * u * u + 54.01 * u + 5.74)
+    assert abs(step.duration - expected_ms / 1000) < 1e-12
+
+
+requests_strategy = st.lists(
+    st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    requests=requests_strategy,
+    num_blocks=st.integers(12, 40),
+    budget=st.integers(4, 64),
+    preemption=st.sampled_from(["newest_first", "oldest_first"]),
+    eviction=st.sampled_from(["lru", "lineage"]),
+)
+def test_block_conservation_and_completion(requests, num_blocks, budget, preemption, eviction) -> None:
+    recorder = Recorder()
+    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=6,
+                       preemption=preemption, eviction=eviction)
+    engine = Engine("w0", cfg, UnitStep(), recorder)
+    ids = []
+    for i, (prompt, output, family) in enumerate(requests):
+        # requests of a family share a prefix: hashes depend on (family, block index)
+        hashes = [family * 1000 + b for b in range((prompt + output) // 4)]
+        engine.submit(spec(f"r{i}", prompt, output, hashes))
+        ids.append(f"r{i}")
+    run_until_idle(engine)
+    done = set(recorder.kinds("finished")) | set(recorder.kinds("dropped"))
+    assert done == set(ids)
+    assert engine.pool.active == 0
