@@ -7,10 +7,9 @@ from tasim.sim.kv_cache import BlockPool
 
 def _store_chain(pool: BlockPool, chain: list[int]) -> None:
     assert pool.allocate(len(chain))
-    parent = None
-    for block in chain:
-        assert pool.register(block, parent)
-        parent = block
+    held: list[int] = []
+    pool.register_run(chain, 0, len(chain), held)
+    assert held == chain
 
 
 def test_conservation_and_reuse() -> None:
@@ -55,7 +54,7 @@ def test_lineage_evicts_leaves_first_and_parents_keep_their_tick() -> None:
     pool = BlockPool(6, "lineage")
     _store_chain(pool, [1, 2])  # shared prefix 1 -> 2
     assert pool.allocate(1)
-    assert pool.register(3, 2)  # child of 2 (another request extends the prefix)
+    pool.register_run([1, 2, 3], 2, 3, [1, 2])  # a request holding 1, 2 extends the prefix with 3
     pool.release([1, 2])  # first request ends: 2 then 1 become inactive (ticks 1, 2)
     pool.release([3])  # tick 3
     # LRU would evict 2 (oldest) and orphan 3; lineage only evicts leaves: 3, then 2 (tick 1), then 1.
@@ -70,8 +69,11 @@ def test_lineage_evicts_leaves_first_and_parents_keep_their_tick() -> None:
 def test_duplicate_register_keeps_private_copy() -> None:
     pool = BlockPool(4)
     assert pool.allocate(2)
-    assert pool.register(7, None)
-    assert not pool.register(7, None)  # a second copy of the same content
+    first: list[int] = []
+    second: list[int] = []
+    pool.register_run([7], 0, 1, first)
+    pool.register_run([7], 0, 1, second)  # a second copy of the same content stays private
+    assert (first, second) == ([7], [])
     assert pool.refs(7) == 1
     assert pool.drain_events() == ([7], [])
 

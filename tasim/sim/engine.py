@@ -233,16 +233,7 @@ class Engine:
             req.phys += need
         full = upto_tokens // bs
         if full > req.full_done and self.config.enable_prefix_caching:
-            hashes = req.spec.block_hashes
-            register = self.pool.register
-            held = req.held
-            for j in range(req.full_done, full):
-                block = hashes[j]
-                # Link to the parent only when this request holds it; a parent held as a
-                # private duplicate may sit inactive while this child is in use.
-                parent = hashes[j - 1] if j and held and held[-1] == hashes[j - 1] else None
-                if register(block, parent):
-                    held.append(block)
+            self.pool.register_run(req.spec.block_hashes, req.full_done, full, req.held)
         req.full_done = max(req.full_done, full)
         return True
 

@@ -165,23 +165,31 @@ class BlockPool:
             return False
         need = count - self.free
         self.free = 0
-        for _ in range(need):
-            self._evict_one()
+        if self.eviction == "lru":
+            self._evict_lru(need)
+        else:
+            for _ in range(need):
+                self._evict_one()
         return True
 
-    def register(self, block: BlockHash, parent: BlockHash | None) -> bool:
-        """A freshly computed full block (already allocated) gets its hash. Returns False if a
-        copy is already resident: the caller keeps its block as a private duplicate."""
-        if block in self._cached:
-            return False
-        # Parent links matter only to lineage eviction (LRU may evict a parent before its
-        # children, which would leave dangling links).
-        parent_entry = self._cached.get(parent) if self.eviction == "lineage" and parent is not None else None
-        self._cached[block] = _Cached(parent if parent_entry is not None else None)
-        if parent_entry is not None:
-            parent_entry.children += 1
-        self.stored.append(block)
-        return True
+    def register_run(self, hashes: Sequence[BlockHash], start: int, stop: int, held: list[BlockHash]) -> None:
+        """Register ``hashes[start:stop]``, the blocks one request just completed, appending
+        those it now references to ``held``. A block whose parent the request does not hold
+        (it holds a private duplicate) is registered without a parent link."""
+        cached = self._cached
+        stored = self.stored
+        lineage = self.eviction == "lineage"
+        for j in range(start, stop):
+            block = hashes[j]
+            if block in cached:
+                continue  # another copy is resident: ours stays a private duplicate
+            entry = _Cached(None)
+            if lineage and j and held and held[-1] == hashes[j - 1]:
+                entry.parent = hashes[j - 1]
+                cached[entry.parent].children += 1
+            cached[block] = entry
+            stored.append(block)
+            held.append(block)
 
     def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         stored, removed = self.stored, self.removed
@@ -195,6 +203,16 @@ class BlockPool:
             self.free += 1
 
     # --- internals -------------------------------------------------------------------------
+
+    def _evict_lru(self, count: int) -> None:
+        popitem = self._inactive_lru.popitem
+        pop = self._cached.pop
+        removed = self.removed
+        for _ in range(count):
+            block, _ = popitem(last=False)
+            pop(block)
+            removed.append(block)
+        self._inactive_count -= count
 
     def _evict_one(self) -> None:
         if self.eviction == "lru":

@@ -1,0 +1,142 @@
+"""The command line: determinism, report round-trip, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
+
+
+def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=cwd or REPO)
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_same_seed_gives_byte_identical_events(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        assert tasim("simulate", TINY, "--seed", "7", "--out", str(tmp_path / name), "--quiet").returncode == 0
+    first = (tmp_path / "a" / "events.jsonl").read_bytes()
+    assert first == (tmp_path / "b" / "events.jsonl").read_bytes()
+    assert len(first.splitlines()) > 500
+    other = tmp_path / "c"
+    assert tasim("simulate", TINY, "--seed", "8", "--out", str(other), "--quiet").returncode == 0
+    assert (other / "events.jsonl").read_bytes() != first
+
+
+def test_gzip_log_is_deterministic_and_reportable(tmp_path: Path) -> None:
+    for name in ("a", "b"):
+        assert tasim("simulate", TINY, "--seed", "7", "--gzip", "--out", str(tmp_path / name), "--quiet").returncode == 0
+    assert (tmp_path / "a" / "events.jsonl.gz").read_bytes() == (tmp_path / "b" / "events.jsonl.gz").read_bytes()
+    result = tasim("report", str(tmp_path / "a"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads((tmp_path / "a" / "summary.json").read_text())
+
+
+def test_report_reproduces_summary_exactly(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = tasim("simulate", TINY, "--seed", "7", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "steps_per_min" in result.stdout  # the summary table
+    summary = json.loads((out / "summary.json").read_text())
+    report = tasim("report", str(out), "--json")
+    assert report.returncode == 0, report.stderr
+    assert report.stdout == json.dumps(summary, indent=2) + "\n"
+    for key in ("policy", "requests_completed", "programs_completed", "steps_per_min", "output_tokens_per_s",
+                "prefix_hit_rate", "ttft_s", "tpot_s", "e2e_s", "recomputed_tokens", "preemptions", "pauses",
+                "resumes", "sim_time_s", "wall_time_s"):
+        assert key in summary
+    assert summary["policy"] == "round_robin"
+    assert summary["requests_completed"] > 50
+    assert set(summary["ttft_s"]) == {"mean", "p50", "p90", "p99"}
+    assert summary["sim_time_s"] == 120
+
+
+def test_set_and_policy_overrides(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = tasim("simulate", TINY, "--policy", "round_robin", "--set", "workload.concurrency=2",
+                   "--set", "duration_s=60", "--out", str(out), "--quiet")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["sim_time_s"] == 60
+    run = json.loads((out / "run.json").read_text())
+    assert run["scenario"]["workload"]["concurrency"] == 2
+
+
+def test_schema_is_json() -> None:
+    result = tasim("schema")
+    assert result.returncode == 0
+    schema = json.loads(result.stdout)
+    assert {"cluster", "workload", "policy", "metrics", "seed", "duration_s"} <= set(schema["properties"])
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        ("workload: {concurrency: 4, bogus: 1}\n", ["workload.bogus", "unknown key", "allowed:", "concurrency"]),
+        ("workload: {concurrency: many}\n", ["workload.concurrency", "integer", "'many'"]),
+        ("workload: {concurrency: -3}\n", ["workload.concurrency", "greater than 0", "-3"]),
+        ("cluster: {engine: {kv_blocks: -1}}\n", ["cluster.engine.kv_blocks"]),
+        ("cluster: {gpu: TPUv9}\n", ["cluster.gpu", "unknown GPU", "H100"]),
+        ("workload: {turns: {kind: zipf, a: 2}}\n", ["workload.turns", "lognormal"]),
+        ("workload: {turns: {kind: uniform, low: 5, high: 2}}\n", ["workload.turns", "high"]),
+        ("policy: {name: nope}\n", ["policy", "unknown policy", "round_robin"]),
+        ("policy: {name: round_robin, params: {x: 1}}\n", ["policy", "params.x"]),
+        ("duration_s: 10\nmetrics: {warmup_s: 20}\n", ["warmup_s"]),
+        ("workload: [1, 2\n", ["YAML syntax error", ":2:"]),
+        ("- just\n- a list\n", ["top level must be a mapping"]),
+    ],
+)
+def test_bad_scenario_files_exit_2_with_one_line(tmp_path: Path, text: str, fragments: list[str]) -> None:
+    path = _write(tmp_path, text)
+    assert_usage_error(tasim("simulate", path, "--out", str(tmp_path / "out")), path, *fragments)
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
+    assert_usage_error(tasim("simulate", str(tmp_path / "nope.yaml")), "nope.yaml", "file not found")
+    assert_usage_error(tasim("simulate", TINY, "--seed", "abc"), "--seed", "invalid int value")
+    assert_usage_error(tasim("simulate", TINY, "--set", "workload.nope=3"), "workload.nope", "unknown key")
+    assert_usage_error(tasim("simulate", TINY, "--set", "novalue"), "novalue", "dotted.key=value")
+    assert_usage_error(tasim("simulate", TINY, "--policy", "magic"), "unknown policy", "round_robin")
+    assert_usage_error(tasim("bogus-command"), "invalid choice", "simulate")
+    assert_usage_error(tasim("report", str(tmp_path)), "no events.jsonl")
+
+
+def test_failed_run_keeps_earlier_results(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert tasim("simulate", TINY, "--out", str(out), "--quiet").returncode == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    bad = _write(tmp_path, "workload: {concurrency: 0}\n")
+    assert tasim("simulate", bad, "--out", str(out)).returncode == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_corrupt_event_log_is_reported_with_line(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert tasim("simulate", TINY, "--out", str(out), "--quiet", "--set", "duration_s=20").returncode == 0
+    events = out / "events.jsonl"
+    lines = events.read_text().splitlines()
+    lines[3] = '{"type": "no_such_event", "t": 1.0}'
+    events.write_text("\n".join(lines) + "\n")
+    assert_usage_error(tasim("report", str(out)), "events.jsonl:4", "unknown event type")

@@ -1,0 +1,58 @@
+"""The metrics fold on a hand-written event sequence gives exact values."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasim import events as ev
+from tasim.metrics import SUMMARY_KEYS, MetricsFold
+
+
+def test_fold_exact_values() -> None:
+    log = [
+        ev.RunStarted(0.0, "s", "round_robin", 1, 120.0, ("w0",), 16, 100, 0.0),
+        ev.ProgramStarted(0.0, "p0", 2),
+        ev.RequestArrived(0.0, "p0.0", "p0", 0, 100, 0, 11),
+        ev.RequestRouted(0.0, "p0.0", "w0"),
+        ev.PrefillStarted(0.0, "p0.0", "w0", 0),
+        ev.FirstToken(0.5, "p0.0"),
+        ev.RequestFinished(1.5, "p0.0", "p0", "w0", 100, 11, 0),
+        ev.WorkerSample(2.0, "w0", 50, 60, 0, 0),
+        ev.RequestArrived(2.0, "p0.1", "p0", 1, 161, 111, 5),
+        ev.PrefillStarted(2.0, "p0.1", "w0", 48),  # history 111 tokens = 6 full blocks (96), only 48 cached
+        ev.RequestPreempted(2.1, "p0.1", "w0", 60),
+        ev.RequestReadmitted(2.2, "p0.1", "w0", 60),
+        ev.FirstToken(3.0, "p0.1"),
+        ev.RequestFinished(4.0, "p0.1", "p0", "w0", 161, 5, 48),
+        ev.ProgramFinished(4.0, "p0", 166),
+        ev.RunEnded(120.0, 42, 0),
+    ]
+    summary = MetricsFold().apply_all(log).summary(wall_time_s=1.25)
+    assert tuple(summary) == SUMMARY_KEYS
+    assert summary["requests_completed"] == 2
+    assert summary["programs_completed"] == 1
+    assert summary["steps_per_min"] == pytest.approx(1.0)  # 2 requests in 2 minutes
+    assert summary["output_tokens_per_s"] == pytest.approx(16 / 120)
+    assert summary["prefix_hit_rate"] == pytest.approx(48 / 261)
+    assert summary["ttft_s"]["mean"] == pytest.approx(0.75)
+    assert summary["e2e_s"]["p50"] == pytest.approx(1.75)
+    assert summary["tpot_s"]["mean"] == pytest.approx((1.0 / 10 + 1.0 / 4) / 2)
+    assert summary["recomputed_tokens"] == (96 - 48) + 60
+    assert summary["preemptions"] == 1
+    assert summary["mean_kv_utilization"] == pytest.approx(0.5)
+    # live context: 100 tokens for 1.5 s, 111 until 2.0, 161 until 4.0 -> integral 150+55.5+322
+    assert summary["working_set_ratio"] == pytest.approx((150 + 55.5 + 322) / 120 / 1600)
+    assert summary["engine_iterations"] == 42
+    assert summary["wall_time_s"] == 1.25
+
+
+def test_incomplete_log_is_an_error() -> None:
+    with pytest.raises(ValueError, match="incomplete"):
+        MetricsFold().apply_all([ev.RunStarted(0.0, "s", "p", 1, 10.0, ("w0",), 16, 10, 0.0)]).summary()
+
+
+def test_event_records_round_trip() -> None:
+    event = ev.KvStored(1.5, "w1", (1, 2, 3))
+    assert ev.from_record(ev.to_record(event)) == event
+    with pytest.raises(ValueError, match="lacks field"):
+        ev.from_record({"type": "kv_stored", "t": 1.0})

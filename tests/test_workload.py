@@ -1,0 +1,79 @@
+"""Workload plans, block-hash chaining and distributions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import TypeAdapter
+
+from tasim.distributions import Distribution
+from tasim.model import SHARED_OWNER, Segment, chained_block_hashes
+from tasim.scenario import WorkloadConfig
+from tasim.workload import ProgramContext, plan_program
+
+DIST = TypeAdapter(Distribution)
+
+
+def test_chained_hashes_share_only_the_common_prefix() -> None:
+    a = chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 7)], 16)
+    b = chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 8)], 16)
+    # Blocks 0-1 end inside the 40-token shared prompt; block 2 (tokens 32-47) straddles it.
+    assert a[:2] == b[:2] == [0, 1]
+    assert a[2:] != b[2:]
+    assert len(a) == 100 // 16
+    assert chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 7)], 16, start_block=3) == a[3:]
+
+
+def test_program_turns_grow_a_shared_prefix() -> None:
+    config = WorkloadConfig(system_prompt_tokens=64, task_prompt_tokens=100, turns=3, output_tokens=20,
+                            observation_tokens=30, tool_latency_s=1.0)
+    plan = plan_program(config, seed=0, index=5, max_context_tokens=100_000)
+    context = ProgramContext(plan, block_size=16)
+    first = context.request(0)
+    assert (first.prompt_tokens, first.output_tokens, first.history_tokens) == (164, 20, 0)
+    context.complete_turn(0)
+    second = context.request(1)
+    assert (second.prompt_tokens, second.history_tokens) == (214, 184)
+    # Every full block of turn 0's prompt+output is a prefix of turn 1's blocks.
+    assert second.block_hashes[: len(first.block_hashes)] == first.block_hashes
+    assert len(second.block_hashes) == (214 + 20) // 16
+    assert second.id == "p5.1"
+
+
+def test_plans_depend_only_on_seed_and_index() -> None:
+    config = WorkloadConfig(turns={"kind": "uniform", "low": 2, "high": 30}, output_tokens={"kind": "lognormal", "median": 100, "sigma": 1})
+    assert plan_program(config, 3, 9, 10**6) == plan_program(config, 3, 9, 10**6)
+    assert plan_program(config, 3, 9, 10**6) != plan_program(config, 3, 10, 10**6)
+
+
+def test_max_context_cuts_turns() -> None:
+    config = WorkloadConfig(system_prompt_tokens=0, task_prompt_tokens=1000, turns=50, output_tokens=100,
+                            observation_tokens=400)
+    plan = plan_program(config, 0, 0, max_context_tokens=3000)
+    # turn k's prompt is 1000 + 500k; prompt + 100 output must stay <= 3000
+    assert len(plan.turns) == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "mean", "std"),
+    [
+        (5, 5.0, 0.0),
+        ({"kind": "uniform", "low": 2, "high": 8}, 5.0, 6 / 12**0.5),
+        ({"kind": "lognormal", "median": 100, "sigma": 0.5}, 100 * np.exp(0.125), 100 * np.sqrt((np.exp(0.25) - 1) * np.exp(0.25))),
+        ({"kind": "empirical", "values": [1, 2, 10], "weights": [1, 1, 2]}, 5.75, np.sqrt((1 + 4 + 200) / 4 - 5.75**2)),
+    ],
+)
+def test_distribution_moments(spec, mean: float, std: float) -> None:
+    dist = DIST.validate_python(spec)
+    rng = np.random.default_rng(42)
+    samples = np.array([dist.sample(rng) for _ in range(40_000)])
+    assert dist.mean() == pytest.approx(mean, rel=1e-12)
+    assert samples.mean() == pytest.approx(mean, rel=0.02, abs=1e-9)
+    assert samples.std() == pytest.approx(std, rel=0.05, abs=1e-9)
+
+
+def test_lognormal_clipping_bounds_samples() -> None:
+    dist = DIST.validate_python({"kind": "lognormal", "median": 10, "sigma": 2, "min": 1, "max": 50})
+    rng = np.random.default_rng(0)
+    samples = [dist.sample(rng) for _ in range(5000)]
+    assert min(samples) == 1 and max(samples) == 50
