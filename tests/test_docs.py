@@ -1,0 +1,25 @@
+"""The README's scenario reference names every scenario field, so docs cannot drift silently."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from conftest import REPO
+from tasim.scenario import Scenario
+
+
+def _fields(model: type[BaseModel], prefix: str = "") -> list[str]:
+    names = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            names += _fields(annotation, f"{prefix}{name}.")
+        else:
+            names.append(prefix + name)
+    return names
+
+
+def test_readme_documents_every_scenario_field() -> None:
+    readme = (REPO / "README.md").read_text()
+    missing = [name for name in _fields(Scenario) if f"`{name}`" not in readme]
+    assert not missing, f"README scenario reference lacks: {missing}"
