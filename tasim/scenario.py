@@ -6,7 +6,6 @@ the file, the field and what is allowed. ``python -m tasim schema`` prints the J
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
@@ -144,14 +143,17 @@ class PolicyConfig(_Strict):
 
     @model_validator(mode="after")
     def _known_policy(self) -> "PolicyConfig":
-        from tasim.policies import validate_params  # policies depend on core, not the reverse at import
+        from tasim.policies import policy_class, validate_params  # policies depend on core, not the reverse
 
         try:
             validate_params(self.name, self.params)
         except ValidationError as exc:
             err = exc.errors()[0]
             field = ".".join(str(p) for p in err["loc"])
-            raise ValueError(f"params.{field}: {err['msg']}") from None
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(policy_class(self.name).params_model.model_fields) or "none"
+                raise ValueError(f"params.{field}: unknown parameter of {self.name} (allowed: {allowed})") from None
+            raise ValueError(f"params.{field}: {err['msg']} (got {err.get('input')!r})") from None
         return self
 
 
@@ -266,7 +268,3 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ScenarioError(f"{where}: YAML syntax error: {problem}") from None
     return parse_scenario(raw, str(path), overrides)
-
-
-def _finite(value: float) -> bool:
-    return math.isfinite(value)

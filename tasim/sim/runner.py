@@ -28,10 +28,13 @@ Progress = Callable[[float], None]
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, emit: Emit) -> None:
+    """``policy`` overrides the scenario's policy with a ready object (e.g. one not in the
+    registry); it must have been built for this simulation's `view`."""
+
+    def __init__(self, scenario: Scenario, emit: Emit, policy: Policy | None = None) -> None:
         self.scenario = scenario
         self.emit = emit
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(initial_time=0.0)
         cluster = scenario.cluster
         engine_cfg = cluster.engine
         self.block_size = engine_cfg.block_size
@@ -43,7 +46,7 @@ class Simulation:
             )
         )
         policy_seed, arrival_seed = np.random.SeedSequence([scenario.seed, 2]).spawn(2)
-        self.policy: Policy = make_policy(
+        self.policy: Policy = policy or make_policy(
             scenario.policy.name, scenario.policy.params, self.view, np.random.default_rng(policy_seed)
         )
         self._arrival_rng = np.random.default_rng(arrival_seed)
