@@ -1,4 +1,4 @@
-"""Command line: ``python -m tasim simulate|report|schema``.
+"""Command line: ``python -m tasim simulate|compare|report|policies|schema``.
 
 Every user error (bad scenario, bad flag, unreadable log) prints one line and exits 2; results
 already on disk are only replaced once a run has completed.
@@ -10,10 +10,14 @@ import argparse
 import json
 import sys
 import time
+import types
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Literal, NoReturn, Sequence, Union, get_args, get_origin
 
+from pydantic.fields import FieldInfo
 from rich.console import Console
+from rich.padding import Padding
+from rich.text import Text
 
 from tasim import __version__
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError, EventWriter, find_events, read_events
@@ -57,8 +61,36 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("run_dir", type=Path, help="directory written by simulate (or live)")
     report.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
 
+    compare = commands.add_parser("compare", help="run one scenario under several policies (and one swept field)")
+    compare.add_argument("scenario", help="scenario YAML file")
+    compare.add_argument("--policies", required=True, metavar="A,B,...", help="comma-separated policy names")
+    compare.add_argument(
+        "--sweep", metavar="KEY=V1,V2,...",
+        help="run every policy at each value of one scenario field, e.g. --sweep workload.concurrency=16,32,64",
+    )
+    compare.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario field in every run (repeatable)",
+    )
+    compare.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
+    compare.add_argument("--out", type=Path, help="output directory (default: runs/compare-<scenario>)")
+    compare.add_argument(
+        "--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)"
+    )
+
+    commands.add_parser("policies", help="list the routing policies and their parameters")
     commands.add_parser("schema", help="print the scenario file JSON schema")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
 
 
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
@@ -166,6 +198,104 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compare(args: argparse.Namespace) -> int:
+    from tasim import compare  # keeps `simulate` and `report` free of the pool and plotting code
+
+    policies = compare.parse_policies(args.policies)
+    sweep = compare.parse_sweep(args.sweep) if args.sweep else None
+    compare.check_overrides(args.overrides)
+    overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
+    plan = compare.plan_runs(args.scenario, policies, sweep, overrides)
+    out = args.out or Path("runs") / f"compare-{plan.scenario.name}"
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out}: exists and is not a directory")
+    jobs = min(args.jobs or compare.default_jobs(plan), len(plan.runs))
+    progress = Console(stderr=True)
+    done = iter(range(1, len(plan.runs) + 1))
+
+    def on_done(run: compare.Run, summary: dict[str, Any]) -> None:
+        line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['steps_per_min']:.1f} steps/min"
+        progress.print(line, markup=False, highlight=False)
+
+    summaries = compare.execute(plan, out, jobs, on_done)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
+    _print_unsquashed(compare.comparison_table(plan, summaries))
+    from tasim.plots import write_plots
+
+    plots = ", ".join(path.name for path in write_plots(plan, summaries, out, out / compare.RUNS_DIR))
+    runs = f"{len(plan.runs)} run{'s' if len(plan.runs) > 1 else ''}"
+    line = f"wrote {out}/{compare.COMPARE_FILE}, {plots} and {runs} under {out}/{compare.RUNS_DIR}"
+    Console().print(line, markup=False, highlight=False)
+    return 0
+
+
+def _print_unsquashed(renderable: Any) -> None:
+    """On a terminal rich fits the table to it; into a file or pipe nothing limits the width,
+    so print at the table's natural width instead of rich's 80-column default."""
+    console = Console()
+    if not console.is_terminal:
+        natural = console.measure(renderable, options=console.options.update_width(10_000)).maximum
+        console = Console(width=max(console.width, natural))
+    console.print(renderable)
+
+
+def _type_name(annotation: Any) -> str:
+    """Readable type of a parameter: ``float``, ``'a' | 'b'``, ``int | None``, ``list[int]``."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(repr(arg) for arg in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in get_args(annotation))
+    if origin is not None:
+        return f"{_type_name(origin)}[{', '.join(_type_name(arg) for arg in get_args(annotation))}]"
+    if annotation is type(None):
+        return "None"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+
+
+def _bounds(field: FieldInfo) -> str:
+    """Numeric constraints (pydantic keeps them as annotated_types objects in ``metadata``)."""
+    symbols = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+    return ", ".join(
+        f"{symbol} {getattr(item, attr)}" for item in field.metadata for attr, symbol in symbols if hasattr(item, attr)
+    )
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    return repr(field.get_default(call_default_factory=True, validated_data={}))
+
+
+def param_rows(params_model: type[Any]) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, description) of every field of a policy's params model."""
+    rows = []
+    for name, field in params_model.model_fields.items():
+        bounds = _bounds(field)
+        kind = _type_name(field.annotation) + (f" ({bounds})" if bounds else "")
+        rows.append((name, kind, _default(field), field.description or ""))
+    return rows
+
+
+def _policies(args: argparse.Namespace) -> int:
+    from tasim.policies import POLICIES
+
+    console = Console(highlight=False)
+    for name, cls in POLICIES.items():
+        console.print(Text.assemble((name, "bold"), " — ", cls.summary))
+        rows = param_rows(cls.params_model)
+        if not rows:
+            console.print("    no parameters")
+        # one parameter per line, description below it: stays readable in any terminal width
+        for param, kind, default, description in rows:  # Text, so list[int] is not read as markup
+            console.print(Text.assemble("    ", (param, "cyan"), f": {kind} = {default}"))
+            if description:  # indented as a block, so wrapped lines stay under their parameter
+                console.print(Padding(Text(description, style="dim"), (0, 0, 0, 8), expand=False))
+        console.print()
+    return 0
+
+
 def _schema(args: argparse.Namespace) -> int:
     print(json.dumps(Scenario.model_json_schema(), indent=2))
     return 0
@@ -175,7 +305,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
-        handler = {"simulate": _simulate, "report": _report, "schema": _schema}[args.command]
+        handler = {
+            "simulate": _simulate, "compare": _compare, "report": _report, "policies": _policies, "schema": _schema,
+        }[args.command]
         return handler(args)
     except (UsageError, ScenarioError, EventLogError) as exc:
         print(f"error: {exc}", file=sys.stderr)

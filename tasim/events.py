@@ -155,6 +155,7 @@ class ProgramResumed(Event):
     TYPE: ClassVar[str] = "program_resumed"
     program: str
     worker: str
+    forced: bool
 
 
 @_frozen

@@ -32,8 +32,11 @@ SUMMARY_KEYS = (
     "preemptions",
     "pauses",
     "resumes",
+    "forced_resumes",
+    "ttfr_by_prompt_s",
     "kv_pool_tokens",
     "mean_kv_utilization",
+    "kv_imbalance",
     "working_set_ratio",
     "engine_iterations",
     "sim_time_s",
@@ -41,11 +44,24 @@ SUMMARY_KEYS = (
 )
 
 
+# Prompt-size buckets for time to first response (fairness across prompt sizes, cf.
+# ThunderAgent issues #45/#46): label and upper bound in tokens.
+PROMPT_BUCKETS = (("<2k", 2048), ("2k-8k", 8192), ("8k-32k", 32768), (">=32k", None))
+
+
+def _bucket(prompt_tokens: int) -> str:
+    for label, bound in PROMPT_BUCKETS:
+        if bound is None or prompt_tokens < bound:
+            return label
+    raise AssertionError("unreachable")
+
+
 @dataclass(slots=True)
 class _Req:
     arrival: float
     prompt: int
     history: int
+    first_turn: bool
     first_token: float | None = None
     cached: int | None = None
 
@@ -78,8 +94,14 @@ class MetricsFold:
     _preemptions: int = 0
     _pauses: int = 0
     _resumes: int = 0
+    _forced_resumes: int = 0
+    _ttfr: dict[str, list[float]] = field(default_factory=lambda: {label: [] for label, _ in PROMPT_BUCKETS})
     _util_sum: float = 0.0
     _util_samples: int = 0
+    # imbalance: max - min utilisation across workers at each sample time
+    _sample_t: float | None = None
+    _sample_utils: list[float] = field(default_factory=list)
+    _imbalances: list[float] = field(default_factory=list)
     # working set: time integral of the sum of live programs' context tokens
     _contexts: dict[str, int] = field(default_factory=dict)
     _context_sum: int = 0
@@ -102,7 +124,7 @@ class MetricsFold:
         self.header = e
 
     def _arrived(self, e: ev.RequestArrived) -> None:
-        self._requests[e.request] = _Req(e.t, e.prompt_tokens, e.history_tokens)
+        self._requests[e.request] = _Req(e.t, e.prompt_tokens, e.history_tokens, e.turn == 0)
         self._set_context(e.program, e.prompt_tokens, e.t)
 
     def _prefill(self, e: ev.PrefillStarted) -> None:
@@ -134,6 +156,8 @@ class MetricsFold:
         self._e2e.append(e.t - req.arrival)
         if req.first_token is not None:
             self._ttft.append(req.first_token - req.arrival)
+            if req.first_turn:
+                self._ttfr[_bucket(req.prompt)].append(req.first_token - req.arrival)
             if e.output_tokens > 1:
                 self._tpot.append((e.t - req.first_token) / (e.output_tokens - 1))
 
@@ -149,6 +173,7 @@ class MetricsFold:
 
     def _resumed(self, e: ev.ProgramResumed) -> None:
         self._resumes += 1
+        self._forced_resumes += e.forced
 
     def _program_finished(self, e: ev.ProgramFinished) -> None:
         self._set_context(e.program, 0, e.t)
@@ -157,12 +182,24 @@ class MetricsFold:
             self._programs_completed += 1
 
     def _sample(self, e: ev.WorkerSample) -> None:
-        if self.header and self._in_window(e.t):
-            self._util_sum += e.used_blocks / self.header.kv_blocks_per_worker
-            self._util_samples += 1
+        if not (self.header and self._in_window(e.t)):
+            return
+        utilization = e.used_blocks / self.header.kv_blocks_per_worker
+        self._util_sum += utilization
+        self._util_samples += 1
+        if e.t != self._sample_t:
+            self._close_sample_group()
+            self._sample_t = e.t
+        self._sample_utils.append(utilization)
+
+    def _close_sample_group(self) -> None:
+        if self._sample_utils:
+            self._imbalances.append(max(self._sample_utils) - min(self._sample_utils))
+            self._sample_utils = []
 
     def _run_ended(self, e: ev.RunEnded) -> None:
         self._set_context("", 0, e.t)
+        self._close_sample_group()
         self.end = e
 
     # --- helpers -----------------------------------------------------------------------------
@@ -208,8 +245,14 @@ class MetricsFold:
             "preemptions": self._preemptions,
             "pauses": self._pauses,
             "resumes": self._resumes,
+            "forced_resumes": self._forced_resumes,
+            "ttfr_by_prompt_s": {label: {**_stats(v), "count": len(v)} for label, v in self._ttfr.items()},
             "kv_pool_tokens": pool_tokens,
             "mean_kv_utilization": self._util_sum / self._util_samples if self._util_samples else 0.0,
+            "kv_imbalance": {
+                "mean": float(np.mean(self._imbalances)) if self._imbalances else 0.0,
+                "max": max(self._imbalances, default=0.0),
+            },
             "working_set_ratio": self._context_integral / window / cluster_tokens,
             "engine_iterations": self.end.engine_iterations,
             "sim_time_s": end_t,

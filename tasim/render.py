@@ -32,13 +32,20 @@ def summary_table(summary: dict[str, Any], title: str | None = None) -> Table:
     table.add_column("p90", justify="right")
     table.add_column("p99", justify="right")
     for key, value in summary.items():
-        if key in ("scenario", "policy", "seed"):
-            continue
-        if isinstance(value, dict):
-            table.add_row(f"{key} (mean)", _fmt(value["mean"]), _fmt(value["p50"]), _fmt(value["p90"]), _fmt(value["p99"]))
-        else:
-            table.add_row(key, _fmt(value), "", "", "")
+        if key not in ("scenario", "policy", "seed"):
+            _add_rows(table, key, value)
     return table
+
+
+def _add_rows(table: Table, label: str, value: Any) -> None:
+    if not isinstance(value, dict):
+        table.add_row(label, _fmt(value), "", "", "")
+    elif "p50" in value:
+        suffix = f" (n={value['count']})" if "count" in value else " (mean)"
+        table.add_row(f"{label}{suffix}", _fmt(value["mean"]), _fmt(value["p50"]), _fmt(value["p90"]), _fmt(value["p99"]))
+    else:
+        for sub, inner in value.items():
+            _add_rows(table, f"{label} {sub}", inner)
 
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:

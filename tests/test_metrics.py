@@ -43,7 +43,31 @@ def test_fold_exact_values() -> None:
     # live context: 100 tokens for 1.5 s, 111 until 2.0, 161 until 4.0 -> integral 150+55.5+322
     assert summary["working_set_ratio"] == pytest.approx((150 + 55.5 + 322) / 120 / 1600)
     assert summary["engine_iterations"] == 42
+    assert summary["forced_resumes"] == 0
+    assert summary["ttfr_by_prompt_s"]["<2k"] == {"mean": 0.5, "p50": 0.5, "p90": 0.5, "p99": 0.5, "count": 1}
+    assert summary["ttfr_by_prompt_s"][">=32k"]["count"] == 0
+    assert summary["kv_imbalance"] == {"mean": 0.0, "max": 0.0}  # one worker
     assert summary["wall_time_s"] == 1.25
+
+
+def test_imbalance_and_forced_resumes() -> None:
+    log = [
+        ev.RunStarted(0.0, "s", "thunderagent", 1, 30.0, ("w0", "w1"), 16, 100, 0.0),
+        ev.WorkerSample(0.0, "w0", 10, 0, 0, 0),
+        ev.WorkerSample(0.0, "w1", 10, 0, 0, 0),
+        ev.WorkerSample(5.0, "w0", 90, 0, 0, 0),
+        ev.WorkerSample(5.0, "w1", 40, 0, 0, 0),
+        ev.ProgramResumed(6.0, "p1", "w1", True),
+        ev.ProgramResumed(7.0, "p2", "w0", False),
+        ev.WorkerSample(10.0, "w0", 50, 0, 0, 0),
+        ev.WorkerSample(10.0, "w1", 80, 0, 0, 0),
+        ev.RunEnded(30.0, 1, 0),
+    ]
+    summary = MetricsFold().apply_all(log).summary()
+    assert summary["kv_imbalance"]["mean"] == pytest.approx((0.0 + 0.5 + 0.3) / 3)
+    assert summary["kv_imbalance"]["max"] == pytest.approx(0.5)
+    assert (summary["resumes"], summary["forced_resumes"]) == (2, 1)
+    assert summary["mean_kv_utilization"] == pytest.approx((10 + 10 + 90 + 40 + 50 + 80) / 600)
 
 
 def test_incomplete_log_is_an_error() -> None:

@@ -8,10 +8,12 @@ import numpy as np
 from pydantic import BaseModel
 
 from tasim.policies.base import Hold, Pause, Policy, Resume, Route, TurnEnd
+from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
+from tasim.policies.thunderagent import ThunderAgent
 from tasim.view import ClusterView
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin,)}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, KvRouter, ThunderAgent)}
 
 
 def policy_class(name: str) -> type[Policy]:

@@ -29,7 +29,10 @@ class Route:
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """Keep the request at the router until a `Resume` for its program names a worker."""
+    """Keep the request at the router until a `Resume` for its program names a worker.
+    ``pause``: this hold also pauses the program (e.g. a new program queued for room)."""
+
+    pause: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +44,12 @@ class Pause:
 
 @dataclass(frozen=True, slots=True)
 class Resume:
-    """The program may run again on ``worker``; a held request goes there now."""
+    """The program may run again on ``worker``; a held request goes there now. ``forced``: a
+    timeout resumed it without a capacity check."""
 
     program: str
     worker: str
+    forced: bool = False
 
 
 RequestDecision = Union[Route, Hold]

@@ -190,6 +190,8 @@ class Simulation:
         elif isinstance(decision, Hold):
             self._held[spec.program] = spec
             self.emit(ev.RequestHeld(self.env.now, spec.id, spec.program))
+            if decision.pause:
+                self.emit(ev.ProgramPaused(self.env.now, spec.program))
         else:
             raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
 
@@ -209,7 +211,7 @@ class Simulation:
             if isinstance(decision, Pause):
                 self.emit(ev.ProgramPaused(now, decision.program))
             elif isinstance(decision, Resume):
-                self.emit(ev.ProgramResumed(now, decision.program, decision.worker))
+                self.emit(ev.ProgramResumed(now, decision.program, decision.worker, decision.forced))
                 held = self._held.pop(decision.program, None)
                 if held is not None:
                     self._route(held, decision.worker)

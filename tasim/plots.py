@@ -1,0 +1,113 @@
+"""PNG plots of a `tasim compare` result (matplotlib, Agg canvas: never needs a display).
+
+Figures are built with the object API rather than pyplot, so no global figure state is kept
+between plots and nothing tries to open a window.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from tasim import events as ev
+from tasim.eventlog import find_events, read_events
+
+if TYPE_CHECKING:
+    from tasim.compare import Plan, Run
+
+DPI = 120
+TIME_LABEL = "simulated time (s)"
+KV_LABEL = "KV utilisation (fraction of blocks)"
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)  # attaches the Agg canvas explicitly; savefig then renders with it
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    return path
+
+
+def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
+    """x positions of the sweep points: the values themselves, or 0..n-1 for categories."""
+    sweep = plan.sweep
+    assert sweep is not None
+    ax.set_xlabel(sweep.key)
+    if sweep.numeric:
+        return list(sweep.values)
+    # long labels (YAML mappings) would overlap side by side
+    slanted = {"rotation": 15, "ha": "right"} if max(map(len, sweep.texts)) > 12 else {}
+    ax.set_xticks(range(len(sweep.texts)), sweep.texts, **slanted)
+    return list(range(len(sweep.texts)))
+
+
+def sweep_plot(
+    plan: Plan, summaries: Sequence[dict[str, Any]], metric: str, ylabel: str, title: str, path: Path
+) -> Path:
+    """``metric`` against the swept value, one line per policy."""
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    xs = _sweep_axis(ax, plan)
+    for policy in plan.policies:
+        ys = [s[metric] for run, s in zip(plan.runs, summaries) if run.policy == policy]
+        ax.plot(xs, ys, marker="o", label=policy)
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{title} · {plan.scenario.name}")
+    ax.legend(title="policy")
+    ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
+def kv_samples(run_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
+    """Per worker (in the log's worker order): sample times and used/total block fractions."""
+    blocks = 0
+    series: dict[str, tuple[list[float], list[float]]] = {}
+    for event in read_events(find_events(run_dir)):
+        if isinstance(event, ev.RunStarted):  # the header comes first: pool size and worker order
+            blocks = event.kv_blocks_per_worker
+            series = {worker: ([], []) for worker in event.workers}
+        elif isinstance(event, ev.WorkerSample):
+            times, utils = series.setdefault(event.worker, ([], []))
+            times.append(event.t)
+            utils.append(event.used_blocks / blocks)
+    return series
+
+
+def kv_utilization_plot(runs: Sequence[Run], run_dirs: Sequence[Path], title: str, path: Path) -> Path:
+    """One subplot per run (policy), one line per worker."""
+    fig = Figure(figsize=(8, 1.2 + 2.6 * len(runs)))
+    axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, run, run_dir in zip(axes, runs, run_dirs):
+        series = kv_samples(run_dir)
+        for worker, (times, utils) in series.items():
+            ax.plot(times, utils, linewidth=1, label=worker)
+        ax.set_title(run.policy)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(KV_LABEL)
+        ax.grid(True, alpha=0.3)
+        # outside the axes so lines are never hidden; columns keep many workers readable
+        ax.legend(title="worker", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
+                  ncol=max(1, math.ceil(len(series) / 16)))
+    axes[-1].set_xlabel(TIME_LABEL)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs_dir: Path) -> list[Path]:
+    """throughput.png and hit_rate.png (with a sweep) and kv_utilization.png, under ``out``."""
+    written = []
+    if plan.sweep is not None:
+        written.append(sweep_plot(plan, summaries, "steps_per_min", "steps per minute (LLM calls/min)",
+                                  "Throughput", out / "throughput.png"))
+        written.append(sweep_plot(plan, summaries, "prefix_hit_rate", "prefix hit rate (fraction of prompt tokens)",
+                                  "Prefix cache hit rate", out / "hit_rate.png"))
+    last = plan.last_point()
+    point = ", ".join(f"{k}={v}" for k, v in last[0].point.items())
+    title = f"KV utilisation per worker · {plan.scenario.name}" + (f" · {point}" if point else "")
+    written.append(kv_utilization_plot(last, [runs_dir / run.label for run in last], title, out / "kv_utilization.png"))
+    return written

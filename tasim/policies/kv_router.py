@@ -1,0 +1,236 @@
+"""Dynamo 1.6.1's KV-aware router (``--router-mode kv``), decision for decision.
+
+Per request and worker ``w`` (``bs`` block size, ``ISL`` prompt tokens):
+
+    decay_w  = 1 / (1 + d * ((P_w - min P) / bs) / ceil(ISL / bs))      (1 when d = 0)
+    credit_w = c * decay_w * overlap_w
+    cost_w   = L * max(0, (P_w + ISL) / bs - credit_w) + (A_w + X_w) + r * N_w
+
+``overlap_w``: leading prompt blocks the worker's prefix index says it holds. ``P_w``: prompt
+tokens of requests routed to ``w`` that have not produced their first token, less what their
+overlap covered. ``A_w``: distinct full prompt blocks of requests active on ``w``; ``X_w``: this
+request's full blocks not among them. ``N_w``: active requests. The load terms come from the
+router's own bookings, not from the engines. Temperature 0 picks the cheapest worker (ties
+broken uniformly at random with the seeded RNG); T > 0 samples
+``p ∝ exp(-(cost - min) / ((max - min) * T))``. Host/disk cache tiers are not simulated, so
+their credits are zero. Defaults are Dynamo's.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasim.model import RequestSpec
+from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
+from tasim.policies.prefix_index import ApproxIndex, EventIndex
+from tasim.view import ClusterView
+
+
+class KvRouterParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    overlap_score_credit: float = Field(1.0, ge=0, description="c: blocks of prefill credited per cached block")
+    overlap_score_credit_decay: float = Field(0.0, ge=0, description="d: shrink credit on workers with queued prefill")
+    prefill_load_scale: float = Field(1.0, ge=0, description="L: weight of the prefill term")
+    decode_active_request_weight: float = Field(0.0, ge=0, description="r: cost per active request")
+    router_temperature: float = Field(0.0, ge=0, description="0 = argmin; > 0 = softmax over normalised costs")
+    use_kv_events: bool = Field(True, description="prefix index from KV events; false = approximate (own decisions, TTL)")
+    router_ttl_secs: float = Field(120.0, gt=0, description="approximate mode: block lifetime after last routing")
+    max_tree_size: int = Field(1 << 20, gt=0, description="approximate mode: index size guard in blocks")
+    kv_event_lag_s: float = Field(0.0, ge=0, description="delay before KV events reach the index")
+    router_track_prefill_tokens: bool = Field(True, description="include the (P + ISL) / bs prefill term")
+    router_assume_kv_reuse: bool = Field(True, description="count active blocks once per distinct hash")
+    active_decode_blocks_threshold: float | None = Field(
+        None, gt=0, description="busy when A_w > threshold x KV blocks; busy workers are not eligible"
+    )
+    session_affinity_ttl_s: float | None = Field(None, gt=0, description="bind a program to its first worker for this idle TTL")
+    session_affinity_mode: Literal["hard", "soft"] = Field(
+        "hard", description="hard: always the bound worker; soft: the bound worker while it is eligible"
+    )
+
+
+@dataclass(slots=True)
+class _Booking:
+    worker: str
+    prefill_tokens: int
+    blocks: tuple[int, ...]
+    prefill_done: bool = False
+
+
+@dataclass(slots=True)
+class _Binding:
+    worker: str
+    last_used: float
+
+
+def worker_cost(
+    params: KvRouterParams,
+    block_size: int,
+    prompt_tokens: int,
+    prefill_tokens: int,
+    min_prefill_tokens: int,
+    overlap_blocks: int,
+    active_blocks: int,
+    new_blocks: int,
+    active_requests: int,
+) -> float:
+    """Dynamo's ``DefaultWorkerScorer`` cost for one worker (lower is better)."""
+    decay = 1.0
+    d = params.overlap_score_credit_decay
+    if d > 0:
+        request_blocks = -(-prompt_tokens // block_size)
+        decay = 1.0 / (1.0 + d * ((prefill_tokens - min_prefill_tokens) / block_size) / request_blocks)
+    credit = params.overlap_score_credit * decay * overlap_blocks
+    raw = (prefill_tokens + prompt_tokens) / block_size if params.router_track_prefill_tokens else 0.0
+    return (
+        params.prefill_load_scale * max(0.0, raw - credit)
+        + (active_blocks + new_blocks)
+        + params.decode_active_request_weight * active_requests
+    )
+
+
+class KvRouter(Policy):
+    name: ClassVar[str] = "kv_router"
+    summary: ClassVar[str] = "Dynamo 1.6.1 KV-aware router: prefix overlap vs. booked load, per request"
+    params_model: ClassVar[type[BaseModel]] = KvRouterParams
+
+    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+        super().__init__(view, params, rng)
+        p: KvRouterParams = params  # type: ignore[assignment]
+        self.p = p
+        workers = view.worker_ids
+        self.block_size = view.workers[0].block_size
+        self._kv_blocks = {w.id: w.kv_blocks for w in view.workers}
+        # Credit 0 means Dynamo builds no indexer at all: pure load balancing.
+        self.index: EventIndex | ApproxIndex | None = None
+        if p.overlap_score_credit > 0:
+            self.index = EventIndex(workers, p.kv_event_lag_s) if p.use_kv_events else ApproxIndex(
+                workers, p.router_ttl_secs, p.max_tree_size
+            )
+        self.wants_kv_events = self.index is not None and p.use_kv_events
+        self._prefill = {w: 0 for w in workers}
+        self._active = {w: Counter() for w in workers}  # type: dict[str, Counter[int]]
+        self._active_sum = {w: 0 for w in workers}
+        self._requests = {w: 0 for w in workers}
+        self._bookings: dict[str, _Booking] = {}
+        self._bindings: dict[str, _Binding] = {}
+
+    # --- decisions -------------------------------------------------------------------------
+
+    def costs(self, request: RequestSpec, now: float) -> tuple[dict[str, float], dict[str, int]]:
+        """Cost per eligible worker and the overlap (in blocks) each one was credited."""
+        hashes = request.prompt_block_hashes(self.block_size)
+        overlaps = self.index.overlaps(hashes, now) if self.index else {w: 0 for w in self._prefill}
+        eligible = self._eligible()
+        min_prefill = min(self._prefill[w] for w in eligible)
+        reuse = self.p.router_assume_kv_reuse
+        costs = {}
+        for w in eligible:
+            active = self._active[w]
+            if reuse:
+                active_blocks = len(active)
+                new_blocks = sum(1 for h in hashes if h not in active)
+            else:
+                active_blocks = self._active_sum[w]
+                new_blocks = len(hashes)
+            costs[w] = worker_cost(
+                self.p, self.block_size, request.prompt_tokens, self._prefill[w], min_prefill,
+                overlaps[w], active_blocks, new_blocks, self._requests[w],
+            )
+        return costs, overlaps
+
+    def on_request(self, request: RequestSpec, now: float) -> Route:
+        costs, overlaps = self.costs(request, now)
+        worker = self._bound_worker(request.program, costs, now) or self._pick(costs)
+        self._book(request, worker, overlaps[worker], now)
+        if self.p.session_affinity_ttl_s is not None and request.program not in self._bindings:
+            self._bindings[request.program] = _Binding(worker, now)
+        return Route(worker)
+
+    def _eligible(self) -> list[str]:
+        threshold = self.p.active_decode_blocks_threshold
+        workers = list(self._prefill)
+        if threshold is None:
+            return workers
+        idle = [w for w in workers if len(self._active[w]) <= threshold * self._kv_blocks[w]]
+        # Dynamo answers "all workers overloaded" with an error; tasim does not model rejection
+        # yet, so it falls back to every worker.
+        return idle or workers
+
+    def _bound_worker(self, program: str, costs: dict[str, float], now: float) -> str | None:
+        ttl = self.p.session_affinity_ttl_s
+        binding = self._bindings.get(program)
+        if ttl is None or binding is None:
+            return None
+        if now - binding.last_used > ttl:
+            del self._bindings[program]
+            return None
+        if self.p.session_affinity_mode == "soft" and binding.worker not in costs:
+            return None
+        return binding.worker
+
+    def _pick(self, costs: dict[str, float]) -> str:
+        workers = list(costs)
+        values = np.array([costs[w] for w in workers])
+        low, high = float(values.min()), float(values.max())
+        temperature = self.p.router_temperature
+        if temperature == 0 or high == low:
+            ties = [w for w in workers if costs[w] == low] if temperature == 0 else workers
+            return ties[int(self.rng.integers(len(ties)))] if len(ties) > 1 else ties[0]
+        weights = np.exp(-(values - low) / ((high - low) * temperature))
+        return workers[int(self.rng.choice(len(workers), p=weights / weights.sum()))]
+
+    # --- bookings --------------------------------------------------------------------------
+
+    def _book(self, request: RequestSpec, worker: str, overlap: int, now: float) -> None:
+        hashes = request.prompt_block_hashes(self.block_size)
+        prefill = max(0, request.prompt_tokens - overlap * self.block_size)
+        self._bookings[request.id] = _Booking(worker, prefill, hashes)
+        self._prefill[worker] += prefill
+        self._active[worker].update(hashes)
+        self._active_sum[worker] += len(hashes)
+        self._requests[worker] += 1
+        if self.index is not None:
+            self.index.routed(worker, hashes, now)
+
+    def on_first_token(self, request: str, worker: str, now: float) -> None:
+        booking = self._bookings.get(request)
+        if booking is not None and not booking.prefill_done:
+            booking.prefill_done = True
+            self._prefill[booking.worker] -= booking.prefill_tokens
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        booking = self._bookings.pop(turn.request, None)
+        if booking is not None:
+            w = booking.worker
+            if not booking.prefill_done:
+                self._prefill[w] -= booking.prefill_tokens
+            active = self._active[w]
+            for block in booking.blocks:
+                if active[block] == 1:
+                    del active[block]
+                else:
+                    active[block] -= 1
+            self._active_sum[w] -= len(booking.blocks)
+            self._requests[w] -= 1
+        binding = self._bindings.get(turn.program)
+        if binding is not None:
+            binding.last_used = now  # the idle TTL restarts when a request ends
+        return ()
+
+    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        self._bindings.pop(program, None)
+        return ()
+
+    def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float) -> None:
+        if self.index is not None:
+            self.index.stored(worker, blocks, now)
+
+    def on_kv_removed(self, worker: str, blocks: Sequence[int], now: float) -> None:
+        if self.index is not None:
+            self.index.removed(worker, blocks, now)

@@ -1,0 +1,401 @@
+"""ThunderAgent's program scheduler (arXiv 2602.13692), in two variants.
+
+``variant: upstream`` follows ThunderAgent-org/ThunderAgent's router as shipped: a backend's use
+is ``Σ tokens(REASONING) + w·Σ tokens(ACTING) + 100·programs``; a new program is placed only when
+the global queue is empty, on the backend with the fewest active tokens that has room; programs
+are sticky after that. Every Δt = 5 s the scheduler first resumes, then pauses: a backend over
+capacity pauses its ACTING programs smallest first until it fits, then *marks* every REASONING
+program (smallest first) to pause when its turn ends. Resume takes the paused queue in groups
+G1 (a request is waiting) → G2 (new programs) → G3 (paused while in a tool), smallest first,
+selects greedily against the total free room, then places largest first on the backend with the
+most room. An optional 2^(−t/τ) decay discounts ACTING tokens on the resume side only. A request
+held 1,800 s is force-resumed (new programs to the backend with fewest programs, others to their
+origin) without a capacity check.
+
+``variant: dynamo`` follows Dynamo 1.6.1's ``dynamo.thunderagent_router``: exact token counts,
+pause above 0.95 of capacity and drain to 0.80, resume only while below 0.95 − 0.10, a soft
+demotion band [0.80, 0.95), the decay (τ = 1 s) used to rank backends for forced resumes, resume
+ordering by current tokens, and an idle TTL (600 s) that releases ACTING programs whose next turn
+never comes.
+
+Known upstream defects are switchable fixes, all off in ``upstream``: a turn that ends without
+usage (a failed request) still moves the program to ACTING; FIFO or aged admission of new
+programs instead of smallest first (ThunderAgent issues #45/#46); best-fit placement; resuming on
+the origin backend while enough of the program's blocks survive there. ``host_kv_tokens`` adds a
+host KV tier to each backend's capacity (Dynamo PR #11185).
+
+Both variants count tokens from the engine's usage (prompt + completion at turn end; the prompt
+at arrival) rather than upstream's characters/5 estimate; the simulator has no streamed text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar, Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tasim.model import BlockHash, RequestSpec
+from tasim.policies.base import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
+from tasim.view import ClusterView
+
+Variant = Literal["upstream", "dynamo"]
+
+# Defaults that differ between the variants; everything else is shared.
+_VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "upstream": {
+        "pause_threshold": 1.0,
+        "pause_target": 1.0,
+        "resume_hysteresis": 0.0,
+        "soft_demote_threshold": None,
+        "acting_decay_tau_s": None,
+        "idle_ttl_s": None,
+        "fix_failed_turn": False,
+    },
+    "dynamo": {
+        "pause_threshold": 0.95,
+        "pause_target": 0.80,
+        "resume_hysteresis": 0.10,
+        "soft_demote_threshold": 0.80,
+        "acting_decay_tau_s": 1.0,
+        "idle_ttl_s": 600.0,
+        "fix_failed_turn": True,
+    },
+}
+
+
+class ThunderAgentParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    variant: Variant = Field("upstream", description="upstream ThunderAgent or Dynamo 1.6.1's port")
+    scheduler_interval_s: float = Field(5.0, gt=0, description="Δt between resume/pause passes")
+    acting_token_weight: float = Field(1.0, ge=0, description="w on ACTING tokens in a backend's use")
+    buffer_per_program: int = Field(100, ge=0, description="tokens added per program")
+    pause_threshold: float = Field(1.0, gt=0, description="pause when use > threshold x capacity (dynamo 0.95)")
+    pause_target: float = Field(1.0, gt=0, description="pausing drains use down to target x capacity (dynamo 0.80)")
+    resume_hysteresis: float = Field(0.0, ge=0, description="resume only below (threshold - hysteresis) x capacity")
+    soft_demote_threshold: float | None = Field(None, gt=0, description="dynamo: demote programs on backends in [this, threshold)")
+    acting_decay_tau_s: float | None = Field(
+        None, gt=0, description="ACTING tokens count x 2^(-idle/tau); upstream: resume side, dynamo: forced-resume ranking"
+    )
+    resume_timeout_s: float = Field(1800.0, gt=0, description="a request held this long is force-resumed")
+    idle_ttl_s: float | None = Field(None, gt=0, description="release ACTING programs idle this long (dynamo 600)")
+    host_kv_tokens: int = Field(0, ge=0, description="host KV tier per backend added to capacity")
+    fix_failed_turn: bool = Field(False, description="fix: a turn ending without usage still moves to ACTING")
+    admission_order: Literal["smallest_first", "fifo", "aged"] = Field(
+        "smallest_first", description="order of new programs in the resume queue (fix for #45/#46: fifo or aged)"
+    )
+    aging_tokens_per_s: float = Field(1000.0, gt=0, description="aged order: a waiting program's size shrinks by this per second")
+    placement: Literal["most_room", "best_fit"] = Field("most_room", description="backend for a resumed program")
+    resume_on_origin: bool = Field(False, description="fix: resume on the origin backend if its cached blocks survive")
+    origin_min_cached_fraction: float = Field(0.5, gt=0, le=1, description="resume_on_origin: share of blocks that must survive")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _variant_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            variant = data.get("variant", "upstream")
+            if variant in _VARIANT_DEFAULTS:
+                return {**_VARIANT_DEFAULTS[variant], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _bands(self) -> "ThunderAgentParams":
+        if self.pause_target > self.pause_threshold:
+            raise ValueError(f"pause_target ({self.pause_target}) must be <= pause_threshold ({self.pause_threshold})")
+        if self.resume_hysteresis >= self.pause_threshold:
+            raise ValueError("resume_hysteresis must be < pause_threshold")
+        return self
+
+
+class Phase(Enum):
+    REASONING = "reasoning"
+    ACTING = "acting"
+
+
+@dataclass(slots=True, eq=False)
+class ProgramState:
+    id: str
+    tokens: int = 0
+    phase: Phase = Phase.REASONING
+    paused: bool = False
+    backend: str | None = None
+    origin: str | None = None
+    steps: int = 0
+    acting_since: float = 0.0
+    marked: bool = False
+    paused_tokens: int = 0  # upstream's PausedInfo.total_tokens: the size when it was paused
+    queued_at: float = 0.0
+    held_since: float | None = None  # a request of this program waits at the router
+    blocks: tuple[BlockHash, ...] = ()  # the last prompt's blocks (for resume_on_origin)
+
+
+class ThunderAgent(Policy):
+    name: ClassVar[str] = "thunderagent"
+    summary: ClassVar[str] = "ThunderAgent program scheduler: sticky programs, pause at tool boundaries, resume by groups"
+    params_model: ClassVar[type[BaseModel]] = ThunderAgentParams
+
+    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+        super().__init__(view, params, rng)
+        p: ThunderAgentParams = params  # type: ignore[assignment]
+        self.p = p
+        self.tick_interval_s = p.scheduler_interval_s
+        self.capacity = {w.id: w.kv_capacity_tokens + p.host_kv_tokens for w in view.workers}
+        self.programs: dict[str, ProgramState] = {}
+        self.queue: dict[str, ProgramState] = {}  # paused programs in pause order
+        self.soft_demoted_until: dict[str, float] = {}
+        self.wants_kv_events = p.resume_on_origin
+        self._cached: dict[str, set[BlockHash]] = {w: set() for w in self.capacity}
+
+    # --- accounting ------------------------------------------------------------------------
+
+    def _on(self, backend: str) -> list[ProgramState]:
+        return [q for q in self.programs.values() if q.backend == backend and not q.paused]
+
+    def _weighted(self, q: ProgramState) -> float:
+        return q.tokens * self.p.acting_token_weight if q.phase is Phase.ACTING else q.tokens
+
+    def _decayed(self, q: ProgramState, now: float) -> float:
+        if q.phase is not Phase.ACTING or self.p.acting_decay_tau_s is None:
+            return self._weighted(q)
+        return q.tokens * 2.0 ** (-max(0.0, now - q.acting_since) / self.p.acting_decay_tau_s)
+
+    def used(self, backend: str, now: float | None = None) -> float:
+        """Tokens counted against ``backend``; decayed (upstream's resume side) when ``now``
+        is given and a decay is configured."""
+        programs = self._on(backend)
+        tokens = sum(self._weighted(q) if now is None else self._decayed(q, now) for q in programs)
+        return tokens + self.p.buffer_per_program * len(programs)
+
+    # --- requests --------------------------------------------------------------------------
+
+    def on_request(self, request: RequestSpec, now: float) -> Route | Hold:
+        q = self.programs.get(request.program)
+        new = q is None
+        if q is None:
+            q = self.programs[request.program] = ProgramState(request.program)
+        q.steps += 1
+        q.tokens = request.prompt_tokens
+        q.phase = Phase.REASONING
+        q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
+        if q.paused:
+            q.held_since = now
+            return Hold()
+        if q.backend is not None:
+            return Route(q.backend)
+        backend = None if (new and self.queue) else self._admission_backend(q.tokens)
+        if backend is None and not new:
+            # Unplaced but already running (e.g. after a forced resume without target): let
+            # the turn through on the least used backend rather than parking a live session.
+            backend = min(self.capacity, key=lambda b: self.used(b))
+        if backend is not None:
+            q.backend = backend
+            return Route(backend)
+        self._enqueue(q, now, origin=None)
+        q.held_since = now
+        return Hold(pause=True)
+
+    def _admission_backend(self, tokens: int) -> str | None:
+        need = tokens + self.p.buffer_per_program
+        fits = [b for b in self.capacity if self.capacity[b] - self.used(b) >= need]
+        if not fits:
+            return None
+        if self.p.variant == "upstream":  # fewest active program tokens, buffers excluded
+            return min(fits, key=lambda b: sum(self._weighted(q) for q in self._on(b)))
+        return min(fits, key=lambda b: self.used(b))
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        q = self.programs.get(turn.program)
+        if q is None:
+            return ()
+        if not turn.ok and not self.p.fix_failed_turn:
+            return ()  # upstream: no usage, so the program stays REASONING
+        q.tokens = turn.prompt_tokens + turn.output_tokens if turn.ok else q.tokens
+        q.phase = Phase.ACTING
+        q.acting_since = now
+        if q.marked and not q.paused:
+            q.marked = False
+            return [self._pause(q, now)]
+        return ()
+
+    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        self.programs.pop(program, None)
+        self.queue.pop(program, None)
+        self.soft_demoted_until.pop(program, None)
+        return ()
+
+    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+        self._cached[worker].update(blocks)
+
+    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+        self._cached[worker].difference_update(blocks)
+
+    # --- the periodic pass -----------------------------------------------------------------
+
+    def on_tick(self, now: float) -> Sequence[ProgramDecision]:
+        decisions: list[ProgramDecision] = []
+        self._expire_idle(now)
+        decisions += self._forced_resumes(now)
+        self._soft_demote(now)
+        decisions += self._greedy_resume(now)
+        decisions += self._pause_until_safe(now)
+        return decisions
+
+    def _expire_idle(self, now: float) -> None:
+        ttl = self.p.idle_ttl_s
+        if ttl is None:
+            return
+        for q in list(self.programs.values()):
+            if q.phase is Phase.ACTING and q.held_since is None and now - q.acting_since > ttl:
+                self.on_program_end(q.id, now)
+
+    def _forced_resumes(self, now: float) -> list[ProgramDecision]:
+        decisions: list[ProgramDecision] = []
+        for q in list(self.queue.values()):
+            if q.held_since is None or now - q.held_since < self.p.resume_timeout_s:
+                continue
+            if self.p.variant == "dynamo":
+                target = max(self.capacity, key=lambda b: self.capacity[b] - self.used(b, now))
+            elif q.origin is None:
+                target = min(self.capacity, key=lambda b: len(self._on(b)))
+            else:
+                target = q.origin
+            decisions.append(self._resume(q, target, now, forced=True))
+        return decisions
+
+    def _soft_demote(self, now: float) -> None:
+        low = self.p.soft_demote_threshold
+        if low is None:
+            return
+        until = now + 1.5 * self.p.scheduler_interval_s
+        for backend, capacity in self.capacity.items():
+            if low <= self.used(backend) / capacity < self.p.pause_threshold:
+                for q in self._on(backend):
+                    if not q.marked:
+                        self.soft_demoted_until[q.id] = max(self.soft_demoted_until.get(q.id, 0.0), until)
+
+    def is_soft_demoted(self, program: str, now: float) -> bool:
+        """Dynamo lowers such a program's requests' priority by 2 s in its router queue (which
+        only exists with a queue threshold); tasim records the state but has no such queue."""
+        return self.soft_demoted_until.get(program, 0.0) > now
+
+    def _resume_size(self, q: ProgramState) -> int:
+        return q.paused_tokens if self.p.variant == "upstream" else q.tokens
+
+    def _resume_order(self, now: float) -> list[ProgramState]:
+        def group(q: ProgramState) -> int:
+            if q.steps <= 1:
+                return 1
+            return 0 if q.phase is Phase.REASONING else 2
+
+        def key(q: ProgramState) -> tuple[int, float]:
+            g = group(q)
+            if g == 1 and self.p.admission_order == "fifo":
+                return g, q.queued_at
+            if g == 1 and self.p.admission_order == "aged":
+                return g, self._resume_size(q) - self.p.aging_tokens_per_s * (now - q.queued_at)
+            return g, self._resume_size(q)
+
+        return sorted(self.queue.values(), key=key)  # stable: ties keep pause order
+
+    def _greedy_resume(self, now: float) -> list[ProgramDecision]:
+        if not self.queue:
+            return []
+        buffer = self.p.buffer_per_program
+        ceiling = self.p.pause_threshold - self.p.resume_hysteresis
+        decay_now = now if self.p.variant == "upstream" else None
+        rooms = {b: int(c * ceiling) - self.used(b, decay_now) for b, c in self.capacity.items()}
+        rooms = {b: r for b, r in rooms.items() if r > buffer}
+        if not rooms:
+            return []
+        total = sum(rooms.values())
+        selected: list[ProgramState] = []
+        cumulative = 0
+        for q in self._resume_order(now):
+            need = self._resume_size(q) + buffer
+            if cumulative + need <= total:
+                selected.append(q)
+                cumulative += need
+        if not selected:
+            return []
+        selected.sort(key=lambda q: -self._resume_size(q))
+        smallest = min(self._resume_size(q) for q in selected) + buffer
+        decisions: list[ProgramDecision] = []
+        for q in selected:
+            if not rooms:
+                break
+            need = self._resume_size(q) + buffer
+            largest = max(rooms.values())
+            if smallest > largest:
+                break
+            if need > largest:
+                continue
+            backend = self._placement(q, need, rooms)
+            decisions.append(self._resume(q, backend, now))
+            rooms[backend] -= need
+            if rooms[backend] <= buffer:
+                del rooms[backend]
+        return decisions
+
+    def _placement(self, q: ProgramState, need: float, rooms: dict[str, float]) -> str:
+        fits = [b for b, r in rooms.items() if r >= need]
+        if self.p.resume_on_origin and q.origin in fits and self._survives_on(q, q.origin):
+            return q.origin  # type: ignore[return-value]
+        if self.p.placement == "best_fit":
+            return min(fits, key=lambda b: rooms[b])
+        # Upstream's "BFD" places on the backend with the most room (worst fit); ties go to
+        # the first backend in cluster order, as a stable sort would leave them.
+        return max(fits, key=lambda b: rooms[b])
+
+    def _survives_on(self, q: ProgramState, backend: str) -> bool:
+        if not q.blocks:
+            return False
+        cached = self._cached[backend]
+        surviving = sum(1 for block in q.blocks if block in cached)
+        return surviving >= self.p.origin_min_cached_fraction * len(q.blocks)
+
+    def _pause_until_safe(self, now: float) -> list[ProgramDecision]:
+        decisions: list[ProgramDecision] = []
+        for backend, capacity in self.capacity.items():
+            used = self.used(backend)
+            if used <= capacity * self.p.pause_threshold:
+                continue
+            target = capacity * min(self.p.pause_target, self.p.pause_threshold)
+            programs = self._on(backend)
+            for q in sorted((q for q in programs if q.phase is Phase.ACTING), key=lambda q: q.tokens):
+                if used <= target:
+                    break
+                if q.marked:
+                    continue
+                used -= self._weighted(q) + self.p.buffer_per_program
+                decisions.append(self._pause(q, now))
+            if used > target:
+                # Marking frees nothing now, so this marks every REASONING program on the
+                # backend, smallest first, as upstream does.
+                for q in sorted((q for q in programs if q.phase is Phase.REASONING), key=lambda q: q.tokens):
+                    q.marked = True
+        return decisions
+
+    # --- transitions -----------------------------------------------------------------------
+
+    def _enqueue(self, q: ProgramState, now: float, origin: str | None) -> None:
+        q.paused = True
+        q.origin = origin
+        q.backend = None
+        q.paused_tokens = q.tokens
+        q.queued_at = now
+        self.queue[q.id] = q
+
+    def _pause(self, q: ProgramState, now: float) -> Pause:
+        self._enqueue(q, now, origin=q.backend)
+        return Pause(q.id)
+
+    def _resume(self, q: ProgramState, backend: str, now: float, forced: bool = False) -> Resume:
+        del self.queue[q.id]
+        q.paused = False
+        q.backend = backend
+        q.origin = None
+        q.held_since = None
+        return Resume(q.id, backend, forced=forced)
