@@ -1,0 +1,144 @@
+"""`tasim compare` and `tasim policies`: run layout, compare.json, plots, parallel determinism,
+validation before any run, and the generic parameter listing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import pytest
+from pydantic import BaseModel, Field, PositiveInt
+
+from conftest import REPO
+from tasim.cli import param_rows
+
+TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
+SHORT = ("--set", "duration_s=40")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tasim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=REPO)
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def compare(out: Path, *args: str) -> list[dict[str, Any]]:
+    result = tasim("compare", TINY, *SHORT, "--out", str(out), *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads((out / "compare.json").read_text())
+
+
+def without_wall_time(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{**e, "summary": {k: v for k, v in e["summary"].items() if k != "wall_time_s"}} for e in entries]
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, Any]]]:
+    """One sweep, given out of order, shared by the tests that only read its results."""
+    out = tmp_path_factory.mktemp("swept")
+    return out, compare(out, "--policies", "round_robin", "--sweep", "workload.concurrency=4,2", "--jobs", "2")
+
+
+def test_sweep_writes_ordered_entries_matching_each_run(swept: tuple[Path, list[dict[str, Any]]]) -> None:
+    out, entries = swept
+    # numeric sweep values are run and listed in ascending order
+    assert [(e["policy"], e["overrides"]) for e in entries] == [
+        ("round_robin", {"workload.concurrency": 2}),
+        ("round_robin", {"workload.concurrency": 4}),
+    ]
+    for entry, concurrency in zip(entries, (2, 4)):
+        run_dir = out / "runs" / f"round_robin-workload.concurrency={concurrency}"
+        assert entry["summary"] == json.loads((run_dir / "summary.json").read_text())
+        assert (run_dir / "events.jsonl").stat().st_size > 0
+        resolved = json.loads((run_dir / "run.json").read_text())["scenario"]
+        assert resolved["workload"]["concurrency"] == concurrency
+        assert resolved["duration_s"] == 40
+        assert entry["summary"]["sim_time_s"] == 40
+    assert entries[0]["summary"]["steps_per_min"] != entries[1]["summary"]["steps_per_min"]
+
+
+def test_sweep_writes_non_empty_pngs(swept: tuple[Path, list[dict[str, Any]]]) -> None:
+    out, _ = swept
+    for name in ("throughput.png", "hit_rate.png", "kv_utilization.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
+
+
+def test_without_sweep_one_run_per_policy_and_only_the_kv_plot(tmp_path: Path) -> None:
+    entries = compare(tmp_path, "--policies", "round_robin", "--seed", "3")
+    assert [(e["policy"], e["overrides"], e["summary"]["seed"]) for e in entries] == [("round_robin", {}, 3)]
+    assert (tmp_path / "runs" / "round_robin" / "summary.json").exists()
+    assert (tmp_path / "kv_utilization.png").read_bytes().startswith(PNG_MAGIC)
+    assert not (tmp_path / "throughput.png").exists()
+
+
+def test_results_do_not_depend_on_jobs(tmp_path: Path, swept: tuple[Path, list[dict[str, Any]]]) -> None:
+    _, parallel = swept
+    inline = compare(tmp_path, "--policies", "round_robin", "--sweep", "workload.concurrency=4,2", "--jobs", "1")
+    assert without_wall_time(inline) == without_wall_time(parallel)
+
+
+def test_categorical_sweep_keeps_the_given_order(tmp_path: Path) -> None:
+    entries = compare(tmp_path, "--policies", "round_robin", "--sweep", "cluster.engine.eviction=lru,lineage")
+    assert [e["overrides"]["cluster.engine.eviction"] for e in entries] == ["lru", "lineage"]
+    assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--policies", "round_robin,nope"], ["--policies", "unknown policy 'nope'", "allowed:", "round_robin"]),
+        (["--policies", "round_robin", "--sweep", "workload.nope=1,2"],
+         ["--sweep workload.nope=1", "unknown key", "allowed:", "concurrency"]),
+        # the bad value is the last one: nothing may run for the good ones first
+        (["--policies", "round_robin", "--sweep", "workload.concurrency=2,-3"],
+         ["--sweep workload.concurrency=-3", "greater than 0"]),
+        (["--policies", "round_robin", "--sweep", "workload.concurrency"], ["--sweep", "dotted.key=v1,v2"]),
+        (["--policies", "round_robin", "--sweep", "policy.name=round_robin"], ["--sweep policy.name", "--policies"]),
+        (["--policies", "round_robin", "--jobs", "0"], ["--jobs", "at least 1"]),
+    ],
+)
+def test_bad_input_exits_2_before_running_anything(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+    out = tmp_path / "out"
+    assert_usage_error(tasim("compare", TINY, *SHORT, "--out", str(out), *args), *fragments)
+    assert not (out / "runs").exists()
+
+
+def test_policies_lists_round_robin() -> None:
+    result = tasim("policies")
+    assert result.returncode == 0, result.stderr
+    assert "round_robin" in result.stdout
+    assert "each request to the next worker in turn" in result.stdout
+
+
+class _Params(BaseModel):
+    rate: float = Field(0.5, gt=0, le=1, description="a fraction")
+    count: PositiveInt = 3
+    mode: Literal["fast", "slow"] = "fast"
+    cap: Optional[int] = None
+    weights: list[int] = Field(default_factory=lambda: [1, 2])
+    enabled: bool = True
+    needed: str
+
+
+def test_param_rows_describe_any_params_model() -> None:
+    assert param_rows(_Params) == [
+        ("rate", "float (> 0, <= 1)", "0.5", "a fraction"),
+        ("count", "int (> 0)", "3", ""),
+        ("mode", "'fast' | 'slow'", "'fast'", ""),
+        ("cap", "int | None", "None", ""),
+        ("weights", "list[int]", "[1, 2]", ""),
+        ("enabled", "bool", "True", ""),
+        ("needed", "str", "required", ""),
+    ]
