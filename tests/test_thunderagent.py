@@ -1,0 +1,271 @@
+"""ThunderAgent scheduler: pause order, marking, resume groups and placement, decay, forced
+resume, Dynamo's hysteresis bands and idle TTL, and the switchable upstream fixes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from tasim.model import RequestSpec
+from tasim.policies import Hold, Pause, Resume, Route, TurnEnd, make_policy
+from tasim.policies.thunderagent import Phase, ProgramState, ThunderAgent, ThunderAgentParams
+from tasim.view import ClusterView, WorkerInfo
+
+CAPACITY = 1600  # 100 blocks of 16 tokens
+
+
+def _ta(workers: int = 1, kv_blocks: int = 100, **params) -> ThunderAgent:
+    view = ClusterView(tuple(WorkerInfo(f"w{i}", 16, kv_blocks, 256, 8192) for i in range(workers)))
+    policy = make_policy("thunderagent", params, view, np.random.default_rng(0))
+    assert isinstance(policy, ThunderAgent)
+    return policy
+
+
+_turns: dict[str, int] = {}
+
+
+def req(ta: ThunderAgent, program: str, prompt: int, now: float):
+    turn = _turns[program] = _turns.get(program, -1) + 1
+    spec = RequestSpec(f"{program}.{turn}", program, turn, prompt, 10, 0, tuple(range(prompt // 16)))
+    return ta.on_request(spec, now)
+
+
+def end(ta: ThunderAgent, program: str, prompt: int, output: int, now: float, ok: bool = True):
+    return list(ta.on_turn_end(TurnEnd(program, f"{program}.x", "w0", prompt, output, 0, ok), now))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_turns() -> None:
+    _turns.clear()
+
+
+def test_variant_defaults_and_validation() -> None:
+    up = ThunderAgentParams()
+    dyn = ThunderAgentParams(variant="dynamo")
+    assert (up.pause_threshold, up.pause_target, up.resume_hysteresis, up.idle_ttl_s) == (1.0, 1.0, 0.0, None)
+    assert (dyn.pause_threshold, dyn.pause_target, dyn.resume_hysteresis, dyn.idle_ttl_s) == (0.95, 0.80, 0.10, 600.0)
+    assert dyn.acting_decay_tau_s == 1.0 and dyn.soft_demote_threshold == 0.80
+    assert ThunderAgentParams(variant="dynamo", pause_target=0.7).pause_target == 0.7  # explicit wins
+    with pytest.raises(ValidationError):
+        ThunderAgentParams(pause_threshold=0.8, pause_target=0.9)
+
+
+def test_new_programs_go_to_fewest_tokens_then_stick() -> None:
+    ta = _ta(workers=2)
+    assert req(ta, "a", 500, 0.0) == Route("w0")
+    assert req(ta, "b", 200, 0.0) == Route("w1")
+    assert req(ta, "c", 200, 0.0) == Route("w1")  # w1 has 200 tokens < w0's 500
+    end(ta, "a", 500, 10, 1.0)
+    assert req(ta, "a", 900, 2.0) == Route("w0")  # sticky, no capacity check
+
+
+def test_pause_smallest_acting_first_until_it_fits() -> None:
+    ta = _ta()
+    for program, prompt in (("A", 100), ("B", 100), ("C", 100), ("D", 150), ("E", 250)):
+        assert req(ta, program, prompt, 0.0) == Route("w0")
+    end(ta, "A", 100, 300, 1.0)  # ACTING 400
+    end(ta, "B", 100, 200, 1.0)  # ACTING 300
+    end(ta, "C", 100, 500, 1.0)  # ACTING 600
+    # use = 400 + 300 + 600 + 150 + 250 + 5 x 100 = 2200 > 1600: pause B (-400 -> 1800), then A (-500 -> 1300)
+    assert ta.used("w0") == 2200
+    assert list(ta.on_tick(5.0)) == [Pause("B"), Pause("A")]
+    assert ta.used("w0") == 1300
+    assert not any(q.marked for q in ta.programs.values())
+    assert req(ta, "B", 350, 6.0) == Hold()  # a paused program's next request waits
+
+
+def test_marking_every_reasoning_program_and_pause_at_turn_end() -> None:
+    ta = _ta()
+    for program in ("A", "B", "C"):
+        req(ta, program, 100, 0.0)
+    end(ta, "A", 100, 100, 1.0)
+    end(ta, "B", 100, 100, 1.0)
+    end(ta, "C", 100, 50, 1.0)  # ACTING 150
+    req(ta, "A", 900, 2.0)  # REASONING 900 (sticky)
+    req(ta, "B", 800, 2.0)  # REASONING 800
+    # use = 900 + 800 + 150 + 300 = 2150: pause C (-250 -> 1900), still over: mark B and A
+    assert list(ta.on_tick(5.0)) == [Pause("C")]
+    assert ta.programs["A"].marked and ta.programs["B"].marked
+    assert end(ta, "A", 900, 100, 6.0) == [Pause("A")]  # paused as its turn ends
+    assert ta.programs["A"].paused and ta.programs["A"].paused_tokens == 1000
+    assert ta.programs["B"].marked and not ta.programs["B"].paused
+
+
+def _two_paused_and_a_new_one(**params) -> ThunderAgent:
+    ta = _ta(workers=2, **params)
+    for program in ("P1", "P2", "P3", "P4"):
+        req(ta, program, 200, 0.0)  # P1, P3 -> w0; P2, P4 -> w1
+    assert {p: q.backend for p, q in ta.programs.items()} == {"P1": "w0", "P2": "w1", "P3": "w0", "P4": "w1"}
+    end(ta, "P1", 200, 1300, 1.0)  # ACTING 1500: w0 use 1900
+    end(ta, "P2", 200, 1200, 1.0)  # ACTING 1400: w1 use 1800
+    assert list(ta.on_tick(5.0)) == [Pause("P1"), Pause("P2")]
+    assert req(ta, "N1", 500, 6.0) == Hold(pause=True)  # queue not empty: new programs wait (G2)
+    assert req(ta, "P1", 1600, 7.0) == Hold()  # P1's next request waits: G1 (upstream size 1500)
+    return ta
+
+
+def test_resume_groups_selection_and_skip() -> None:
+    ta = _two_paused_and_a_new_one()
+    # rooms: 1600 - 400 = 1200 on each backend, total 2400. Order G1 P1 (1500), G2 N1 (500),
+    # G3 P2 (1400). Select P1 (1600), N1 (cum 2200); P2 (1500) no longer fits the total.
+    # Place largest first: P1 needs 1600 > largest room 1200 -> skipped; N1 -> most room (w0).
+    assert list(ta.on_tick(10.0)) == [Resume("N1", "w0")]
+    # P3 and P4 end: rooms 1600 - 600 = 1000 (w0: N1) and 1600 (w1), total 2600.
+    ta.on_program_end("P3", 11.0)
+    ta.on_program_end("P4", 11.0)
+    assert list(ta.on_tick(15.0)) == [Resume("P1", "w1")]  # P1 (1600) fits only on w1
+    assert ta.programs["P2"].paused
+
+
+def _paused(ta: ThunderAgent, program: str, tokens: int, steps: int = 2, phase: Phase = Phase.ACTING) -> None:
+    q = ProgramState(program, tokens=tokens, phase=phase, steps=steps)
+    ta.programs[program] = q
+    ta._enqueue(q, 0.0, origin=None)
+
+
+def _resident(ta: ThunderAgent, program: str, backend: str, tokens: int, since: float = 0.0) -> None:
+    ta.programs[program] = ProgramState(program, tokens=tokens, phase=Phase.ACTING, backend=backend, steps=2,
+                                        acting_since=since)
+
+
+@pytest.mark.parametrize(
+    ("placement", "expected"),
+    [
+        # rooms w0 4000 - 1100 = 2900, w1 4000; selected Y (900), X (1300), Z (2600), placed largest first
+        ("most_room", [Resume("Z", "w1"), Resume("X", "w0"), Resume("Y", "w0")]),
+        ("best_fit", [Resume("Z", "w0"), Resume("X", "w1"), Resume("Y", "w1")]),
+    ],
+)
+def test_resume_places_largest_first(placement: str, expected: list[Resume]) -> None:
+    ta = _ta(workers=2, kv_blocks=250, placement=placement)  # 4000 tokens per backend
+    _resident(ta, "R", "w0", 1000)
+    for program, tokens in (("X", 1200), ("Y", 800), ("Z", 2500)):
+        _paused(ta, program, tokens)
+    assert list(ta.on_tick(5.0)) == expected
+
+
+def test_decay_makes_resume_optimistic_then_pause_evicts() -> None:
+    plain = _ta()
+    _resident(plain, "R", "w0", 1000, since=1.0)
+    _paused(plain, "Q", 1000)
+    assert list(plain.on_tick(5.0)) == []  # room 1600 - 1100 = 500 < 1100
+    decayed = _ta(acting_decay_tau_s=1.0)
+    _resident(decayed, "R", "w0", 1000, since=1.0)
+    _paused(decayed, "Q", 1000)
+    # resume side: R counts 1000 * 2^-4 = 62.5, room 1437.5 >= 1100 -> Q resumes; the pause side
+    # (undecayed, 2200 > 1600) then pauses the smallest ACTING program, R (tie, first placed).
+    assert decayed.used("w0", now=5.0) == 162.5
+    assert list(decayed.on_tick(5.0)) == [Resume("Q", "w0"), Pause("R")]
+
+
+def test_forced_resume_after_timeout_upstream() -> None:
+    ta = _ta(workers=2)
+    assert req(ta, "A", 1300, 0.0) == Route("w0")
+    assert req(ta, "B", 1400, 0.0) == Route("w1")
+    assert req(ta, "C", 100, 0.0) == Route("w0")  # 1300 tokens < 1400, room 200 >= 200
+    assert req(ta, "N", 500, 0.0) == Hold(pause=True)  # no room anywhere
+    for t in range(5, 1800, 5):
+        assert list(ta.on_tick(float(t))) == []
+    # 1,800 s after the request was held: new programs go to the backend with fewest programs
+    assert list(ta.on_tick(1800.0)) == [Resume("N", "w1", forced=True)]
+
+
+def test_forced_resume_of_a_placed_program_returns_to_origin() -> None:
+    ta = _ta(workers=2)
+    req(ta, "A", 200, 0.0)  # w0
+    req(ta, "B", 1400, 0.0)  # w1
+    end(ta, "A", 200, 1400, 1.0)  # 1600 ACTING: w0 use 1700
+    assert list(ta.on_tick(5.0)) == [Pause("A")]
+    assert req(ta, "A", 1700, 10.0) == Hold()
+    req(ta, "C", 1450, 11.0)  # queue not empty: C waits too (G2)
+    assert list(ta.on_tick(15.0)) == [Resume("C", "w0")]  # A (1700) fits nowhere, C does
+    assert list(ta.on_tick(1810.0)) == [Resume("A", "w0", forced=True)]  # origin, no capacity check
+
+
+def test_dynamo_hysteresis_bands() -> None:
+    for variant, first_tick in (("upstream", [Pause("C")]), ("dynamo", [Pause("C"), Pause("B")])):
+        _turns.clear()
+        ta = _ta(variant=variant)
+        for program in ("A", "B", "C"):
+            req(ta, program, 100, 0.0)
+        end(ta, "A", 100, 500, 1.0)  # 600
+        end(ta, "B", 100, 400, 1.0)  # 500
+        end(ta, "C", 100, 200, 1.0)  # 300: use 1700
+        # upstream pauses while use > 1600: C (-400 -> 1300). Dynamo pauses above 0.95 x 1600 =
+        # 1520 and drains to 0.80 x 1600 = 1280: C (-> 1300), then B (-> 700).
+        assert list(ta.on_tick(5.0)) == first_tick, variant
+    # Dynamo resumes only below 0.85: room = 1360 - 700 = 660 takes C (400), not B (600) too.
+    assert list(ta.on_tick(10.0)) == [Resume("C", "w0")]
+    assert list(ta.on_tick(15.0)) == []  # room 1360 - 1100 = 260 < 600
+
+
+def test_dynamo_soft_demotion_band() -> None:
+    ta = _ta(variant="dynamo")
+    req(ta, "A", 1200, 0.0)  # use 1300 = 0.8125 of capacity: inside [0.80, 0.95)
+    ta.on_tick(5.0)
+    assert ta.is_soft_demoted("A", 12.0) and not ta.is_soft_demoted("A", 12.5)  # until 5 + 1.5 x 5
+    upstream = _ta()
+    req(upstream, "A", 1200, 0.0)
+    upstream.on_tick(5.0)
+    assert not upstream.is_soft_demoted("A", 6.0)
+
+
+def test_dynamo_idle_ttl_releases_acting_programs() -> None:
+    ta = _ta(variant="dynamo")
+    req(ta, "A", 100, 0.0)
+    end(ta, "A", 100, 100, 1.0)
+    ta.on_tick(600.0)
+    assert "A" in ta.programs  # idle 599 s
+    ta.on_tick(605.0)
+    assert "A" not in ta.programs and ta.used("w0") == 0
+    assert req(ta, "A", 400, 606.0) == Route("w0")  # comes back as a new program
+
+
+def test_failed_turn_fix() -> None:
+    for fix, phase in ((False, Phase.REASONING), (True, Phase.ACTING)):
+        ta = _ta(fix_failed_turn=fix)
+        req(ta, "A", 100, 0.0)
+        end(ta, "A", 100, 0, 1.0, ok=False)
+        assert ta.programs["A"].phase is phase
+
+
+@pytest.mark.parametrize(
+    ("order", "aging", "expected"),
+    [("smallest_first", 1000.0, "N2"), ("fifo", 1000.0, "N1"), ("aged", 1000.0, "N1"), ("aged", 10.0, "N2")],
+)
+def test_admission_order_of_new_programs(order: str, aging: float, expected: str) -> None:
+    ta = _ta(admission_order=order, aging_tokens_per_s=aging)
+    assert req(ta, "A", 500, 0.0) == Route("w0")
+    assert req(ta, "N0", 1100, 0.0) == Hold(pause=True)  # needs 1200 > 1000
+    assert req(ta, "N1", 800, 1.0) == Hold(pause=True)  # queued behind N0
+    assert req(ta, "N2", 300, 2.0) == Hold(pause=True)
+    # room 1000: smallest first takes N2 (400) and then N1 (900) no longer fits; FIFO takes N1
+    # (900) after skipping N0 (1200). Aging by 1000 tokens/s makes the oldest the "smallest".
+    assert list(ta.on_tick(5.0)) == [Resume(expected, "w0")]
+
+
+def test_resume_on_origin_when_blocks_survive() -> None:
+    blocks = tuple(range(100, 120))
+    rooms = {"w0": 800.0, "w1": 1500.0}
+    q = ProgramState("P", tokens=320, origin="w0", blocks=blocks)
+    assert _ta(workers=2)._placement(q, 420, rooms) == "w1"  # upstream: most room
+    ta = _ta(workers=2, resume_on_origin=True)
+    assert ta.wants_kv_events
+    ta.on_kv_stored("w0", blocks[:12], 0.0)
+    assert ta._placement(q, 420, rooms) == "w0"  # 12 of 20 blocks >= 50 % survive
+    ta.on_kv_removed("w0", blocks[:4], 1.0)
+    assert ta._placement(q, 420, rooms) == "w1"  # 8 of 20 < 50 %
+
+
+def test_host_kv_tier_adds_capacity() -> None:
+    assert _ta(host_kv_tokens=400).capacity == {"w0": 2000}
+
+
+def test_program_end_releases_everything() -> None:
+    ta = _ta()
+    req(ta, "A", 1400, 0.0)
+    assert req(ta, "B", 500, 0.0) == Hold(pause=True)
+    ta.on_program_end("B", 1.0)
+    ta.on_program_end("A", 1.0)
+    assert ta.programs == {} and ta.queue == {} and ta.used("w0") == 0
