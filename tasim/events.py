@@ -159,6 +159,17 @@ class ProgramResumed(Event):
 
 
 @_frozen
+class ProgramPinned(Event):
+    """``blocks`` of the program's context stay referenced on ``worker`` for up to ``ttl_s``."""
+
+    TYPE: ClassVar[str] = "program_pinned"
+    program: str
+    worker: str
+    blocks: int
+    ttl_s: float
+
+
+@_frozen
 class ProgramFinished(Event):
     TYPE: ClassVar[str] = "program_finished"
     program: str
@@ -218,6 +229,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ToolFinished,
         ProgramPaused,
         ProgramResumed,
+        ProgramPinned,
         ProgramFinished,
         KvStored,
         KvRemoved,

@@ -33,6 +33,7 @@ SUMMARY_KEYS = (
     "pauses",
     "resumes",
     "forced_resumes",
+    "pins",
     "ttfr_by_prompt_s",
     "kv_pool_tokens",
     "mean_kv_utilization",
@@ -95,6 +96,7 @@ class MetricsFold:
     _pauses: int = 0
     _resumes: int = 0
     _forced_resumes: int = 0
+    _pins: int = 0
     _ttfr: dict[str, list[float]] = field(default_factory=lambda: {label: [] for label, _ in PROMPT_BUCKETS})
     _util_sum: float = 0.0
     _util_samples: int = 0
@@ -175,6 +177,9 @@ class MetricsFold:
         self._resumes += 1
         self._forced_resumes += e.forced
 
+    def _pinned(self, e: ev.ProgramPinned) -> None:
+        self._pins += 1
+
     def _program_finished(self, e: ev.ProgramFinished) -> None:
         self._set_context(e.program, 0, e.t)
         del self._contexts[e.program]
@@ -246,6 +251,7 @@ class MetricsFold:
             "pauses": self._pauses,
             "resumes": self._resumes,
             "forced_resumes": self._forced_resumes,
+            "pins": self._pins,
             "ttfr_by_prompt_s": {label: {**_stats(v), "count": len(v)} for label, v in self._ttfr.items()},
             "kv_pool_tokens": pool_tokens,
             "mean_kv_utilization": self._util_sum / self._util_samples if self._util_samples else 0.0,
@@ -273,6 +279,7 @@ _HANDLERS = {
     ev.RequestPreempted: MetricsFold._preempted,
     ev.ProgramPaused: MetricsFold._paused,
     ev.ProgramResumed: MetricsFold._resumed,
+    ev.ProgramPinned: MetricsFold._pinned,
     ev.ProgramFinished: MetricsFold._program_finished,
     ev.WorkerSample: MetricsFold._sample,
     ev.RunEnded: MetricsFold._run_ended,

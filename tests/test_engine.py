@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import Recorder, UnitStep, spec
+from tasim.model import RequestSpec
 from tasim.perf.polynomial import DynamoPolynomial
 from tasim.sim.engine import Engine, EngineConfig
 
@@ -33,6 +34,9 @@ def check_conservation(engine: Engine) -> None:
     # referenced exactly as many times as running requests hold it.
     refs: dict[int, int] = {}
     private = 0
+    for held in engine._pins.values():
+        for block in held:
+            refs[block] = refs.get(block, 0) + 1
     for req in engine.running:
         private += req.phys - len(req.held)
         for block in req.held:
@@ -167,6 +171,25 @@ def test_polynomial_step_times_in_engine(recorder: Recorder) -> None:
     u = 7 / 1000
     expected_ms = (4.209989e-7 * 100**2 + 1.518344e-2 * 100 + 16.50142) + (-25.74 * u * u + 54.01 * u + 5.74)
     assert abs(step.duration - expected_ms / 1000) < 1e-12
+
+
+def test_pin_keeps_blocks_until_the_next_request_is_admitted(recorder: Recorder) -> None:
+    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=6), UnitStep(), recorder)
+    engine.submit(spec("a", 8, 1, [1, 2]))
+    run_until_idle(engine)
+    assert engine.pin("p-a", (1, 2, 3)) == 2  # blocks 1 and 2 are resident; 3 never existed
+    assert (engine.pool.active, engine.pool.inactive) == (2, 0)
+    engine.submit(spec("b", 16, 1, [10, 11, 12, 13]))  # needs 4 blocks: only 4 are evictable/free
+    run_until_idle(engine)
+    assert engine.pool.is_cached(1) and engine.pool.is_cached(2)  # pinned blocks survived
+    engine.submit(spec("c", 4, 1, [20]))
+    engine.submit(RequestSpec("a2", "p-a", 1, 9, 1, 8, (1, 2)))  # the pinned program returns
+    step = engine.begin_step(10.0)
+    assert [req.spec.id for req, _ in step.scheduled] == ["a2", "c"]  # it jumped the queue
+    assert step.scheduled[0][1] == 1  # 8 cached tokens reused, 1 computed
+    assert engine.pinned_blocks == 0  # admission released the pin; the request holds the blocks
+    engine.end_step(step, step.end)
+    check_conservation(engine)
 
 
 requests_strategy = st.lists(

@@ -7,13 +7,17 @@ from typing import Any, Mapping
 import numpy as np
 from pydantic import BaseModel
 
-from tasim.policies.base import Hold, Pause, Policy, Resume, Route, TurnEnd
+from tasim.policies.base import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
+from tasim.policies.baselines import LeastLoaded, RandomRouting
+from tasim.policies.continuum import Continuum
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent
 from tasim.view import ClusterView
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, KvRouter, ThunderAgent)}
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, ThunderAgent, Continuum)
+}
 
 
 def policy_class(name: str) -> type[Policy]:
@@ -33,4 +37,4 @@ def make_policy(name: str, params: Mapping[str, Any], view: ClusterView, rng: np
     return cls(view, validate_params(name, params), rng)
 
 
-__all__ = ["POLICIES", "Hold", "Pause", "Policy", "Resume", "Route", "TurnEnd", "make_policy", "policy_class", "validate_params"]
+__all__ = ["POLICIES", "Hold", "Pause", "Pin", "Policy", "Resume", "Route", "TurnEnd", "make_policy", "policy_class", "validate_params"]

@@ -52,8 +52,18 @@ class Resume:
     forced: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """Keep the KV blocks of the program's last request on ``worker`` referenced (not
+    evictable) for up to ``ttl_s``, or until its next request is admitted there."""
+
+    program: str
+    worker: str
+    ttl_s: float
+
+
 RequestDecision = Union[Route, Hold]
-ProgramDecision = Union[Pause, Resume]
+ProgramDecision = Union[Pause, Resume, Pin]
 
 
 # --- notifications -----------------------------------------------------------------------------

@@ -108,13 +108,38 @@ class Engine:
         self.running: list[EngineRequest] = []
         self.iterations = 0
         self._lifo = config.preemption == "newest_first"
+        self._pins: dict[str, list[BlockHash]] = {}  # program -> blocks kept referenced
 
     # --- public API ------------------------------------------------------------------------
 
     def submit(self, spec: RequestSpec) -> None:
+        """Queue a request; one whose program holds a pin here goes to the front (Continuum's
+        priority for returning turns)."""
         if spec.output_tokens < 1:
             raise ValueError(f"request {spec.id}: output_tokens must be >= 1")
-        self.waiting.append(EngineRequest(spec))
+        if spec.program in self._pins:
+            self.waiting.appendleft(EngineRequest(spec))
+        else:
+            self.waiting.append(EngineRequest(spec))
+
+    def pin(self, program: str, hashes: tuple[BlockHash, ...]) -> int:
+        """Reference the resident leading blocks of ``hashes`` so they cannot be evicted;
+        returns how many. Replaces an earlier pin of the program."""
+        self.unpin(program)
+        hits, _ = self.pool.prefix_hits(hashes, len(hashes))
+        held = list(hashes[:hits])
+        self.pool.acquire(held)
+        self._pins[program] = held
+        return hits
+
+    def unpin(self, program: str) -> None:
+        held = self._pins.pop(program, None)
+        if held is not None:
+            self.pool.release(held)
+
+    @property
+    def pinned_blocks(self) -> int:
+        return sum(len(held) for held in self._pins.values())
 
     @property
     def has_work(self) -> bool:
@@ -210,6 +235,7 @@ class Engine:
             hashes = req.spec.block_hashes
             req.held = list(hashes[:hits])
             pool.acquire(req.held)
+            self.unpin(req.spec.program)  # the request now holds what the pin kept
             req.phys = req.full_done = hits
             req.computed = cached
             if not self._reserve(req, cached + chunk):  # cannot happen after the check above

@@ -16,7 +16,7 @@ import simpy
 from tasim import events as ev
 from tasim.model import BlockHash, RequestSpec
 from tasim.perf import make_perf_model
-from tasim.policies import Hold, Pause, Policy, Resume, Route, TurnEnd, make_policy
+from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.base import ProgramDecision
 from tasim.scenario import Scenario
 from tasim.sim.engine import Engine, EngineConfig
@@ -65,6 +65,8 @@ class Simulation:
         self._wake: dict[str, simpy.Event | None] = {w: None for w in self.engines}
         self._waiters: dict[str, simpy.Event] = {}
         self._held: dict[str, RequestSpec] = {}
+        self._last_request: dict[str, RequestSpec] = {}  # per program, for pins
+        self._pin_serial: dict[str, int] = {}  # per program: which pin a TTL timer belongs to
         self._next_program = 0
         self._log_kv = scenario.metrics.log_kv_events
 
@@ -159,6 +161,10 @@ class Simulation:
             self.emit(ev.ToolFinished(env.now, plan.id))
         self.emit(ev.ProgramFinished(env.now, plan.id, context.context_tokens))
         self._apply(self.policy.on_program_end(plan.id, env.now))
+        self._last_request.pop(plan.id, None)
+        if self._pin_serial.pop(plan.id, None) is not None:
+            for engine in self.engines.values():
+                engine.unpin(plan.id)
 
     def _ticks(self, interval: float) -> Generator[simpy.Event, object, None]:
         while True:
@@ -184,6 +190,7 @@ class Simulation:
     # --- policy host -------------------------------------------------------------------------
 
     def _dispatch(self, spec: RequestSpec) -> None:
+        self._last_request[spec.program] = spec
         decision = self.policy.on_request(spec, self.env.now)
         if isinstance(decision, Route):
             self._route(spec, decision.worker)
@@ -215,8 +222,25 @@ class Simulation:
                 held = self._held.pop(decision.program, None)
                 if held is not None:
                     self._route(held, decision.worker)
+            elif isinstance(decision, Pin):
+                self._pin(decision)
             else:
-                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause or Resume")
+                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
+
+    def _pin(self, pin: Pin) -> None:
+        spec = self._last_request.get(pin.program)
+        engine = self.engines.get(pin.worker)
+        if spec is None or engine is None:
+            raise ValueError(f"policy {self.policy.name} pinned {pin.program!r} on {pin.worker!r}, which has no request there")
+        blocks = engine.pin(pin.program, spec.block_hashes)
+        serial = self._pin_serial[pin.program] = self._pin_serial.get(pin.program, 0) + 1
+        self.emit(ev.ProgramPinned(self.env.now, pin.program, pin.worker, blocks, pin.ttl_s))
+        self.env.process(self._expire_pin(engine, pin.program, pin.ttl_s, serial))
+
+    def _expire_pin(self, engine: Engine, program: str, ttl_s: float, serial: int) -> Generator[simpy.Event, object, None]:
+        yield self.env.timeout(ttl_s)
+        if self._pin_serial.get(program) == serial:  # not replaced by a later pin meanwhile
+            engine.unpin(program)
 
     # --- engine listener ---------------------------------------------------------------------
 
