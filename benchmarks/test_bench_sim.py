@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from conftest import RESULTS
-from tasim.cli import run_simulation
+from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "swe-agent.yaml"

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 import types
 from pathlib import Path
 from typing import Any, Literal, NoReturn, Sequence, Union, get_args, get_origin
@@ -20,15 +19,12 @@ from rich.padding import Padding
 from rich.text import Text
 
 from tasim import __version__
-from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError, EventWriter, find_events, read_events
-from tasim.events import Event
-from tasim.metrics import MetricsFold
+from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.render import print_summary
+from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.scenario import Scenario, ScenarioError, load_scenario
 
 EXIT_USAGE = 2
-SUMMARY_FILE = "summary.json"
-RUN_FILE = "run.json"
 
 
 class UsageError(Exception):
@@ -106,76 +102,6 @@ def _default_out(scenario: Scenario) -> Path:
     return Path("runs") / f"{scenario.name}-{scenario.policy.name}-s{scenario.seed}"
 
 
-def _write_json(path: Path, data: Any) -> None:
-    tmp = path.with_name(path.name + ".partial")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
-
-
-def run_simulation(scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False) -> dict[str, Any]:
-    """Simulate ``scenario``, write the event log, summary and run metadata under ``out``."""
-    from tasim.sim.runner import Simulation  # keeps `tasim schema` and `report` light
-
-    out.mkdir(parents=True, exist_ok=True)
-    events_name = EVENTS_GZIP if gzip else EVENTS_PLAIN
-    final = out / events_name
-    partial = out / (events_name + ".partial")
-    writer = EventWriter(partial, compress=gzip)
-    fold = MetricsFold()
-
-    def emit(event: Event) -> None:
-        writer.write(event)
-        fold.apply(event)
-
-    started = time.perf_counter()
-    try:
-        simulation = Simulation(scenario, emit)
-        if progress:
-            _run_with_progress(simulation, scenario.duration_s)
-        else:
-            simulation.run()
-    finally:
-        writer.close()
-    wall = time.perf_counter() - started
-    partial.replace(final)
-    for stale in {EVENTS_PLAIN, EVENTS_GZIP} - {events_name}:
-        (out / stale).unlink(missing_ok=True)
-    summary = fold.summary(wall_time_s=wall)
-    _write_json(out / SUMMARY_FILE, summary)
-    _write_json(
-        out / RUN_FILE,
-        {"tasim_version": __version__, "events": events_name, "wall_time_s": wall, "scenario": scenario.model_dump(mode="json")},
-    )
-    return summary
-
-
-def _run_with_progress(simulation: Any, duration_s: float) -> None:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    columns = (TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} sim s"), TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("sim", total=duration_s)
-        simulation.run(progress=lambda now: bar.update(task, completed=now))
-
-
-def report_summary(run_dir: Path) -> dict[str, Any]:
-    if not run_dir.is_dir():
-        raise UsageError(f"{run_dir}: not a directory")
-    path = find_events(run_dir)
-    fold = MetricsFold().apply_all(read_events(path))
-    wall = None
-    run_file = run_dir / RUN_FILE
-    if run_file.exists():
-        try:
-            wall = json.loads(run_file.read_text()).get("wall_time_s")
-        except (ValueError, OSError) as exc:
-            raise UsageError(f"{run_file}: unreadable ({exc.__class__.__name__})") from None
-    try:
-        return fold.summary(wall_time_s=wall)
-    except ValueError as exc:
-        raise EventLogError(f"{path}: {exc}") from None
-
-
 def _simulate(args: argparse.Namespace) -> int:
     scenario = _scenario_from_args(args)
     out = args.out or _default_out(scenario)
@@ -219,7 +145,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     summaries = compare.execute(plan, out, jobs, on_done)
     out.mkdir(parents=True, exist_ok=True)
-    _write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
+    write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
     _print_unsquashed(compare.comparison_table(plan, summaries))
     from tasim.plots import write_plots
 

@@ -19,7 +19,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from tasim.cli import UsageError, run_simulation
+from tasim.cli import UsageError
+from tasim.rundir import run_simulation
 from tasim.policies import POLICIES
 from tasim.scenario import Scenario, ScenarioError, apply_override, load_scenario
 

@@ -1,0 +1,94 @@
+"""A run directory: simulate into it, or recompute its summary from its event log.
+
+``DIR/events.jsonl`` (or ``.gz``) is the record; ``DIR/summary.json`` is its fold plus the wall
+time; ``DIR/run.json`` holds the resolved scenario, the tasim version and the wall time (the one
+figure not in the log). Files are replaced only once a run has completed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from tasim import __version__
+from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError, EventWriter, find_events, read_events
+from tasim.events import Event
+from tasim.metrics import MetricsFold
+from tasim.scenario import Scenario
+
+SUMMARY_FILE = "summary.json"
+RUN_FILE = "run.json"
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def run_simulation(scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False) -> dict[str, Any]:
+    """Simulate ``scenario``, write the event log, summary and run metadata under ``out``."""
+    from tasim.sim.runner import Simulation  # keeps `tasim schema` and `report` light
+
+    out.mkdir(parents=True, exist_ok=True)
+    events_name = EVENTS_GZIP if gzip else EVENTS_PLAIN
+    final = out / events_name
+    partial = out / (events_name + ".partial")
+    writer = EventWriter(partial, compress=gzip)
+    fold = MetricsFold()
+
+    def emit(event: Event) -> None:
+        writer.write(event)
+        fold.apply(event)
+
+    started = time.perf_counter()
+    try:
+        simulation = Simulation(scenario, emit)
+        if progress:
+            _run_with_progress(simulation, scenario.duration_s)
+        else:
+            simulation.run()
+    finally:
+        writer.close()
+    wall = time.perf_counter() - started
+    partial.replace(final)
+    for stale in {EVENTS_PLAIN, EVENTS_GZIP} - {events_name}:
+        (out / stale).unlink(missing_ok=True)
+    summary = fold.summary(wall_time_s=wall)
+    write_json(out / SUMMARY_FILE, summary)
+    write_json(
+        out / RUN_FILE,
+        {"tasim_version": __version__, "events": events_name, "wall_time_s": wall, "scenario": scenario.model_dump(mode="json")},
+    )
+    return summary
+
+
+def _run_with_progress(simulation: Any, duration_s: float) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,.0f}/{task.total:,.0f} sim s"), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("sim", total=duration_s)
+        simulation.run(progress=lambda now: bar.update(task, completed=now))
+
+
+def report_summary(run_dir: Path) -> dict[str, Any]:
+    if not run_dir.is_dir():
+        raise EventLogError(f"{run_dir}: not a directory")
+    path = find_events(run_dir)
+    fold = MetricsFold().apply_all(read_events(path))
+    wall = None
+    run_file = run_dir / RUN_FILE
+    if run_file.exists():
+        try:
+            wall = json.loads(run_file.read_text()).get("wall_time_s")
+        except (ValueError, OSError) as exc:
+            raise EventLogError(f"{run_file}: unreadable ({exc.__class__.__name__})") from None
+    try:
+        return fold.summary(wall_time_s=wall)
+    except ValueError as exc:
+        raise EventLogError(f"{path}: {exc}") from None
