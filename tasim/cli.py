@@ -75,6 +75,9 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     commands.add_parser("policies", help="list the routing policies and their parameters")
+    scenarios = commands.add_parser("scenarios", help="list the preset scenarios")
+    scenarios.add_argument("--dir", type=Path, help="directory of scenario files (default: the presets)")
+
     commands.add_parser("schema", help="print the scenario file JSON schema")
     return parser
 
@@ -222,6 +225,23 @@ def _policies(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scenarios(args: argparse.Namespace) -> int:
+    from tasim.presets import PRESET_DIR, presets
+
+    directory = args.dir or PRESET_DIR
+    if not directory.is_dir():
+        raise UsageError(f"--dir {directory}: not a directory")
+    found = presets(directory)
+    if not found:
+        raise UsageError(f"{directory}: no *.yaml scenario files")
+    for preset in found:
+        if isinstance(preset, Exception):
+            print(f"INVALID  {preset}")
+        else:
+            print(f"{preset.path.name:<28} {preset.kind:<15} {preset.description}")
+    return 0
+
+
 def _schema(args: argparse.Namespace) -> int:
     print(json.dumps(Scenario.model_json_schema(), indent=2))
     return 0
@@ -232,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         handler = {
-            "simulate": _simulate, "compare": _compare, "report": _report, "policies": _policies, "schema": _schema,
+            "simulate": _simulate, "compare": _compare, "report": _report, "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
     except (UsageError, ScenarioError, EventLogError) as exc:

@@ -1,7 +1,7 @@
 """Seeded random distributions for workload quantities (token counts, turns, tool latency).
 
 In a scenario file a distribution is either a plain number (fixed) or a mapping with a
-``kind``: ``fixed``, ``uniform``, ``lognormal`` or ``empirical``.
+``kind``: ``fixed``, ``uniform``, ``lognormal``, ``pareto`` or ``empirical``.
 """
 
 from __future__ import annotations
@@ -72,6 +72,23 @@ class LogNormal(_Dist):
         return self.median * math.exp(self.sigma**2 / 2)
 
 
+class Pareto(_Dist):
+    """Heavy-tailed: ``scale / U^(1/alpha)`` for U uniform on (0, 1], optionally capped at ``max``
+    (a tool timeout). Mean ``alpha * scale / (alpha - 1)`` for alpha > 1, uncapped."""
+
+    kind: Literal["pareto"]
+    scale: float = Field(gt=0)
+    alpha: float = Field(gt=0)
+    max: float = Field(default=math.inf, gt=0)
+
+    def sample(self, rng: np.random.Generator) -> float:
+        u = 1.0 - float(rng.random())  # in (0, 1]
+        return min(self.scale / u ** (1.0 / self.alpha), self.max)
+
+    def mean(self) -> float:
+        return self.alpha * self.scale / (self.alpha - 1) if self.alpha > 1 else math.inf
+
+
 class Empirical(_Dist):
     """Draws one of ``values`` (with optional ``weights``)."""
 
@@ -112,7 +129,7 @@ def _number_is_fixed(value: Any) -> Any:
 
 
 Distribution = Annotated[
-    Union[Fixed, Uniform, LogNormal, Empirical],
+    Union[Fixed, Uniform, LogNormal, Pareto, Empirical],
     Field(discriminator="kind"),
     BeforeValidator(_number_is_fixed),
 ]

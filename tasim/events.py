@@ -205,6 +205,31 @@ class WorkerSample(Event):
 
 
 @_frozen
+class RolloutStarted(Event):
+    """An RL step's rollout phase begins with ``trajectories`` to generate."""
+
+    TYPE: ClassVar[str] = "rollout_started"
+    step: int
+    trajectories: int
+
+
+@_frozen
+class RolloutFinished(Event):
+    """The step's last trajectory finished; training starts."""
+
+    TYPE: ClassVar[str] = "rollout_finished"
+    step: int
+
+
+@_frozen
+class TrainingFinished(Event):
+    """The weight update is done (prefix caches were reset if configured)."""
+
+    TYPE: ClassVar[str] = "training_finished"
+    step: int
+
+
+@_frozen
 class RunEnded(Event):
     TYPE: ClassVar[str] = "run_ended"
     engine_iterations: int
@@ -234,6 +259,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         KvStored,
         KvRemoved,
         WorkerSample,
+        RolloutStarted,
+        RolloutFinished,
+        TrainingFinished,
         RunEnded,
     )
 }

@@ -39,6 +39,7 @@ SUMMARY_KEYS = (
     "mean_kv_utilization",
     "kv_imbalance",
     "working_set_ratio",
+    "rollout",
     "engine_iterations",
     "sim_time_s",
     "wall_time_s",
@@ -75,6 +76,28 @@ def _stats(values: list[float]) -> dict[str, float | None]:
     return {"mean": float(arr.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
+@dataclass(slots=True)
+class _Step:
+    """One RL step: rollout start/end, training end, and its trajectories' finish times."""
+
+    started: float
+    rollout_end: float | None = None
+    training_end: float | None = None
+    output_tokens: int = 0
+    finishes: list[float] = field(default_factory=list)
+
+
+def _straggler_share(step: _Step) -> float:
+    """Share of the rollout spent waiting for the last 5 % of trajectories."""
+    assert step.rollout_end is not None
+    duration = step.rollout_end - step.started
+    if not step.finishes or duration <= 0:
+        return 0.0
+    finishes = sorted(step.finishes)
+    t95 = finishes[max(0, -(-len(finishes) * 95 // 100) - 1)]
+    return (step.rollout_end - t95) / duration
+
+
 @dataclass
 class MetricsFold:
     """Feed every event of one run in order to `apply`, then call `summary`."""
@@ -105,6 +128,9 @@ class MetricsFold:
     _sample_utils: list[float] = field(default_factory=list)
     _imbalances: list[float] = field(default_factory=list)
     # working set: time integral of the sum of live programs' context tokens
+    _steps: list[_Step] = field(default_factory=list)
+    _program_starts: dict[str, float] = field(default_factory=dict)
+    _trajectory_latency: list[float] = field(default_factory=list)
     _contexts: dict[str, int] = field(default_factory=dict)
     _context_sum: int = 0
     _context_since: float = 0.0
@@ -124,6 +150,19 @@ class MetricsFold:
 
     def _run_started(self, e: ev.RunStarted) -> None:
         self.header = e
+
+    def _program_started(self, e: ev.ProgramStarted) -> None:
+        if self._steps:
+            self._program_starts[e.program] = e.t
+
+    def _rollout_started(self, e: ev.RolloutStarted) -> None:
+        self._steps.append(_Step(e.t))
+
+    def _rollout_finished(self, e: ev.RolloutFinished) -> None:
+        self._steps[-1].rollout_end = e.t
+
+    def _training_finished(self, e: ev.TrainingFinished) -> None:
+        self._steps[-1].training_end = e.t
 
     def _arrived(self, e: ev.RequestArrived) -> None:
         self._requests[e.request] = _Req(e.t, e.prompt_tokens, e.history_tokens, e.turn == 0)
@@ -145,6 +184,8 @@ class MetricsFold:
 
     def _finished(self, e: ev.RequestFinished) -> None:
         self._set_context(e.program, e.prompt_tokens + e.output_tokens, e.t)
+        if self._steps:
+            self._steps[-1].output_tokens += e.output_tokens
         req = self._requests.pop(e.request, None)
         if req is None or not self._in_window(e.t):
             return
@@ -182,6 +223,10 @@ class MetricsFold:
 
     def _program_finished(self, e: ev.ProgramFinished) -> None:
         self._set_context(e.program, 0, e.t)
+        started = self._program_starts.pop(e.program, None)
+        if started is not None:
+            self._trajectory_latency.append(e.t - started)
+            self._steps[-1].finishes.append(e.t)
         del self._contexts[e.program]
         if self._in_window(e.t):
             self._programs_completed += 1
@@ -223,6 +268,25 @@ class MetricsFold:
             self._context_sum += tokens - self._contexts.get(program, 0)
             self._contexts[program] = tokens
 
+    def _rollout_summary(self) -> dict[str, Any] | None:
+        """RL steps that completed their rollout: step time runs from rollout start to the end of
+        training (to the rollout's end for a step whose training the run did not reach)."""
+        steps = [s for s in self._steps if s.rollout_end is not None]
+        if not steps:
+            return None
+        rollout_time = sum(s.rollout_end - s.started for s in steps)  # type: ignore[operator]
+        step_times = [(s.training_end or s.rollout_end) - s.started for s in steps]  # type: ignore[operator]
+        tokens = sum(s.output_tokens for s in steps)
+        return {
+            "steps": len(steps),
+            "step_time_s": _stats(step_times),
+            "rollout_time_s": _stats([s.rollout_end - s.started for s in steps]),  # type: ignore[operator]
+            "rollout_tokens_per_s": tokens / rollout_time if rollout_time > 0 else 0.0,
+            "step_tokens_per_s": tokens / sum(step_times) if sum(step_times) > 0 else 0.0,
+            "trajectory_latency_s": _stats(self._trajectory_latency),
+            "straggler_share": float(np.mean([_straggler_share(s) for s in steps])),
+        }
+
     def summary(self, wall_time_s: float | None = None) -> dict[str, Any]:
         if self.header is None or self.end is None:
             raise ValueError("event log is incomplete: it needs a run_started and a run_ended event")
@@ -260,6 +324,7 @@ class MetricsFold:
                 "max": max(self._imbalances, default=0.0),
             },
             "working_set_ratio": self._context_integral / window / cluster_tokens,
+            "rollout": self._rollout_summary(),
             "engine_iterations": self.end.engine_iterations,
             "sim_time_s": end_t,
             "wall_time_s": wall_time_s,
@@ -270,6 +335,10 @@ class MetricsFold:
 
 _HANDLERS = {
     ev.RunStarted: MetricsFold._run_started,
+    ev.ProgramStarted: MetricsFold._program_started,
+    ev.RolloutStarted: MetricsFold._rollout_started,
+    ev.RolloutFinished: MetricsFold._rollout_finished,
+    ev.TrainingFinished: MetricsFold._training_finished,
     ev.RequestArrived: MetricsFold._arrived,
     ev.PrefillStarted: MetricsFold._prefill,
     ev.FirstToken: MetricsFold._first_token,

@@ -46,8 +46,12 @@ def chained_block_hashes(segments: Sequence[Segment], block_size: int, start_blo
     return hashes
 
 
-def full_blocks(tokens: int, block_size: int) -> int:
-    return tokens // block_size
+def with_private_tail(prompt_hashes: Sequence[BlockHash], total_tokens: int, owner: int, block_size: int) -> tuple[BlockHash, ...]:
+    """Extend a prompt's block hashes to ``total_tokens`` (prompt + output) with blocks only this
+    request can have: its generated tokens, which no other prompt is known to contain."""
+    start = len(prompt_hashes)
+    tail = [owner * _INDEX_SPACE + index for index in range(start, total_tokens // block_size)]
+    return tuple(prompt_hashes) + tuple(tail)
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

@@ -7,10 +7,11 @@ the file, the field and what is allowed. ``python -m tasim schema`` prints the J
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence
+from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
+    BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -110,31 +111,83 @@ class ClusterConfig(_Strict):
         )
 
 
-class WorkloadConfig(_Strict):
-    """Agent programs: each is a chain of turns (LLM call, then a tool call whose output is
-    appended to the context before the next turn)."""
+class ProgramShape(_Strict):
+    """What one agent program looks like: a chain of turns, each an LLM call followed by a tool
+    call whose output is appended to the context before the next turn."""
 
-    kind: Literal["agent"] = "agent"
-    arrival: Literal["closed", "poisson"] = Field(
-        "closed", description="closed: keep `concurrency` programs live; poisson: programs arrive at `rate_per_s`"
-    )
-    concurrency: PositiveInt = Field(16, le=1_000_000)
-    rate_per_s: PositiveFloat | None = None
     system_prompt_tokens: NonNegativeInt = Field(0, le=10_000_000, description="shared by every program")
     task_prompt_tokens: Distribution = 1000
     turns: Distribution = 10
     output_tokens: Distribution = 200
     tool_latency_s: Distribution = 1.0
     observation_tokens: Distribution = 500
+    setup_s: Distribution = Field(0, description="environment set-up before a program's first call")
     max_context_tokens: PositiveInt | None = Field(
         None, description="a program ends before a turn whose prompt would exceed this (default: model context)"
     )
 
+
+class AgentWorkload(ProgramShape):
+    kind: Literal["agent"] = "agent"
+    arrival: Literal["closed", "poisson"] = Field(
+        "closed", description="closed: keep `concurrency` programs live; poisson: programs arrive at `rate_per_s`"
+    )
+    concurrency: PositiveInt = Field(16, le=1_000_000)
+    rate_per_s: PositiveFloat | None = None
+
     @model_validator(mode="after")
-    def _arrival_params(self) -> "WorkloadConfig":
+    def _arrival_params(self) -> "AgentWorkload":
         if self.arrival == "poisson" and self.rate_per_s is None:
             raise ValueError("rate_per_s is required when arrival is 'poisson'")
         return self
+
+
+class RolloutWorkload(ProgramShape):
+    """RL rollout steps: GRPO batches of prompts x samples (the samples of a prompt share it),
+    run under a global concurrency cap; a step's rollout ends with its last trajectory, then a
+    training phase leaves the engines idle and (as after a weight update) empties their caches."""
+
+    kind: Literal["rl_rollout"]
+    prompts_per_step: PositiveInt = Field(16, le=1_000_000, description="P: prompts per GRPO batch")
+    samples_per_prompt: PositiveInt = Field(8, le=10_000, description="n: trajectories per prompt")
+    steps: PositiveInt = Field(2, le=100_000, description="training steps to simulate")
+    max_concurrency: PositiveInt = Field(128, le=1_000_000, description="most trajectories in flight at once")
+    training_s: Distribution = Field(60, description="duration of each training phase")
+    reset_prefix_cache: bool = Field(True, description="drop cached KV after each weight update")
+
+
+class MooncakeTraceWorkload(_Strict):
+    """Open-loop replay of a Mooncake JSONL trace: every line is one request at its timestamp."""
+
+    kind: Literal["mooncake_trace"]
+    path: str = Field(description="trace file (relative paths are relative to the scenario file)")
+    trace_block_size: PositiveInt = Field(512, description="tokens per hash_id in the trace")
+    arrival_speedup: PositiveFloat = Field(1.0, description="divides every arrival time")
+    max_requests: PositiveInt | None = Field(None, description="replay only the first N requests")
+
+
+class DynamoTraceWorkload(_Strict):
+    """Closed-loop replay of a Dynamo agent trace: sessions start at their recorded times and
+    each turn follows the previous one's completion after the recorded tool/think gap."""
+
+    kind: Literal["dynamo_trace"]
+    path: str = Field(description="trace file (relative paths are relative to the scenario file)")
+    gap_scale: NonNegativeFloat = Field(1.0, description="multiplies every recorded gap")
+    max_sessions: PositiveInt | None = Field(None, description="replay only the first N sessions")
+
+
+def _agent_by_default(value: Any) -> Any:
+    if isinstance(value, dict) and "kind" not in value:
+        return {**value, "kind": "agent"}
+    return value
+
+
+Workload = Annotated[
+    Union[AgentWorkload, RolloutWorkload, MooncakeTraceWorkload, DynamoTraceWorkload],
+    Field(discriminator="kind"),
+    BeforeValidator(_agent_by_default),
+]
+WORKLOAD_KINDS = (AgentWorkload, RolloutWorkload, MooncakeTraceWorkload, DynamoTraceWorkload)
 
 
 class PolicyConfig(_Strict):
@@ -171,7 +224,7 @@ class Scenario(_Strict):
     seed: int = 0
     duration_s: PositiveFloat = Field(600.0, le=10_000_000, description="simulated seconds")
     cluster: ClusterConfig = ClusterConfig()
-    workload: WorkloadConfig = WorkloadConfig()
+    workload: Workload = AgentWorkload()
     policy: PolicyConfig = PolicyConfig()
     metrics: MetricsConfig = MetricsConfig()
 
@@ -183,31 +236,49 @@ class Scenario(_Strict):
 
     @property
     def max_context_tokens(self) -> int:
-        return self.workload.max_context_tokens or specs.models()[self.cluster.model].max_context
+        configured = getattr(self.workload, "max_context_tokens", None)
+        return configured or specs.models()[self.cluster.model].max_context
 
 
 # --- loading ---------------------------------------------------------------------------------
 
 
-def _model_at(model: type[BaseModel], loc: Sequence[Any]) -> type[BaseModel] | None:
-    """The pydantic model class that owns the field at ``loc`` (for listing allowed keys)."""
-    current: Any = model
-    for part in loc:
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = current.model_fields.get(str(part))
-        if field is None:
-            return None
-        annotation = field.annotation
-        current = annotation if isinstance(annotation, type) else None
-    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+def _union_members(annotation: Any) -> tuple[type[BaseModel], ...]:
+    """Model classes of a (possibly Annotated) union field, else ()."""
+    if get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    if get_origin(annotation) is Union:
+        return tuple(a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel))
+    return ()
+
+
+def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
+    """The user-facing field path of an error location (without pydantic's union tags) and the
+    model class that owns its last element."""
+    path: list[str] = []
+    current: type[BaseModel] | None = Scenario
+    parts = list(loc)
+    while parts:
+        part = str(parts.pop(0))
+        path.append(part)
+        field = current.model_fields.get(part) if current else None
+        if field is None or not parts:
+            return path, current
+        members = _union_members(field.annotation)
+        if members:
+            tag = str(parts.pop(0))  # discriminated unions put the tag in the location
+            current = next((m for m in members if m.model_fields["kind"].default == tag), None)
+        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            current = field.annotation
+        else:
+            current = None
+    return path, current
 
 
 def _describe(error: Mapping[str, Any]) -> str:
-    loc = tuple(error["loc"])
-    field = ".".join(str(p) for p in loc) or "(top level)"
+    path, owner = _resolve(tuple(error["loc"]))
+    field = ".".join(path) or "(top level)"
     if error["type"] == "extra_forbidden":
-        owner = _model_at(Scenario, loc[:-1])
         allowed = ", ".join(owner.model_fields) if owner else "see `python -m tasim schema`"
         return f"{field}: unknown key (allowed: {allowed})"
     message = str(error["msg"]).removeprefix("Value error, ")
@@ -267,4 +338,17 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ScenarioError(f"{where}: YAML syntax error: {problem}") from None
-    return parse_scenario(raw, str(path), overrides)
+    return _resolve_paths(parse_scenario(raw, str(path), overrides), path)
+
+
+def _resolve_paths(scenario: Scenario, source: Path) -> Scenario:
+    """Make a trace path relative to the scenario file absolute, and check it exists."""
+    workload = scenario.workload
+    if not isinstance(workload, (MooncakeTraceWorkload, DynamoTraceWorkload)):
+        return scenario
+    trace = Path(workload.path)
+    if not trace.is_absolute():
+        trace = (source.parent / trace).resolve()
+    if not trace.is_file():
+        raise ScenarioError(f"{source}: workload.path: file not found: {trace}")
+    return scenario.model_copy(update={"workload": workload.model_copy(update={"path": str(trace)})})

@@ -5,14 +5,18 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from conftest import REPO
-from tasim.scenario import Scenario
+from tasim.scenario import Scenario, _union_members
 
 
 def _fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     names = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        members = _union_members(annotation)
+        if members:
+            for member in members:
+                names += [n for n in _fields(member, f"{prefix}{name}.") if n not in names]
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             names += _fields(annotation, f"{prefix}{name}.")
         else:
             names.append(prefix + name)

@@ -8,8 +8,8 @@ from pydantic import TypeAdapter
 
 from tasim.distributions import Distribution
 from tasim.model import SHARED_OWNER, Segment, chained_block_hashes
-from tasim.scenario import WorkloadConfig
-from tasim.workload import ProgramContext, plan_program
+from tasim.scenario import AgentWorkload as WorkloadConfig
+from tasim.workloads import agent_script, plan_program
 
 DIST = TypeAdapter(Distribution)
 
@@ -26,18 +26,29 @@ def test_chained_hashes_share_only_the_common_prefix() -> None:
 
 def test_program_turns_grow_a_shared_prefix() -> None:
     config = WorkloadConfig(system_prompt_tokens=64, task_prompt_tokens=100, turns=3, output_tokens=20,
-                            observation_tokens=30, tool_latency_s=1.0)
+                            observation_tokens=30, tool_latency_s=1.5, setup_s=4.0)
     plan = plan_program(config, seed=0, index=5, max_context_tokens=100_000)
-    context = ProgramContext(plan, block_size=16)
-    first = context.request(0)
+    calls = list(agent_script(plan, block_size=16).calls)
+    (wait0, first), (wait1, second), (wait2, third) = calls
+    assert (wait0, wait1, wait2) == (4.0, 1.5, 1.5)  # set-up before the first call, then tools
     assert (first.prompt_tokens, first.output_tokens, first.history_tokens) == (164, 20, 0)
-    context.complete_turn(0)
-    second = context.request(1)
     assert (second.prompt_tokens, second.history_tokens) == (214, 184)
     # Every full block of turn 0's prompt+output is a prefix of turn 1's blocks.
     assert second.block_hashes[: len(first.block_hashes)] == first.block_hashes
     assert len(second.block_hashes) == (214 + 20) // 16
-    assert second.id == "p5.1"
+    assert (second.id, third.turn) == ("p5.1", 2)
+
+
+def test_group_samples_share_the_task_prompt() -> None:
+    config = WorkloadConfig(system_prompt_tokens=32, task_prompt_tokens={"kind": "uniform", "low": 100, "high": 900},
+                            turns=2, output_tokens=50, observation_tokens=10)
+    a = plan_program(config, 0, 10, 10**6, group=3)
+    b = plan_program(config, 0, 11, 10**6, group=3)
+    assert a.task_tokens == b.task_tokens
+    ha = next(iter(agent_script(a, 16).calls))[1].block_hashes
+    hb = next(iter(agent_script(b, 16).calls))[1].block_hashes
+    shared = (32 + a.task_tokens) // 16
+    assert ha[:shared] == hb[:shared] and ha[shared] != hb[shared]
 
 
 def test_plans_depend_only_on_seed_and_index() -> None:
@@ -61,6 +72,8 @@ def test_max_context_cuts_turns() -> None:
         ({"kind": "uniform", "low": 2, "high": 8}, 5.0, 6 / 12**0.5),
         ({"kind": "lognormal", "median": 100, "sigma": 0.5}, 100 * np.exp(0.125), 100 * np.sqrt((np.exp(0.25) - 1) * np.exp(0.25))),
         ({"kind": "empirical", "values": [1, 2, 10], "weights": [1, 1, 2]}, 5.75, np.sqrt((1 + 4 + 200) / 4 - 5.75**2)),
+        # alpha 5: mean 5/4 x 2 = 2.5, variance scale^2 alpha / ((alpha-1)^2 (alpha-2)) = 4 x 5 / 48
+        ({"kind": "pareto", "scale": 2, "alpha": 5}, 2.5, np.sqrt(4 * 5 / (16 * 3))),
     ],
 )
 def test_distribution_moments(spec, mean: float, std: float) -> None:

@@ -177,9 +177,12 @@ class Engine:
             self._release(req)
             self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
 
-    def clear_prefix_cache(self) -> None:
+    def clear_prefix_cache(self, now: float) -> None:
+        """Evict every unreferenced cached block, reporting the removals."""
         self.pool.clear()
-        self.pool.drain_events()
+        stored, removed = self.pool.drain_events()
+        if stored or removed:
+            self.listener.on_kv(self.worker, stored, removed, now)
 
     # --- scheduling ------------------------------------------------------------------------
 

@@ -19,9 +19,10 @@ from tasim.perf import make_perf_model
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.base import ProgramDecision
 from tasim.scenario import Scenario
+from tasim.sim.drivers import start_workload
 from tasim.sim.engine import Engine, EngineConfig
 from tasim.view import ClusterView, WorkerInfo
-from tasim.workload import ProgramContext, ProgramPlan, plan_program
+from tasim.workloads import Script
 
 Emit = Callable[[ev.Event], None]
 Progress = Callable[[float], None]
@@ -49,7 +50,7 @@ class Simulation:
         self.policy: Policy = policy or make_policy(
             scenario.policy.name, scenario.policy.params, self.view, np.random.default_rng(policy_seed)
         )
-        self._arrival_rng = np.random.default_rng(arrival_seed)
+        self.arrival_rng = np.random.default_rng(arrival_seed)
         perf = make_perf_model(cluster)
         config = EngineConfig(
             block_size=engine_cfg.block_size,
@@ -67,7 +68,6 @@ class Simulation:
         self._held: dict[str, RequestSpec] = {}
         self._last_request: dict[str, RequestSpec] = {}  # per program, for pins
         self._pin_serial: dict[str, int] = {}  # per program: which pin a TTL timer belongs to
-        self._next_program = 0
         self._log_kv = scenario.metrics.log_kv_events
 
     # --- running -------------------------------------------------------------------------------
@@ -83,19 +83,16 @@ class Simulation:
         )
         for engine in self.engines.values():
             env.process(self._worker(engine))
-        if s.workload.arrival == "closed":
-            for _ in range(s.workload.concurrency):
-                env.process(self._closed_loop_slot())
-        else:
-            env.process(self._poisson_arrivals())
+        workload_done = start_workload(self)
         if self.policy.tick_interval_s:
             env.process(self._ticks(self.policy.tick_interval_s))
         env.process(self._samples(s.metrics.sample_interval_s))
         if progress is not None:
             env.process(self._progress(progress))
-        env.run(until=s.duration_s)
+        deadline = env.timeout(s.duration_s)
+        env.run(until=deadline if workload_done is None else env.any_of([workload_done, deadline]))
         iterations = sum(e.iterations for e in self.engines.values())
-        self.emit(ev.RunEnded(s.duration_s, iterations, len(self._waiters)))
+        self.emit(ev.RunEnded(env.now, iterations, len(self._waiters)))
 
     # --- processes ---------------------------------------------------------------------------
 
@@ -116,33 +113,24 @@ class Simulation:
             yield env.timeout(step.duration)
             engine.end_step(step, env.now)
 
-    def _closed_loop_slot(self) -> Generator[simpy.Event, object, None]:
-        while self.env.now < self.scenario.duration_s:
-            yield self.env.process(self._program(self._new_plan()))
-
-    def _poisson_arrivals(self) -> Generator[simpy.Event, object, None]:
-        rate = self.scenario.workload.rate_per_s
-        assert rate is not None
-        while True:
-            yield self.env.timeout(float(self._arrival_rng.exponential(1.0 / rate)))
-            self.env.process(self._program(self._new_plan()))
-
-    def _new_plan(self) -> ProgramPlan:
-        index = self._next_program
-        self._next_program += 1
-        return plan_program(self.scenario.workload, self.scenario.seed, index, self.scenario.max_context_tokens)
-
-    def _program(self, plan: ProgramPlan) -> Generator[simpy.Event, object, None]:
+    def run_program(self, script: Script) -> Generator[simpy.Event, object, None]:
+        """Run one program: each call waits its gap (set-up, tool or think time), is routed by
+        the policy, and completes before the next gap starts."""
         env = self.env
-        context = ProgramContext(plan, self.block_size)
-        self.emit(ev.ProgramStarted(env.now, plan.id, len(plan.turns)))
-        self.policy.on_program_start(plan.id, env.now)
-        last = len(plan.turns) - 1
-        for turn in range(len(plan.turns)):
-            spec = context.request(turn)
+        self.emit(ev.ProgramStarted(env.now, script.id, script.turns))
+        self.policy.on_program_start(script.id, env.now)
+        context = 0
+        for wait, spec in script.calls:
+            if wait > 0:
+                tool = spec.turn > 0  # before the first call the wait is environment set-up
+                if tool:
+                    self.emit(ev.ToolStarted(env.now, script.id, wait))
+                yield env.timeout(wait)
+                if tool:
+                    self.emit(ev.ToolFinished(env.now, script.id))
             self.emit(
                 ev.RequestArrived(
-                    env.now, spec.id, plan.id, turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens
+                    env.now, spec.id, spec.program, spec.turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens
                 )
             )
             done = self._waiters[spec.id] = env.event()
@@ -152,19 +140,18 @@ class Simulation:
             self._apply(self.policy.on_turn_end(outcome, env.now))
             if not outcome.ok:
                 break
-            context.complete_turn(turn)
-            if turn == last:
-                break
-            latency = plan.turns[turn].tool_latency_s
-            self.emit(ev.ToolStarted(env.now, plan.id, latency))
-            yield env.timeout(latency)
-            self.emit(ev.ToolFinished(env.now, plan.id))
-        self.emit(ev.ProgramFinished(env.now, plan.id, context.context_tokens))
-        self._apply(self.policy.on_program_end(plan.id, env.now))
-        self._last_request.pop(plan.id, None)
-        if self._pin_serial.pop(plan.id, None) is not None:
+            context = spec.prompt_tokens + spec.output_tokens
+        self.emit(ev.ProgramFinished(env.now, script.id, context))
+        self._apply(self.policy.on_program_end(script.id, env.now))
+        self._last_request.pop(script.id, None)
+        if self._pin_serial.pop(script.id, None) is not None:
             for engine in self.engines.values():
-                engine.unpin(plan.id)
+                engine.unpin(script.id)
+
+    def clear_prefix_caches(self) -> None:
+        """Drop every worker's cached KV (after a weight update); policies see the removals."""
+        for engine in self.engines.values():
+            engine.clear_prefix_cache(self.env.now)
 
     def _ticks(self, interval: float) -> Generator[simpy.Event, object, None]:
         while True:

@@ -1,0 +1,106 @@
+"""Workload drivers: turn the scenario's workload into program processes over time.
+
+`start_workload` starts the processes for the workload kind and returns an event that fires
+when a finite workload (a trace, a number of RL steps) is complete, or None for open-ended ones
+(which run until ``duration_s``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Generator
+
+import simpy
+
+from tasim.model import RequestSpec, with_private_tail
+from tasim.scenario import AgentWorkload, DynamoTraceWorkload, MooncakeTraceWorkload, RolloutWorkload
+from tasim.workloads import Script, agent_script, plan_program
+
+if TYPE_CHECKING:
+    from tasim.sim.runner import Simulation
+
+# Owner keys for the generated-token blocks of replayed requests (see tasim.model).
+_TRACE_OWNER_BASE = 1 << 26
+
+
+def start_workload(sim: "Simulation") -> simpy.Event | None:
+    workload = sim.scenario.workload
+    env = sim.env
+    if isinstance(workload, AgentWorkload):
+        counter = iter(range(1 << 62))
+        if workload.arrival == "closed":
+            for _ in range(workload.concurrency):
+                env.process(_closed_loop_slot(sim, workload, counter))
+        else:
+            env.process(_poisson_arrivals(sim, workload, counter))
+        return None
+    if isinstance(workload, RolloutWorkload):
+        from tasim.sim.rollout import rollout_steps
+
+        return env.process(rollout_steps(sim, workload))
+    if isinstance(workload, MooncakeTraceWorkload):
+        return env.process(_replay_mooncake(sim, workload))
+    if isinstance(workload, DynamoTraceWorkload):
+        return env.process(_replay_dynamo(sim, workload))
+    raise TypeError(f"unsupported workload {workload!r}")
+
+
+def _agent(sim: "Simulation", workload: AgentWorkload, index: int) -> Script:
+    plan = plan_program(workload, sim.scenario.seed, index, sim.scenario.max_context_tokens)
+    return agent_script(plan, sim.block_size)
+
+
+def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+    while sim.env.now < sim.scenario.duration_s:
+        yield sim.env.process(sim.run_program(_agent(sim, workload, next(counter))))
+
+
+def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+    assert workload.rate_per_s is not None
+    while True:
+        yield sim.env.timeout(float(sim.arrival_rng.exponential(1.0 / workload.rate_per_s)))
+        sim.env.process(sim.run_program(_agent(sim, workload, next(counter))))
+
+
+def _replay_mooncake(sim: "Simulation", workload: MooncakeTraceWorkload) -> Generator[simpy.Event, object, None]:
+    from tasim.traces import read_mooncake
+
+    bs = sim.block_size
+    requests = read_mooncake(Path(workload.path), bs, workload.trace_block_size)[: workload.max_requests]
+    programs = []
+    for request in requests:
+        arrival = request.arrival_s / workload.arrival_speedup
+        if arrival > sim.env.now:
+            yield sim.env.timeout(arrival - sim.env.now)
+        program = f"r{request.index}"
+        total = request.prompt_tokens + request.output_tokens
+        hashes = with_private_tail(request.block_hashes, total, _TRACE_OWNER_BASE + request.index, bs)
+        spec = RequestSpec(f"{program}.0", program, 0, request.prompt_tokens, request.output_tokens, 0, hashes)
+        programs.append(sim.env.process(sim.run_program(Script(program, 1, [(0.0, spec)]))))
+    yield sim.env.all_of(programs)
+
+
+def _replay_dynamo(sim: "Simulation", workload: DynamoTraceWorkload) -> Generator[simpy.Event, object, None]:
+    from tasim.traces import read_dynamo_agent_trace
+
+    sessions = read_dynamo_agent_trace(Path(workload.path), sim.block_size)[: workload.max_sessions]
+    programs = []
+    for index, session in enumerate(sessions):
+        if session.start_s > sim.env.now:
+            yield sim.env.timeout(session.start_s - sim.env.now)
+        script = Script(session.id, len(session.turns), _session_calls(sim, session, index, workload.gap_scale))
+        programs.append(sim.env.process(sim.run_program(script)))
+    yield sim.env.all_of(programs)
+
+
+def _session_calls(sim: "Simulation", session, index: int, gap_scale: float):  # type: ignore[no-untyped-def]
+    bs = sim.block_size
+    history = 0
+    for turn, step in enumerate(session.turns):
+        total = step.prompt_tokens + step.output_tokens
+        owner = _TRACE_OWNER_BASE + (index << 12) + turn  # distinct per (session, turn)
+        hashes = with_private_tail(step.block_hashes, total, owner, bs)
+        yield step.gap_before_s * gap_scale, RequestSpec(
+            f"{session.id}.{turn}", session.id, turn, step.prompt_tokens, step.output_tokens, history, hashes
+        )
+        history = total

@@ -1,0 +1,53 @@
+"""RL rollout steps (GRPO): P prompts x n samples per step under a global concurrency cap.
+
+A step's rollout starts every trajectory of the batch, at most ``max_concurrency`` at a time (a
+trajectory takes a slot when it starts and frees it when it ends); it ends when the last one
+finishes. Training follows: engines get no work for ``training_s`` and, as after a weight update,
+their prefix caches are emptied. Trajectory ids are ``s<step>.<prompt>.<sample>``; the samples of
+a prompt share its task prompt blocks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Generator
+
+import numpy as np
+import simpy
+
+from tasim import events as ev
+from tasim.scenario import RolloutWorkload
+from tasim.workloads import agent_script, plan_program
+
+if TYPE_CHECKING:
+    from tasim.sim.runner import Simulation
+
+
+def rollout_steps(sim: "Simulation", workload: RolloutWorkload) -> Generator[simpy.Event, object, None]:
+    env = sim.env
+    slots = simpy.Resource(env, capacity=workload.max_concurrency)
+    training_rng = np.random.default_rng([sim.scenario.seed, 4])
+    batch = workload.prompts_per_step * workload.samples_per_prompt
+    for step in range(workload.steps):
+        sim.emit(ev.RolloutStarted(env.now, step, batch))
+        trajectories = []
+        for prompt in range(workload.prompts_per_step):
+            group = step * workload.prompts_per_step + prompt
+            for sample in range(workload.samples_per_prompt):
+                index = group * workload.samples_per_prompt + sample
+                plan = plan_program(
+                    workload, sim.scenario.seed, index, sim.scenario.max_context_tokens,
+                    program_id=f"s{step}.{prompt}.{sample}", group=group,
+                )
+                trajectories.append(env.process(_trajectory(sim, slots, plan)))
+        yield env.all_of(trajectories)
+        sim.emit(ev.RolloutFinished(env.now, step))
+        yield env.timeout(workload.training_s.sample(training_rng))
+        if workload.reset_prefix_cache:
+            sim.clear_prefix_caches()
+        sim.emit(ev.TrainingFinished(env.now, step))
+
+
+def _trajectory(sim: "Simulation", slots: simpy.Resource, plan) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+    with slots.request() as slot:
+        yield slot
+        yield sim.env.process(sim.run_program(agent_script(plan, sim.block_size)))

@@ -1,0 +1,10 @@
+"""Workloads as data: what programs will ask for, independent of timing and policy.
+
+Every workload kind becomes a stream of `Script`s: a program id and its calls, each an LLM
+request preceded by a wait (environment set-up before the first call, the tool call or think
+time before later ones). The simulator runs scripts; live drivers can run the same scripts.
+"""
+
+from tasim.workloads.programs import ProgramPlan, Script, TurnPlan, agent_script, plan_program
+
+__all__ = ["ProgramPlan", "Script", "TurnPlan", "agent_script", "plan_program"]

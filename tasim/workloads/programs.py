@@ -1,0 +1,112 @@
+"""Synthetic agent programs drawn from a `ProgramShape`.
+
+A program's plan comes from its own RNG stream keyed by (seed, program index), so program ``i``
+is the same under every policy and cluster: comparisons see identical work. Its context grows
+turn by turn: turn ``k``'s prompt is the system prompt + task prompt + every earlier turn's
+output and tool observation, so consecutive turns share a prefix of block hashes. Programs of
+one prompt group (GRPO samples of one prompt) also share the task prompt's blocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from tasim.model import SHARED_OWNER, RequestSpec, Segment, chained_block_hashes
+from tasim.scenario import ProgramShape
+
+# Owner keys (see tasim.model): 0 is the shared system prompt, prompt groups count up from 1,
+# programs from 2**20.
+_GROUP_OWNER_BASE = 1
+_PROGRAM_OWNER_BASE = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class TurnPlan:
+    output_tokens: int
+    tool_latency_s: float
+    observation_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramPlan:
+    index: int
+    id: str
+    system_tokens: int
+    task_tokens: int
+    setup_s: float
+    turns: tuple[TurnPlan, ...]
+    group: int | None = None  # programs of one group share the task prompt
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A program to run: ``calls`` yields (seconds to wait before the call, the call)."""
+
+    id: str
+    turns: int
+    calls: Iterable[tuple[float, RequestSpec]]
+
+
+def plan_program(
+    shape: ProgramShape,
+    seed: int,
+    index: int,
+    max_context_tokens: int,
+    *,
+    program_id: str | None = None,
+    group: int | None = None,
+) -> ProgramPlan:
+    """Draw program ``index``; turns stop before one whose prompt + output would exceed
+    ``max_context_tokens`` (an agent hitting its model's context limit). With ``group``, the
+    task prompt length is drawn once per group, so every sample of a prompt has the same one."""
+    rng = np.random.default_rng([seed, 1, index])
+    task_rng = np.random.default_rng([seed, 3, group]) if group is not None else rng
+    task = shape.task_prompt_tokens.sample_int(task_rng, minimum=1)
+    planned = shape.turns.sample_int(rng, minimum=1)
+    setup = shape.setup_s.sample(rng)
+    context = shape.system_prompt_tokens + task
+    turns: list[TurnPlan] = []
+    for _ in range(planned):
+        output = shape.output_tokens.sample_int(rng, minimum=1)
+        tool = shape.tool_latency_s.sample(rng)
+        observation = shape.observation_tokens.sample_int(rng)
+        if context + output > max_context_tokens:
+            break
+        turns.append(TurnPlan(output, tool, observation))
+        context += output + observation
+    return ProgramPlan(index, program_id or f"p{index}", shape.system_prompt_tokens, task, setup, tuple(turns), group)
+
+
+def agent_script(plan: ProgramPlan, block_size: int) -> Script:
+    return Script(plan.id, len(plan.turns), _calls(plan, block_size))
+
+
+def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestSpec]]:
+    owner = _PROGRAM_OWNER_BASE + plan.index
+    task_owner = owner if plan.group is None else _GROUP_OWNER_BASE + plan.group
+    system = Segment(plan.system_tokens, SHARED_OWNER)
+    task = Segment(plan.system_tokens + plan.task_tokens, task_owner)
+    context = plan.system_tokens + plan.task_tokens
+    history = 0
+    hashes: list[int] = []
+    for turn, step in enumerate(plan.turns):
+        total = context + step.output_tokens
+        wanted = total // block_size
+        if wanted > len(hashes):
+            segments = (system, task, Segment(total, owner))
+            hashes.extend(chained_block_hashes(segments, block_size, start_block=len(hashes)))
+        wait = plan.setup_s if turn == 0 else plan.turns[turn - 1].tool_latency_s
+        yield wait, RequestSpec(
+            id=f"{plan.id}.{turn}",
+            program=plan.id,
+            turn=turn,
+            prompt_tokens=context,
+            output_tokens=step.output_tokens,
+            history_tokens=history,
+            block_hashes=tuple(hashes[:wanted]),
+        )
+        history = total
+        context = total + step.observation_tokens

@@ -1,0 +1,47 @@
+"""Every preset in scenarios/ validates, is listed by `tasim scenarios`, and runs (shortened)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SCENARIOS
+from tasim.rundir import run_simulation
+from tasim.scenario import load_scenario
+
+PRESETS = sorted(SCENARIOS.glob("*.yaml"))
+
+SHORTEN = {
+    "agent": ["duration_s=150", "workload.concurrency=4", "metrics.warmup_s=0"],
+    "rl_rollout": ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.steps=2",
+                   "workload.training_s=5", "workload.turns=3", "workload.max_concurrency=3"],
+    "mooncake_trace": ["workload.max_requests=60"],
+    "dynamo_trace": ["workload.max_sessions=5"],
+}
+
+
+def test_there_are_presets_for_every_workload_kind() -> None:
+    kinds = {load_scenario(p).workload.kind for p in PRESETS}
+    assert {"agent", "rl_rollout", "mooncake_trace"} <= kinds
+    assert len(PRESETS) >= 10
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
+def test_preset_runs(preset: Path, tmp_path: Path) -> None:
+    kind = load_scenario(preset).workload.kind
+    summary = run_simulation(load_scenario(preset, SHORTEN[kind]), tmp_path)
+    assert summary["requests_completed"] > 0
+    assert summary["requests_dropped"] == 0
+    if kind == "rl_rollout":
+        assert summary["rollout"]["steps"] == 2
+
+
+def test_scenarios_command_lists_every_preset() -> None:
+    result = subprocess.run([sys.executable, "-m", "tasim", "scenarios"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert "INVALID" not in result.stdout
+    assert sorted(line.split()[0] for line in lines) == [p.name for p in PRESETS]
