@@ -128,6 +128,8 @@ def _number_is_fixed(value: Any) -> Any:
     return value
 
 
+DISTRIBUTION_KINDS = (Fixed, Uniform, LogNormal, Pareto, Empirical)
+
 Distribution = Annotated[
     Union[Fixed, Uniform, LogNormal, Pareto, Empirical],
     Field(discriminator="kind"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel
 
 from conftest import REPO
+from tasim.distributions import DISTRIBUTION_KINDS
 from tasim.scenario import Scenario, _union_members
 
 
@@ -13,7 +14,7 @@ def _fields(model: type[BaseModel], prefix: str = "") -> list[str]:
     for name, field in model.model_fields.items():
         annotation = field.annotation
         members = _union_members(annotation)
-        if members:
+        if members and not set(members) <= set(DISTRIBUTION_KINDS):  # distributions are documented apart
             for member in members:
                 names += [n for n in _fields(member, f"{prefix}{name}.") if n not in names]
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):

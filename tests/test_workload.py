@@ -18,7 +18,7 @@ def test_chained_hashes_share_only_the_common_prefix() -> None:
     a = chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 7)], 16)
     b = chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 8)], 16)
     # Blocks 0-1 end inside the 40-token shared prompt; block 2 (tokens 32-47) straddles it.
-    assert a[:2] == b[:2] == [0, 1]
+    assert a[:2] == b[:2] == [0, 1 << 34]
     assert a[2:] != b[2:]
     assert len(a) == 100 // 16
     assert chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 7)], 16, start_block=3) == a[3:]

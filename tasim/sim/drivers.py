@@ -85,21 +85,21 @@ def _replay_dynamo(sim: "Simulation", workload: DynamoTraceWorkload) -> Generato
 
     sessions = read_dynamo_agent_trace(Path(workload.path), sim.block_size)[: workload.max_sessions]
     programs = []
-    for index, session in enumerate(sessions):
+    owners = iter(range(_TRACE_OWNER_BASE, 1 << 34))  # one per replayed request
+    for session in sessions:
         if session.start_s > sim.env.now:
             yield sim.env.timeout(session.start_s - sim.env.now)
-        script = Script(session.id, len(session.turns), _session_calls(sim, session, index, workload.gap_scale))
+        script = Script(session.id, len(session.turns), _session_calls(sim, session, owners, workload.gap_scale))
         programs.append(sim.env.process(sim.run_program(script)))
     yield sim.env.all_of(programs)
 
 
-def _session_calls(sim: "Simulation", session, index: int, gap_scale: float):  # type: ignore[no-untyped-def]
+def _session_calls(sim: "Simulation", session, owners, gap_scale: float):  # type: ignore[no-untyped-def]
     bs = sim.block_size
     history = 0
     for turn, step in enumerate(session.turns):
         total = step.prompt_tokens + step.output_tokens
-        owner = _TRACE_OWNER_BASE + (index << 12) + turn  # distinct per (session, turn)
-        hashes = with_private_tail(step.block_hashes, total, owner, bs)
+        hashes = with_private_tail(step.block_hashes, total, next(owners), bs)
         yield step.gap_before_s * gap_scale, RequestSpec(
             f"{session.id}.{turn}", session.id, turn, step.prompt_tokens, step.output_tokens, history, hashes
         )

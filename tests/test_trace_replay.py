@@ -1,0 +1,39 @@
+"""Replaying the Mooncake traces through the simulator: the ideal prefix reuse with an unbounded
+pool, and complete replays behind the KV router on four workers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import SCENARIOS
+from tasim.rundir import run_simulation
+from tasim.scenario import load_scenario
+
+UNBOUNDED = [
+    "cluster.backends=1",
+    "cluster.engine.block_size=512",
+    "cluster.engine.kv_blocks=10000000",
+    "cluster.engine.max_num_seqs=100000",
+    # near-instant engines: every request's blocks are cached before the next arrival
+    "cluster.perf.model=dynamo_polynomial",
+    "cluster.perf.speedup_ratio=1000",
+]
+
+
+@pytest.mark.parametrize(("trace", "ideal", "requests"), [("conversation", 0.374, 12031), ("synthetic", 0.651, 3993)])
+def test_unbounded_pool_reaches_the_trace_ideal(tmp_path: Path, trace: str, ideal: float, requests: int) -> None:
+    summary = run_simulation(load_scenario(SCENARIOS / f"mooncake-{trace}.yaml", UNBOUNDED), tmp_path)
+    assert summary["requests_completed"] == requests
+    assert summary["prefix_hit_rate"] == pytest.approx(ideal, abs=0.005)
+
+
+@pytest.mark.parametrize(("trace", "requests"), [("conversation", 12031), ("synthetic", 3993)])
+def test_full_replay_with_kv_router_on_four_workers(tmp_path: Path, trace: str, requests: int) -> None:
+    scenario = load_scenario(SCENARIOS / f"mooncake-{trace}.yaml", ["cluster.backends=4"])
+    assert scenario.policy.name == "kv_router"
+    summary = run_simulation(scenario, tmp_path)
+    assert summary["requests_completed"] == requests
+    assert summary["requests_dropped"] == summary["requests_unfinished"] == 0
+    assert summary["prefix_hit_rate"] > 0
