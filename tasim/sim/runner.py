@@ -2,8 +2,8 @@
 
 Programs issue requests; the policy host asks the policy where each goes (or holds it); worker
 processes run their engine one iteration at a time; every state change is reported as an event
-to ``emit``. The run stops at ``duration_s``; requests still in flight then are counted as
-unfinished.
+to ``emit``. The run stops at ``duration_s``, or earlier when a finite workload (a trace, a
+number of RL steps) has completed; requests still in flight then are counted as unfinished.
 """
 
 from __future__ import annotations
