@@ -37,3 +37,29 @@ def test_full_replay_with_kv_router_on_four_workers(tmp_path: Path, trace: str, 
     assert summary["requests_completed"] == requests
     assert summary["requests_dropped"] == summary["requests_unfinished"] == 0
     assert summary["prefix_hit_rate"] > 0
+
+
+def test_dynamo_agent_trace_replays_sessions_with_their_gaps(tmp_path: Path) -> None:
+    """Sessions start at their recorded offsets; each turn waits its recorded gap after the
+    previous turn finished (the hand-written trace: main 3 turns, sub 2 turns from 0.3 s)."""
+    from tasim import events as ev
+    from tasim.scenario import parse_scenario
+    from tasim.sim.runner import Simulation
+
+    trace = Path(__file__).parent / "data" / "dynamo_agent_trace.jsonl"
+    scenario = parse_scenario(
+        {"duration_s": 60, "cluster": {"engine": {"block_size": 4, "kv_blocks": 1000}},
+         "workload": {"kind": "dynamo_trace", "path": str(trace)}},
+        "inline",
+    )
+    log: list[ev.Event] = []
+    Simulation(scenario, log.append).run()
+    arrived = {e.request: e.t for e in log if isinstance(e, ev.RequestArrived)}
+    finished = {e.request: e.t for e in log if isinstance(e, ev.RequestFinished)}
+    assert sorted(finished) == ["main.0", "main.1", "main.2", "sub.0", "sub.1"]
+    assert arrived["main.0"] == 0.0 and arrived["sub.0"] == 0.3
+    assert arrived["main.1"] == finished["main.0"] + 0.6
+    assert arrived["main.2"] == finished["main.1"] + 0.5
+    assert arrived["sub.1"] == finished["sub.0"] + 0.05
+    assert isinstance(log[-1], ev.RunEnded) and log[-1].unfinished_requests == 0
+    assert log[-1].t < 60  # the run ends when the trace is done
