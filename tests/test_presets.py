@@ -36,7 +36,11 @@ def test_preset_runs(preset: Path, tmp_path: Path) -> None:
     assert summary["requests_completed"] > 0
     assert summary["requests_dropped"] == 0
     if kind == "rl_rollout":
-        assert summary["rollout"]["steps"] == 2
+        rollout = summary["rollout"]
+        assert rollout["steps"] == 2
+        assert rollout["step_time_s"]["mean"] > rollout["rollout_time_s"]["mean"] > 0  # training adds 5 s
+        assert 0 <= rollout["straggler_share"] < 1
+        assert rollout["rollout_tokens_per_s"] > rollout["step_tokens_per_s"] > 0
 
 
 def test_scenarios_command_lists_every_preset() -> None:
