@@ -23,6 +23,8 @@ from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.render import print_summary
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.scenario import Scenario, ScenarioError, load_scenario
+from tasim.sim.drivers import WorkloadError
+from tasim.traces import TraceError
 
 EXIT_USAGE = 2
 
@@ -255,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "simulate": _simulate, "compare": _compare, "report": _report, "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, EventLogError) as exc:
+    except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -171,9 +171,13 @@ class ProgramPinned(Event):
 
 @_frozen
 class ProgramFinished(Event):
+    """``completed``: every call succeeded (false when a request was dropped, or for a program
+    with no call at all)."""
+
     TYPE: ClassVar[str] = "program_finished"
     program: str
     context_tokens: int
+    completed: bool
 
 
 @_frozen

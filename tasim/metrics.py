@@ -194,7 +194,9 @@ class MetricsFold:
         self._prompt_tokens += e.prompt_tokens
         self._cached_tokens += e.cached_tokens
         bs = self.header.block_size if self.header else 1
-        reusable = min(req.history // bs, (req.prompt - 1) // bs) * bs
+        # The engine never computes the KV of a call's last output token, so of the previous
+        # call's prompt + output only (history - 1) tokens' full blocks can be cached.
+        reusable = min((req.history - 1) // bs, (req.prompt - 1) // bs) * bs if req.history else 0
         self._recomputed += max(0, reusable - e.cached_tokens)
         self._e2e.append(e.t - req.arrival)
         if req.first_token is not None:
@@ -206,20 +208,21 @@ class MetricsFold:
 
     def _dropped_request(self, e: ev.RequestDropped) -> None:
         self._requests.pop(e.request, None)
-        self._dropped += 1
+        self._dropped += self._in_window(e.t)
 
     def _preempted(self, e: ev.RequestPreempted) -> None:
-        self._preemptions += 1
+        self._preemptions += self._in_window(e.t)
 
     def _paused(self, e: ev.ProgramPaused) -> None:
-        self._pauses += 1
+        self._pauses += self._in_window(e.t)
 
     def _resumed(self, e: ev.ProgramResumed) -> None:
-        self._resumes += 1
-        self._forced_resumes += e.forced
+        if self._in_window(e.t):
+            self._resumes += 1
+            self._forced_resumes += e.forced
 
     def _pinned(self, e: ev.ProgramPinned) -> None:
-        self._pins += 1
+        self._pins += self._in_window(e.t)
 
     def _program_finished(self, e: ev.ProgramFinished) -> None:
         self._set_context(e.program, 0, e.t)
@@ -228,7 +231,7 @@ class MetricsFold:
             self._trajectory_latency.append(e.t - started)
             self._steps[-1].finishes.append(e.t)
         del self._contexts[e.program]
-        if self._in_window(e.t):
+        if e.completed and self._in_window(e.t):
             self._programs_completed += 1
 
     def _sample(self, e: ev.WorkerSample) -> None:

@@ -155,6 +155,13 @@ class RolloutWorkload(ProgramShape):
     training_s: Distribution = Field(60, description="duration of each training phase")
     reset_prefix_cache: bool = Field(True, description="drop cached KV after each weight update")
 
+    @model_validator(mode="after")
+    def _groups_fit(self) -> "RolloutWorkload":
+        # Prompt groups get block-hash owner keys below 2**20 (tasim.workloads.programs).
+        if self.steps * self.prompts_per_step >= 1 << 20:
+            raise ValueError(f"steps x prompts_per_step must be < {1 << 20} (got {self.steps * self.prompts_per_step})")
+        return self
+
 
 class MooncakeTraceWorkload(_Strict):
     """Open-loop replay of a Mooncake JSONL trace: every line is one request at its timestamp."""

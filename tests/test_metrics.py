@@ -24,7 +24,7 @@ def test_fold_exact_values() -> None:
         ev.RequestReadmitted(2.2, "p0.1", "w0", 60),
         ev.FirstToken(3.0, "p0.1"),
         ev.RequestFinished(4.0, "p0.1", "p0", "w0", 161, 5, 48),
-        ev.ProgramFinished(4.0, "p0", 166),
+        ev.ProgramFinished(4.0, "p0", 166, True),
         ev.RunEnded(120.0, 42, 0),
     ]
     summary = MetricsFold().apply_all(log).summary(wall_time_s=1.25)

@@ -83,7 +83,7 @@ def worker_cost(
     decay = 1.0
     d = params.overlap_score_credit_decay
     if d > 0:
-        request_blocks = -(-prompt_tokens // block_size)
+        request_blocks = max(1, -(-prompt_tokens // block_size))
         decay = 1.0 / (1.0 + d * ((prefill_tokens - min_prefill_tokens) / block_size) / request_blocks)
     credit = params.overlap_score_credit * decay * overlap_blocks
     raw = (prefill_tokens + prompt_tokens) / block_size if params.router_track_prefill_tokens else 0.0

@@ -160,6 +160,8 @@ class ThunderAgent(Policy):
     def _decayed(self, q: ProgramState, now: float) -> float:
         if q.phase is not Phase.ACTING or self.p.acting_decay_tau_s is None:
             return self._weighted(q)
+        # Both upstream (remaining_capacity_with_decay) and Dynamo (_program_tokens(decayed))
+        # apply the decay to the raw token count, without acting_token_weight.
         return q.tokens * 2.0 ** (-max(0.0, now - q.acting_since) / self.p.acting_decay_tau_s)
 
     def used(self, backend: str, now: float | None = None) -> float:
@@ -173,7 +175,6 @@ class ThunderAgent(Policy):
 
     def on_request(self, request: RequestSpec, now: float) -> Route | Hold:
         q = self.programs.get(request.program)
-        new = q is None
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
         q.steps += 1
@@ -185,11 +186,8 @@ class ThunderAgent(Policy):
             return Hold()
         if q.backend is not None:
             return Route(q.backend)
-        backend = None if (new and self.queue) else self._admission_backend(q.tokens)
-        if backend is None and not new:
-            # Unplaced but already running (e.g. after a forced resume without target): let
-            # the turn through on the least used backend rather than parking a live session.
-            backend = min(self.capacity, key=lambda b: self.used(b))
+        # Only a new program reaches this point: a placed one returned above, a paused one waits.
+        backend = None if self.queue else self._admission_backend(q.tokens)
         if backend is not None:
             q.backend = backend
             return Route(backend)
@@ -286,6 +284,8 @@ class ThunderAgent(Policy):
 
     def _resume_order(self, now: float) -> list[ProgramState]:
         def group(q: ProgramState) -> int:
+            # "New" is by step count, as in both sources: a program paused after its first turn
+            # also counts as new (G2), not as G3.
             if q.steps <= 1:
                 return 1
             return 0 if q.phase is Phase.REASONING else 2

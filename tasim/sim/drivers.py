@@ -50,9 +50,26 @@ def _agent(sim: "Simulation", workload: AgentWorkload, index: int) -> Script:
     return agent_script(plan, sim.block_size)
 
 
+# A closed-loop slot whose programs keep finishing without simulated time passing (no turn fits
+# max_context_tokens, or every first request is dropped) would spin forever at one instant.
+_MAX_INSTANT_PROGRAMS = 1000
+
+
+class WorkloadError(ValueError):
+    """The workload cannot make progress; the message says which setting to change."""
+
+
 def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+    instant = 0
     while sim.env.now < sim.scenario.duration_s:
+        started = sim.env.now
         yield sim.env.process(sim.run_program(_agent(sim, workload, next(counter))))
+        instant = instant + 1 if sim.env.now == started else 0
+        if instant >= _MAX_INSTANT_PROGRAMS:
+            raise WorkloadError(
+                f"programs finish without taking simulated time (at t={started:g} s): no turn fits "
+                "workload.max_context_tokens, or every first request is dropped (see cluster.engine.kv_blocks)"
+            )
 
 
 def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
@@ -73,9 +90,9 @@ def _replay_mooncake(sim: "Simulation", workload: MooncakeTraceWorkload) -> Gene
         if arrival > sim.env.now:
             yield sim.env.timeout(arrival - sim.env.now)
         program = f"r{request.index}"
-        total = request.prompt_tokens + request.output_tokens
-        hashes = with_private_tail(request.block_hashes, total, _TRACE_OWNER_BASE + request.index, bs)
-        spec = RequestSpec(f"{program}.0", program, 0, request.prompt_tokens, request.output_tokens, 0, hashes)
+        prompt, output = _at_least_one(request.prompt_tokens, request.output_tokens)
+        hashes = with_private_tail(request.block_hashes, prompt + output, _TRACE_OWNER_BASE + request.index, bs)
+        spec = RequestSpec(f"{program}.0", program, 0, prompt, output, 0, hashes)
         programs.append(sim.env.process(sim.run_program(Script(program, 1, [(0.0, spec)]))))
     yield sim.env.all_of(programs)
 
@@ -98,9 +115,15 @@ def _session_calls(sim: "Simulation", session, owners, gap_scale: float):  # typ
     bs = sim.block_size
     history = 0
     for turn, step in enumerate(session.turns):
-        total = step.prompt_tokens + step.output_tokens
-        hashes = with_private_tail(step.block_hashes, total, next(owners), bs)
+        prompt, output = _at_least_one(step.prompt_tokens, step.output_tokens)
+        hashes = with_private_tail(step.block_hashes, prompt + output, next(owners), bs)
         yield step.gap_before_s * gap_scale, RequestSpec(
-            f"{session.id}.{turn}", session.id, turn, step.prompt_tokens, step.output_tokens, history, hashes
+            f"{session.id}.{turn}", session.id, turn, prompt, output, history, hashes
         )
-        history = total
+        history = prompt + output
+
+
+def _at_least_one(prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
+    """Traces may record empty prompts or outputs; an engine always computes at least one prompt
+    token and emits at least the first output token, so both count as one."""
+    return max(1, prompt_tokens), max(1, output_tokens)

@@ -48,8 +48,9 @@ class EngineListener(Protocol):
     """What the engine reports; the simulation runner turns these into events."""
 
     def on_admitted(
-        self, worker: str, request: RequestSpec, cached_tokens: int, length: int, first: bool, now: float
-    ) -> None: ...
+        self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float
+    ) -> None:
+        """``recompute_tokens``: for a re-admission, KV lost to preemption not found in cache."""
 
     def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None: ...
 
@@ -65,7 +66,10 @@ class EngineListener(Protocol):
 class EngineRequest:
     """Engine-side state of one request."""
 
-    __slots__ = ("spec", "prompt", "target", "generated", "computed", "held", "phys", "full_done", "cached_tokens", "admissions")
+    __slots__ = (
+        "spec", "prompt", "target", "generated", "computed", "held", "phys", "full_done", "cached_tokens", "admissions",
+        "lost",
+    )
 
     def __init__(self, spec: RequestSpec) -> None:
         self.spec = spec
@@ -78,6 +82,7 @@ class EngineRequest:
         self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
         self.cached_tokens = 0  # prefix-cache hit at first admission
         self.admissions = 0
+        self.lost = 0  # tokens of computed KV freed by the last preemption
 
     @property
     def length(self) -> int:
@@ -91,6 +96,7 @@ class Step:
     duration: float
     scheduled: list[tuple[EngineRequest, int]] = field(default_factory=list)
     shape: StepShape = field(default_factory=StepShape)
+    preempted: bool = False  # a preemption blocked admission; the next step can admit
 
     @property
     def end(self) -> float:
@@ -132,10 +138,13 @@ class Engine:
         self._pins[program] = held
         return hits
 
-    def unpin(self, program: str) -> None:
+    def unpin(self, program: str) -> bool:
+        """Release the program's pin here; returns whether it had one."""
         held = self._pins.pop(program, None)
-        if held is not None:
-            self.pool.release(held)
+        if held is None:
+            return False
+        self.pool.release(held)
+        return True
 
     @property
     def pinned_blocks(self) -> int:
@@ -150,8 +159,8 @@ class Engine:
         `end_step`. A step with nothing scheduled has duration 0 and changes nothing."""
         step = Step(start=now, duration=0.0)
         budget = self.config.max_num_batched_tokens
-        budget, preempted = self._schedule_running(step, budget, now)
-        if not preempted:
+        budget, step.preempted = self._schedule_running(step, budget, now)
+        if not step.preempted:
             self._admit_waiting(step, budget, now)
         stored, removed = self.pool.drain_events()
         if stored or removed:
@@ -174,8 +183,10 @@ class Engine:
                     finished.append(req)
         for req in finished:
             self.running.remove(req)
-            self._release(req)
+            # Report first: a policy reacting to the turn's end (e.g. pinning its blocks) must
+            # see them still referenced, before the next step's allocations can evict them.
             self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
+            self._release(req)
 
     def clear_prefix_cache(self, now: float) -> None:
         """Evict every unreferenced cached block, reporting the removals."""
@@ -233,6 +244,13 @@ class Engine:
             cached = hits * bs
             chunk = min(length - cached, budget)
             if not cfg.enable_chunked_prefill and chunk < length - cached:
+                if length - cached > cfg.max_num_batched_tokens:
+                    self.waiting.popleft()  # no step can ever take it (vLLM rejects it too)
+                    self.listener.on_dropped(
+                        self.worker, req.spec,
+                        f"{length - cached} prompt tokens exceed max_num_batched_tokens without chunked prefill", now,
+                    )
+                    continue
                 break
             self.waiting.popleft()
             hashes = req.spec.block_hashes
@@ -250,7 +268,8 @@ class Engine:
             self.running.append(req)
             step.scheduled.append((req, chunk))
             budget -= chunk
-            self.listener.on_admitted(self.worker, req.spec, cached, length, first, now)
+            recompute = 0 if first else max(0, req.lost - cached)
+            self.listener.on_admitted(self.worker, req.spec, cached, recompute, first, now)
 
     def _reserve(self, req: EngineRequest, upto_tokens: int) -> bool:
         """Hold blocks for the first ``upto_tokens`` tokens and cache the blocks they complete."""
@@ -267,14 +286,18 @@ class Engine:
         return True
 
     def _preempt(self, victim: EngineRequest, step: Step, now: float) -> int:
-        """Recompute preemption; returns the budget refunded if the victim was already scheduled."""
+        """Recompute preemption; returns the budget refunded if the victim was already scheduled.
+
+        A victim scheduled earlier in this step keeps the cache entries its chunk registered
+        although that KV is never computed; Dynamo's mocker registers at scheduling time too and
+        behaves the same way."""
         refund = 0
         for k, (req, n) in enumerate(step.scheduled):
             if req is victim:
                 refund = n
                 del step.scheduled[k]
                 break
-        lost = victim.computed
+        lost = victim.lost = victim.computed
         self.running.remove(victim)
         self._release(victim)
         victim.computed = 0

@@ -150,6 +150,8 @@ class BlockPool:
                     heapq.heappush(heap, (tick, block))
         self._inactive_count += tick - self._tick
         self._tick = tick
+        if len(heap) > 2 * self._inactive_count + 64:
+            self._compact_leaf_heap()
 
     def release_private(self, count: int) -> None:
         self.free += count
@@ -192,7 +194,12 @@ class BlockPool:
             held.append(block)
 
     def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
-        stored, removed = self.stored, self.removed
+        """Net KV events since the last drain: blocks now cached that were stored, and blocks
+        now gone that were removed. A block evicted and stored again (or the reverse) within
+        one drain is reported by its final state, so applying stored then removed is exact."""
+        cached = self._cached
+        stored = [b for b in dict.fromkeys(self.stored) if b in cached]
+        removed = [b for b in dict.fromkeys(self.removed) if b not in cached]
         self.stored, self.removed = [], []
         return stored, removed
 
@@ -203,6 +210,17 @@ class BlockPool:
             self.free += 1
 
     # --- internals -------------------------------------------------------------------------
+
+    def _compact_leaf_heap(self) -> None:
+        """Drop stale entries (blocks re-acquired or evicted since they were pushed) so the heap
+        stays proportional to the inactive pool on a pool that rarely fills."""
+        cached = self._cached
+        self._leaf_heap = [
+            (tick, block)
+            for tick, block in self._leaf_heap
+            if (entry := cached.get(block)) is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick
+        ]
+        heapq.heapify(self._leaf_heap)
 
     def _evict_lru(self, count: int) -> None:
         popitem = self._inactive_lru.popitem

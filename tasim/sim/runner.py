@@ -104,9 +104,10 @@ class Simulation:
                 yield wake
             step = engine.begin_step(env.now)
             if not step.scheduled:
-                # Everything runnable was preempted this step; the next step re-admits.
-                if not engine.running and engine.waiting:
-                    continue
+                if step.preempted:
+                    continue  # everything runnable was preempted; the next step re-admits
+                # The queue head cannot be admitted until something frees blocks (a pin expires,
+                # a new request arrives): sleep until woken rather than spin at this instant.
                 wake = self._wake[engine.worker] = env.event()
                 yield wake
                 continue
@@ -135,18 +136,19 @@ class Simulation:
             )
             done = self._waiters[spec.id] = env.event()
             self._dispatch(spec)
-            outcome = yield done
+            outcome = yield done  # the policy has already seen the turn end (see on_finished)
             assert isinstance(outcome, TurnEnd)
-            self._apply(self.policy.on_turn_end(outcome, env.now))
             if not outcome.ok:
+                completed = False
                 break
             context = spec.prompt_tokens + spec.output_tokens
-        self.emit(ev.ProgramFinished(env.now, script.id, context))
+        else:
+            completed = script.turns > 0
+        self.emit(ev.ProgramFinished(env.now, script.id, context, completed))
         self._apply(self.policy.on_program_end(script.id, env.now))
         self._last_request.pop(script.id, None)
         if self._pin_serial.pop(script.id, None) is not None:
-            for engine in self.engines.values():
-                engine.unpin(script.id)
+            self._unpin_everywhere(script.id)
 
     def clear_prefix_caches(self) -> None:
         """Drop every worker's cached KV (after a weight update); policies see the removals."""
@@ -195,6 +197,9 @@ class Simulation:
             raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
         self.emit(ev.RequestRouted(self.env.now, spec.id, worker))
         engine.submit(spec)
+        self._wake_worker(worker)
+
+    def _wake_worker(self, worker: str) -> None:
         wake = self._wake[worker]
         if wake is not None and not wake.triggered:
             wake.succeed()
@@ -219,6 +224,7 @@ class Simulation:
         engine = self.engines.get(pin.worker)
         if spec is None or engine is None:
             raise ValueError(f"policy {self.policy.name} pinned {pin.program!r} on {pin.worker!r}, which has no request there")
+        self._unpin_everywhere(pin.program)  # a program holds at most one pin
         blocks = engine.pin(pin.program, spec.block_hashes)
         serial = self._pin_serial[pin.program] = self._pin_serial.get(pin.program, 0) + 1
         self.emit(ev.ProgramPinned(self.env.now, pin.program, pin.worker, blocks, pin.ttl_s))
@@ -227,17 +233,25 @@ class Simulation:
     def _expire_pin(self, engine: Engine, program: str, ttl_s: float, serial: int) -> Generator[simpy.Event, object, None]:
         yield self.env.timeout(ttl_s)
         if self._pin_serial.get(program) == serial:  # not replaced by a later pin meanwhile
-            engine.unpin(program)
+            self._unpin(engine, program)
+
+    def _unpin_everywhere(self, program: str) -> None:
+        for engine in self.engines.values():
+            self._unpin(engine, program)
+
+    def _unpin(self, engine: Engine, program: str) -> None:
+        if engine.unpin(program):
+            self._wake_worker(engine.worker)  # freed blocks may let its queue head in
 
     # --- engine listener ---------------------------------------------------------------------
 
     def on_admitted(
-        self, worker: str, request: RequestSpec, cached_tokens: int, length: int, first: bool, now: float
+        self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float
     ) -> None:
         if first:
             self.emit(ev.PrefillStarted(now, request.id, worker, cached_tokens))
         else:
-            self.emit(ev.RequestReadmitted(now, request.id, worker, length - cached_tokens))
+            self.emit(ev.RequestReadmitted(now, request.id, worker, recompute_tokens))
 
     def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None:
         self.emit(ev.RequestPreempted(now, request.id, worker, lost_tokens))
@@ -264,10 +278,14 @@ class Simulation:
                 now, request.id, request.program, worker, request.prompt_tokens, request.output_tokens, cached_tokens
             )
         )
-        turn = TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens)
-        self._waiters.pop(request.id).succeed(turn)
+        self._end_turn(TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens))
 
     def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None:
         self.emit(ev.RequestDropped(now, request.id, request.program, worker, reason))
-        turn = TurnEnd(request.program, request.id, worker, request.prompt_tokens, 0, 0, ok=False)
-        self._waiters.pop(request.id).succeed(turn)
+        self._end_turn(TurnEnd(request.program, request.id, worker, request.prompt_tokens, 0, 0, ok=False))
+
+    def _end_turn(self, turn: TurnEnd) -> None:
+        """Tell the policy now, while the engine still holds the request's blocks (a pin must
+        take them before the next step can evict them), then wake the program."""
+        self._apply(self.policy.on_turn_end(turn, self.env.now))
+        self._waiters.pop(turn.request).succeed(turn)

@@ -11,7 +11,7 @@ where ``id`` is the trace id of the trace block holding the engine block's last 
 trace block ends at or after the engine block, so equal ids (hence equal hashes) still imply an
 identical prefix, and keeping ``j`` in the hash makes the blocks inside one trace block
 distinct. Bit 62 (``TRACE_HASH_NAMESPACE``) is set so trace hashes never equal the workload
-generator's ``owner * 2**32 + index`` (owners far below 2**30). The encoding is collision-free
+generator's ``index * 2**34 + owner`` (below 2**62 for fewer than 2**28 blocks). The encoding is collision-free
 while ``id < 2**30`` and ``j < 2**32``; readers make sure ids are in range. The id sits in the
 low bits on purpose: Python hashes an int by its value and sets and dicts pick slots from the
 low bits, so putting the block index there (few distinct values) made every set of trace
