@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -13,6 +15,22 @@ from tasim.model import BlockHash, RequestSpec
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
+TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
+
+
+def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m tasim`` in a subprocess, as a user would."""
+    return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=cwd or REPO)
+
+
+def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Exit status 2, one line on stderr containing every fragment, no traceback."""
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
 
 
 def spec(rid: str, prompt: int, output: int, hashes: list[BlockHash] | None = None, block_size: int = 4,

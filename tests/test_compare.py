@@ -4,33 +4,19 @@ validation before any run, and the generic parameter listing."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Literal, Optional
 
 import pytest
 from pydantic import BaseModel, Field, PositiveInt
 
-from conftest import REPO
+from conftest import TINY, assert_usage_error, tasim
 from tasim.cli import param_rows
 
-TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
 SHORT = ("--set", "duration_s=40")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def tasim(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=REPO)
-
-
-def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
 
 
 def compare(out: Path, *args: str) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import Recorder, UnitStep, spec
+from conftest import Recorder, UnitStep, assert_usage_error, spec, tasim
 from tasim import events as ev
 from tasim.rundir import run_simulation
 from tasim.scenario import parse_scenario
@@ -56,15 +56,9 @@ def test_programs_that_can_never_run_raise_a_clear_error() -> None:
 
 
 def test_cli_reports_a_stalled_workload_in_one_line(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     bad = tmp_path / "s.yaml"
     bad.write_text("duration_s: 30\nworkload: {task_prompt_tokens: 5000, max_context_tokens: 4000}\n")
-    result = subprocess.run([sys.executable, "-m", "tasim", "simulate", str(bad), "--out", str(tmp_path / "o")],
-                            capture_output=True, text=True)
-    assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert "max_context_tokens" in result.stderr and "Traceback" not in result.stderr
+    assert_usage_error(tasim("simulate", str(bad), "--out", str(tmp_path / "o")), "max_context_tokens")
 
 
 def test_dropped_programs_are_not_completed(tmp_path: Path) -> None:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SCENARIOS
+from conftest import SCENARIOS, tasim
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 
@@ -44,7 +42,7 @@ def test_preset_runs(preset: Path, tmp_path: Path) -> None:
 
 
 def test_scenarios_command_lists_every_preset() -> None:
-    result = subprocess.run([sys.executable, "-m", "tasim", "scenarios"], capture_output=True, text=True, cwd=REPO)
+    result = tasim("scenarios")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().splitlines()
     assert "INVALID" not in result.stdout
