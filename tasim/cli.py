@@ -9,18 +9,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import types
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Sequence, Union, get_args, get_origin
+from typing import Any, NoReturn, Sequence
 
-from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.padding import Padding
 from rich.text import Text
 
 from tasim import __version__
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
-from tasim.render import print_summary
+from tasim.render import param_rows, print_summary
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.scenario import Scenario, ScenarioError, load_scenario
 from tasim.sim.drivers import WorkloadError
@@ -169,44 +167,6 @@ def _print_unsquashed(renderable: Any) -> None:
         natural = console.measure(renderable, options=console.options.update_width(10_000)).maximum
         console = Console(width=max(console.width, natural))
     console.print(renderable)
-
-
-def _type_name(annotation: Any) -> str:
-    """Readable type of a parameter: ``float``, ``'a' | 'b'``, ``int | None``, ``list[int]``."""
-    origin = get_origin(annotation)
-    if origin is Literal:
-        return " | ".join(repr(arg) for arg in get_args(annotation))
-    if origin in (Union, types.UnionType):
-        return " | ".join(_type_name(arg) for arg in get_args(annotation))
-    if origin is not None:
-        return f"{_type_name(origin)}[{', '.join(_type_name(arg) for arg in get_args(annotation))}]"
-    if annotation is type(None):
-        return "None"
-    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
-
-
-def _bounds(field: FieldInfo) -> str:
-    """Numeric constraints (pydantic keeps them as annotated_types objects in ``metadata``)."""
-    symbols = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
-    return ", ".join(
-        f"{symbol} {getattr(item, attr)}" for item in field.metadata for attr, symbol in symbols if hasattr(item, attr)
-    )
-
-
-def _default(field: FieldInfo) -> str:
-    if field.is_required():
-        return "required"
-    return repr(field.get_default(call_default_factory=True, validated_data={}))
-
-
-def param_rows(params_model: type[Any]) -> list[tuple[str, str, str, str]]:
-    """(name, type, default, description) of every field of a policy's params model."""
-    rows = []
-    for name, field in params_model.model_fields.items():
-        bounds = _bounds(field)
-        kind = _type_name(field.annotation) + (f" ({bounds})" if bounds else "")
-        rows.append((name, kind, _default(field), field.description or ""))
-    return rows
 
 
 def _policies(args: argparse.Namespace) -> int:

@@ -1,9 +1,11 @@
-"""Human-readable rendering of a run summary (rich table)."""
+"""Human-readable rendering: a run summary (rich table) and policy parameter listings."""
 
 from __future__ import annotations
 
-from typing import Any
+import types
+from typing import Any, Literal, Union, get_args, get_origin
 
+from pydantic.fields import FieldInfo
 from rich.console import Console
 from rich.table import Table
 
@@ -50,3 +52,41 @@ def _add_rows(table: Table, label: str, value: Any) -> None:
 
 def print_summary(summary: dict[str, Any], console: Console | None = None) -> None:
     (console or Console()).print(summary_table(summary))
+
+
+def _type_name(annotation: Any) -> str:
+    """Readable type of a parameter: ``float``, ``'a' | 'b'``, ``int | None``, ``list[int]``."""
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " | ".join(repr(arg) for arg in get_args(annotation))
+    if origin in (Union, types.UnionType):
+        return " | ".join(_type_name(arg) for arg in get_args(annotation))
+    if origin is not None:
+        return f"{_type_name(origin)}[{', '.join(_type_name(arg) for arg in get_args(annotation))}]"
+    if annotation is type(None):
+        return "None"
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation).replace("typing.", "")
+
+
+def _bounds(field: FieldInfo) -> str:
+    """Numeric constraints (pydantic keeps them as annotated_types objects in ``metadata``)."""
+    symbols = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
+    return ", ".join(
+        f"{symbol} {getattr(item, attr)}" for item in field.metadata for attr, symbol in symbols if hasattr(item, attr)
+    )
+
+
+def _default(field: FieldInfo) -> str:
+    if field.is_required():
+        return "required"
+    return repr(field.get_default(call_default_factory=True, validated_data={}))
+
+
+def param_rows(params_model: type[Any]) -> list[tuple[str, str, str, str]]:
+    """(name, type, default, description) of every field of a policy's params model."""
+    rows = []
+    for name, field in params_model.model_fields.items():
+        bounds = _bounds(field)
+        kind = _type_name(field.annotation) + (f" ({bounds})" if bounds else "")
+        rows.append((name, kind, _default(field), field.description or ""))
+    return rows

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, Field, PositiveInt
 
 from conftest import TINY, assert_usage_error, tasim
-from tasim.cli import param_rows
+from tasim.render import param_rows
 
 SHORT = ("--set", "duration_s=40")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
