@@ -105,11 +105,15 @@ def _default_out(scenario: Scenario) -> Path:
     return Path("runs") / f"{scenario.name}-{scenario.policy.name}-s{scenario.seed}"
 
 
-def _simulate(args: argparse.Namespace) -> int:
-    scenario = _scenario_from_args(args)
-    out = args.out or _default_out(scenario)
+def _output_dir(out: Path) -> Path:
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {out}: exists and is not a directory")
+    return out
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    scenario = _scenario_from_args(args)
+    out = _output_dir(args.out or _default_out(scenario))
     interactive = not args.quiet and sys.stderr.isatty()
     summary = run_simulation(scenario, out, gzip=args.gzip, progress=interactive)
     if not args.quiet:
@@ -135,9 +139,7 @@ def _compare(args: argparse.Namespace) -> int:
     compare.check_overrides(args.overrides)
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
     plan = compare.plan_runs(args.scenario, policies, sweep, overrides)
-    out = args.out or Path("runs") / f"compare-{plan.scenario.name}"
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
+    out = _output_dir(args.out or Path("runs") / f"compare-{plan.scenario.name}")
     jobs = min(args.jobs or compare.default_jobs(plan), len(plan.runs))
     progress = Console(stderr=True)
     done = iter(range(1, len(plan.runs) + 1))

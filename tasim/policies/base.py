@@ -82,6 +82,12 @@ class TurnEnd:
     ok: bool = True
 
 
+def pick_uniform(rng: np.random.Generator, candidates: Sequence[str]) -> str:
+    """One of ``candidates`` uniformly at random; no draw when there is only one, so a tie that
+    does not happen leaves the random stream untouched."""
+    return candidates[int(rng.integers(len(candidates)))] if len(candidates) > 1 else candidates[0]
+
+
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -9,7 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from tasim.model import RequestSpec
-from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
+from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.view import ClusterView
 
 
@@ -34,7 +34,7 @@ class LeastLoaded(Policy):
     def on_request(self, request: RequestSpec, now: float) -> Route:
         fewest = min(self.active.values())
         ties = [w for w, n in self.active.items() if n == fewest]
-        worker = ties[int(self.rng.integers(len(ties)))] if len(ties) > 1 else ties[0]
+        worker = pick_uniform(self.rng, ties)
         self.active[worker] += 1
         self._where[request.id] = worker
         return Route(worker)

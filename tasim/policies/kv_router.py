@@ -26,7 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from tasim.model import RequestSpec
-from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
+from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.prefix_index import ApproxIndex, EventIndex
 from tasim.view import ClusterView
 
@@ -124,7 +124,11 @@ class KvRouter(Policy):
 
     def costs(self, request: RequestSpec, now: float) -> tuple[dict[str, float], dict[str, int]]:
         """Cost per eligible worker and the overlap (in blocks) each one was credited."""
-        hashes = request.prompt_block_hashes(self.block_size)
+        return self._costs(request, request.prompt_block_hashes(self.block_size), now)
+
+    def _costs(
+        self, request: RequestSpec, hashes: tuple[int, ...], now: float
+    ) -> tuple[dict[str, float], dict[str, int]]:
         overlaps = self.index.overlaps(hashes, now) if self.index else {w: 0 for w in self._prefill}
         eligible = self._eligible()
         min_prefill = min(self._prefill[w] for w in eligible)
@@ -145,9 +149,10 @@ class KvRouter(Policy):
         return costs, overlaps
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
-        costs, overlaps = self.costs(request, now)
+        hashes = request.prompt_block_hashes(self.block_size)
+        costs, overlaps = self._costs(request, hashes, now)
         worker = self._bound_worker(request.program, costs, now) or self._pick(costs)
-        self._book(request, worker, overlaps[worker], now)
+        self._book(request, hashes, worker, overlaps[worker], now)
         if self.p.session_affinity_ttl_s is not None and request.program not in self._bindings:
             self._bindings[request.program] = _Binding(worker, now)
         return Route(worker)
@@ -181,14 +186,13 @@ class KvRouter(Policy):
         temperature = self.p.router_temperature
         if temperature == 0 or high == low:
             ties = [w for w in workers if costs[w] == low] if temperature == 0 else workers
-            return ties[int(self.rng.integers(len(ties)))] if len(ties) > 1 else ties[0]
+            return pick_uniform(self.rng, ties)
         weights = np.exp(-(values - low) / ((high - low) * temperature))
         return workers[int(self.rng.choice(len(workers), p=weights / weights.sum()))]
 
     # --- bookings --------------------------------------------------------------------------
 
-    def _book(self, request: RequestSpec, worker: str, overlap: int, now: float) -> None:
-        hashes = request.prompt_block_hashes(self.block_size)
+    def _book(self, request: RequestSpec, hashes: tuple[int, ...], worker: str, overlap: int, now: float) -> None:
         prefill = max(0, request.prompt_tokens - overlap * self.block_size)
         self._bookings[request.id] = _Booking(worker, prefill, hashes)
         self._prefill[worker] += prefill

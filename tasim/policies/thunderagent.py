@@ -180,7 +180,8 @@ class ThunderAgent(Policy):
         q.steps += 1
         q.tokens = request.prompt_tokens
         q.phase = Phase.REASONING
-        q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
+        if self.p.resume_on_origin:  # the only reader of q.blocks
+            q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
         if q.paused:
             q.held_since = now
             return Hold()
