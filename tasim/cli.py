@@ -1,4 +1,4 @@
-"""Command line: ``python -m tasim simulate|compare|report|policies|schema``.
+"""Command line: ``python -m tasim simulate|compare|report|validate|policies|scenarios|schema``.
 
 Every user error (bad scenario, bad flag, unreadable log) prints one line and exits 2; results
 already on disk are only replaced once a run has completed.
@@ -23,6 +23,7 @@ from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_jso
 from tasim.scenario import Scenario, ScenarioError, load_scenario
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
+from tasim.validation import ValidationUnavailable
 
 EXIT_USAGE = 2
 
@@ -73,6 +74,23 @@ def _build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)"
     )
+
+    validate = commands.add_parser("validate", help="cross-validate tasim against another simulator")
+    against = validate.add_subparsers(dest="against", required=True, parser_class=_Parser)
+    dynamo = against.add_parser(
+        "dynamo", help="replay the scenario's workload through Dynamo's own replay and through tasim, side by side"
+    )
+    dynamo.add_argument("scenario", help="scenario YAML file (workload kind mooncake_trace or agent)")
+    dynamo.add_argument(
+        "--routers", default="round_robin,kv_router", metavar="A,B",
+        help="routers to compare, from round_robin and kv_router (default: both)",
+    )
+    dynamo.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario field (repeatable)",
+    )
+    dynamo.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
+    dynamo.add_argument("--out", type=Path, help="output directory (default: runs/validate-<scenario>)")
 
     commands.add_parser("policies", help="list the routing policies and their parameters")
     scenarios = commands.add_parser("scenarios", help="list the preset scenarios")
@@ -171,6 +189,25 @@ def _print_unsquashed(renderable: Any) -> None:
     console.print(renderable)
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from tasim.validation.against_dynamo import VALIDATION_FILE, validate, validation_record, validation_table
+    from tasim.validation.dynamo_replay import ROUTERS
+
+    routers = [name.strip() for name in args.routers.split(",") if name.strip()]
+    unknown = [name for name in routers if name not in ROUTERS]
+    if not routers or unknown:
+        raise UsageError(f"--routers {args.routers!r}: unknown router (allowed: {', '.join(ROUTERS)})")
+    overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
+    scenario = load_scenario(args.scenario, overrides)
+    out = _output_dir(args.out or Path("runs") / f"validate-{scenario.name}")
+    trace, results = validate(scenario, out, list(dict.fromkeys(routers)))
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / VALIDATION_FILE, validation_record(scenario, trace, results))
+    _print_unsquashed(validation_table(results))
+    Console().print(f"wrote {out}/{VALIDATION_FILE}", markup=False, highlight=False)
+    return 0
+
+
 def _policies(args: argparse.Namespace) -> int:
     from tasim.policies import POLICIES
 
@@ -216,10 +253,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         handler = {
-            "simulate": _simulate, "compare": _compare, "report": _report, "policies": _policies, "scenarios": _scenarios, "schema": _schema,
+            "simulate": _simulate, "compare": _compare, "report": _report, "validate": _validate,
+            "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError) as exc:
+    except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError, ValidationUnavailable) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -8,12 +8,13 @@ when a finite workload (a trace, a number of RL steps) is complete, or None for 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Generator
+from typing import TYPE_CHECKING, Generator, Iterator
 
 import simpy
 
 from tasim.model import RequestSpec, with_private_tail
 from tasim.scenario import AgentWorkload, DynamoTraceWorkload, MooncakeTraceWorkload, RolloutWorkload
+from tasim.traces import TraceRequest, read_dynamo_agent_trace, read_mooncake
 from tasim.workloads import Script, agent_script, plan_program
 
 if TYPE_CHECKING:
@@ -80,26 +81,41 @@ def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter) -> Ge
 
 
 def _replay_mooncake(sim: "Simulation", workload: MooncakeTraceWorkload) -> Generator[simpy.Event, object, None]:
-    from tasim.traces import read_mooncake
-
-    bs = sim.block_size
-    requests = read_mooncake(Path(workload.path), bs, workload.trace_block_size)[: workload.max_requests]
+    requests = read_mooncake(Path(workload.path), sim.block_size, workload.trace_block_size)[: workload.max_requests]
     programs = []
-    for request in requests:
-        arrival = request.arrival_s / workload.arrival_speedup
+    for turns in _by_session(requests):
+        arrival = turns[0].arrival_s / workload.arrival_speedup
         if arrival > sim.env.now:
             yield sim.env.timeout(arrival - sim.env.now)
-        program = f"r{request.index}"
-        prompt, output = _at_least_one(request.prompt_tokens, request.output_tokens)
-        hashes = with_private_tail(request.block_hashes, prompt + output, _TRACE_OWNER_BASE + request.index, bs)
-        spec = RequestSpec(f"{program}.0", program, 0, prompt, output, 0, hashes)
-        programs.append(sim.env.process(sim.run_program(Script(program, 1, [(0.0, spec)]))))
+        first = turns[0]
+        program = f"r{first.index}" if first.session is None else f"s:{first.session}"
+        script = Script(program, len(turns), _trace_calls(sim, program, turns))
+        programs.append(sim.env.process(sim.run_program(script)))
     yield sim.env.all_of(programs)
 
 
-def _replay_dynamo(sim: "Simulation", workload: DynamoTraceWorkload) -> Generator[simpy.Event, object, None]:
-    from tasim.traces import read_dynamo_agent_trace
+def _by_session(requests: list[TraceRequest]) -> Iterator[list[TraceRequest]]:
+    """Consecutive runs of one session's turns (the reader keeps them together)."""
+    turns: list[TraceRequest] = []
+    for request in requests:
+        if turns and (request.turn == 0 or request.session != turns[0].session):
+            yield turns
+            turns = []
+        turns.append(request)
+    if turns:
+        yield turns
 
+
+def _trace_calls(sim: "Simulation", program: str, turns: list[TraceRequest]) -> Iterator[tuple[float, RequestSpec]]:
+    history = 0
+    for request in turns:
+        prompt, output = _at_least_one(request.prompt_tokens, request.output_tokens)
+        hashes = with_private_tail(request.block_hashes, prompt + output, _TRACE_OWNER_BASE + request.index, sim.block_size)
+        yield request.delay_s, RequestSpec(f"{program}.{request.turn}", program, request.turn, prompt, output, history, hashes)
+        history = prompt + output
+
+
+def _replay_dynamo(sim: "Simulation", workload: DynamoTraceWorkload) -> Generator[simpy.Event, object, None]:
     sessions = read_dynamo_agent_trace(Path(workload.path), sim.block_size)[: workload.max_sessions]
     programs = []
     owners = iter(range(_TRACE_OWNER_BASE, 1 << 34))  # one per replayed request

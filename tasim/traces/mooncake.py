@@ -5,6 +5,11 @@ Fields: ``timestamp`` (ms from trace start), ``input_length`` and ``output_lengt
 so ``len == ceil(input_length / trace_block_size)``; equal ids at equal positions mean the whole
 prefix up to that block is identical). Other fields are ignored.
 
+Multi-turn sessions, as Dynamo's replay reads them: lines that share a ``session_id`` are one
+closed-loop session whose turns run in file order. Its first line's ``timestamp`` is the
+session's start (0 when absent); each later line is sent ``delay`` ms (0 when absent) after the
+previous turn completes, and its ``timestamp``, if any, is ignored.
+
 ``block_hashes`` are the hashes of the prompt's full engine blocks, remapped from the trace's
 ids as described in :mod:`tasim.traces.common`: ``2**62 + j * 2**30 + hash_id`` for engine
 block ``j``, with ``hash_id`` taken from the trace block that holds the block's last token.
@@ -16,7 +21,7 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
 
 from tasim.traces.common import (
     MAX_TRACE_ID,
@@ -27,41 +32,68 @@ from tasim.traces.common import (
     engine_block_hashes,
     id_list_field,
     read_json_lines,
+    string_field,
     time_field,
 )
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
-    """One trace line. ``index`` is the position in arrival order (file order for ties)."""
+    """One trace line. ``index`` is the position in replay order: sessions (a line without a
+    ``session_id`` is a session of one) by start time, file order for ties, then their turns.
+    ``arrival_s`` is the session's start; a later turn (``turn > 0``) is sent ``delay_s`` after
+    the previous one completes."""
 
     index: int
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
     block_hashes: tuple[int, ...]
+    session: str | None = None
+    turn: int = 0
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class _Line:
-    timestamp_ms: float
+    timestamp_ms: float | None
+    delay_ms: float
+    session: str | None
     input_length: int
     output_length: int
     hash_ids: list[int]
 
 
 def _parse_line(where: str, record: dict, trace_block_size: int) -> _Line:
-    timestamp = time_field(record, "timestamp", where)
+    session = string_field(record, "session_id", where) if "session_id" in record else None
+    if session is None or "timestamp" in record:
+        timestamp: float | None = time_field(record, "timestamp", where)
+    else:
+        timestamp = None
+    delay = time_field(record, "delay", where) if "delay" in record else 0.0
     input_length = count_field(record, "input_length", where)
     output_length = count_field(record, "output_length", where)
     hash_ids = id_list_field(record, "hash_ids", where, MAX_TRACE_ID)
     check_hash_count(hash_ids, input_length, trace_block_size, "hash_ids", where)
-    return _Line(timestamp, input_length, output_length, hash_ids)
+    return _Line(timestamp, delay, session, input_length, output_length, hash_ids)
+
+
+def session_order(items: Sequence[T], session: Callable[[T], str | None], start_ms: Callable[[T], float | None]) -> list[list[T]]:
+    """Trace lines grouped into sessions (a line without a session is its own), turns in file
+    order, sessions sorted by their first line's start (stable: ties keep file order)."""
+    grouped: dict[str | int, list[T]] = {}
+    for number, item in enumerate(items):
+        key = session(item)
+        grouped.setdefault(number if key is None else key, []).append(item)
+    return sorted(grouped.values(), key=lambda turns: start_ms(turns[0]) or 0.0)
 
 
 def read_mooncake(path: str | os.PathLike[str], block_size: int,
                   trace_block_size: int = 512) -> list[TraceRequest]:
-    """Requests in arrival order, arrivals in seconds with the earliest at 0.
+    """Requests in replay order (see :class:`TraceRequest`), start times in seconds with the
+    earliest at 0.
 
     Raises ``ValueError`` if the block sizes do not nest and :class:`TraceError` for a missing,
     empty or malformed file.
@@ -70,18 +102,25 @@ def read_mooncake(path: str | os.PathLike[str], block_size: int,
     lines = [_parse_line(where, record, trace_block_size) for where, record in read_json_lines(path)]
     if not lines:
         raise TraceError(f"{os.fspath(path)}: no requests (expected one JSON object per line)")
-    lines.sort(key=lambda line: line.timestamp_ms)  # stable: ties keep file order
-    start_ms = lines[0].timestamp_ms
-    return [
-        TraceRequest(
-            index=index,
-            arrival_s=(line.timestamp_ms - start_ms) / 1000.0,
-            prompt_tokens=line.input_length,
-            output_tokens=line.output_length,
-            block_hashes=engine_block_hashes(line.hash_ids, line.input_length, block_size, trace_block_size),
-        )
-        for index, line in enumerate(lines)
-    ]
+    sessions = session_order(lines, lambda line: line.session, lambda line: line.timestamp_ms)
+    start_ms = sessions[0][0].timestamp_ms or 0.0
+    requests: list[TraceRequest] = []
+    for turns in sessions:
+        arrival_s = ((turns[0].timestamp_ms or 0.0) - start_ms) / 1000.0
+        for turn, line in enumerate(turns):
+            requests.append(
+                TraceRequest(
+                    index=len(requests),
+                    arrival_s=arrival_s,
+                    prompt_tokens=line.input_length,
+                    output_tokens=line.output_length,
+                    block_hashes=engine_block_hashes(line.hash_ids, line.input_length, block_size, trace_block_size),
+                    session=line.session,
+                    turn=turn,
+                    delay_s=line.delay_ms / 1000.0 if turn else 0.0,
+                )
+            )
+    return requests
 
 
 def ideal_prefix_hit_rate(requests: Sequence[TraceRequest], block_size: int) -> float:

@@ -1,0 +1,74 @@
+"""Dynamo's side: its offline replay (mocker engines + the real Rust router in virtual time)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Literal
+
+from tasim.validation import ValidationUnavailable
+from tasim.scenario import ClusterConfig
+from tasim.validation.measures import RequestRecord
+from tasim.validation.workload_trace import ReplayTrace
+
+Router = Literal["round_robin", "kv_router"]
+ROUTERS: tuple[Router, ...] = ("round_robin", "kv_router")
+
+_PREEMPTION_MODE = {"newest_first": "lifo", "oldest_first": "fifo"}
+
+
+class DynamoUnavailable(ValidationUnavailable):
+    """Dynamo's replay cannot be imported here; the message says how to install it."""
+
+
+def engine_args(cluster: ClusterConfig) -> dict[str, Any]:
+    """The mocker engine configuration equal to the scenario's engine (polynomial timing)."""
+    engine = cluster.engine
+    return {
+        "engine": {
+            "block_size": engine.block_size,
+            "num_gpu_blocks": cluster.kv_blocks_per_worker(),
+            "max_num_seqs": engine.max_num_seqs,
+            "max_num_batched_tokens": engine.max_num_batched_tokens,
+            "enable_prefix_caching": engine.enable_prefix_caching,
+            "enable_chunked_prefill": engine.enable_chunked_prefill,
+            "preemption_mode": _PREEMPTION_MODE[engine.preemption],
+            "speedup_ratio": cluster.perf.speedup_ratio,
+            "timing_model": {"type": "polynomial"},
+        }
+    }
+
+
+def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tuple[list[RequestRecord], int, float]:
+    """Completed requests, the number that did not complete, and the wall time in seconds."""
+    os.environ.setdefault("DYN_LOG", "warn")
+    try:
+        from dynamo.replay.api import run_trace_replay
+    except ImportError as exc:
+        raise DynamoUnavailable(
+            f"Dynamo's replay is not importable ({exc}); install the optional extra: make install (see README)"
+        ) from None
+    started = time.perf_counter()
+    report = run_trace_replay(
+        [str(trace.path)],
+        num_workers=cluster.backends,
+        router_mode=router,
+        trace_block_size=trace.trace_block_size,
+        arrival_speedup_ratio=trace.arrival_speedup,
+        extra_engine_args=engine_args(cluster),
+        capture_per_request=True,
+    )
+    wall = time.perf_counter() - started
+    records = [
+        RequestRecord(
+            arrival_ms=r["arrival_time_ms"],
+            first_token_ms=r["first_token_ms"],
+            finish_ms=r["terminal_time_ms"],
+            input_tokens=r["input_length"],
+            output_tokens=r["output_length"],
+            reused_tokens=r["reused_input_tokens"],
+        )
+        for r in report.per_request
+        if r["terminal_status"] == "completed"
+    ]
+    return records, len(report.per_request) - len(records), wall

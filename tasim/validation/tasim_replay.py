@@ -1,0 +1,74 @@
+"""tasim's side: the same trace through the simulator, configured as Dynamo's mocker runs it."""
+
+from __future__ import annotations
+
+import time
+
+from tasim import events as ev
+from tasim.scenario import MooncakeTraceWorkload, Scenario
+from tasim.validation.measures import RequestRecord
+from tasim.validation.workload_trace import ReplayTrace
+
+# Long enough for any trace to drain: the run ends when its last request completes.
+_UNBOUNDED_S = 1e7
+
+
+def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scenario:
+    """``scenario`` replaying ``trace`` under ``router`` with the mocker's models: polynomial
+    step times, leaves-first (lineage) eviction, and the KV pool size fixed to a number."""
+    cluster = scenario.cluster
+    engine = cluster.engine.model_copy(update={"eviction": "lineage", "kv_blocks": cluster.kv_blocks_per_worker()})
+    perf = cluster.perf.model_copy(update={"model": "dynamo_polynomial"})
+    workload = MooncakeTraceWorkload(
+        kind="mooncake_trace", path=str(trace.path), trace_block_size=trace.trace_block_size,
+        arrival_speedup=trace.arrival_speedup,
+    )
+    return scenario.model_copy(
+        update={
+            "cluster": cluster.model_copy(update={"engine": engine, "perf": perf}),
+            "workload": workload,
+            "policy": scenario.policy.model_copy(update={"name": router, "params": {}}),
+            "duration_s": _UNBOUNDED_S,
+            "metrics": scenario.metrics.model_copy(update={"warmup_s": 0.0, "sample_interval_s": _UNBOUNDED_S}),
+        }
+    )
+
+
+class _Collector:
+    """Folds the event stream into one record per completed request."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[str, float] = {}
+        self.first_token: dict[str, float] = {}
+        self.records: list[RequestRecord] = []
+        self.dropped = 0
+
+    def __call__(self, event: ev.Event) -> None:
+        if isinstance(event, ev.RequestArrived):
+            self.arrived[event.request] = event.t
+        elif isinstance(event, ev.FirstToken):
+            self.first_token[event.request] = event.t
+        elif isinstance(event, ev.RequestFinished):
+            self.records.append(
+                RequestRecord(
+                    arrival_ms=self.arrived[event.request] * 1000.0,
+                    first_token_ms=self.first_token[event.request] * 1000.0,
+                    finish_ms=event.t * 1000.0,
+                    input_tokens=event.prompt_tokens,
+                    output_tokens=event.output_tokens,
+                    reused_tokens=event.cached_tokens,
+                )
+            )
+        elif isinstance(event, ev.RequestDropped):
+            self.dropped += 1
+
+
+def run_tasim(scenario: Scenario, trace: ReplayTrace, router: str) -> tuple[list[RequestRecord], int, float]:
+    """Completed requests, the number that did not complete, and the wall time in seconds."""
+    from tasim.sim.runner import Simulation
+
+    collector = _Collector()
+    started = time.perf_counter()
+    Simulation(replay_scenario(scenario, trace, router), collector).run()
+    wall = time.perf_counter() - started
+    return collector.records, trace.requests - len(collector.records), wall
