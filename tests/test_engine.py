@@ -3,6 +3,7 @@ recompute accounting and block conservation."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -162,15 +163,20 @@ def test_request_larger_than_pool_is_dropped(recorder: Recorder) -> None:
     assert recorder.kinds("finished") == ["ok"]
 
 
-def test_polynomial_step_times_in_engine(recorder: Recorder) -> None:
-    cfg = EngineConfig(block_size=16, num_blocks=1000)
-    engine = Engine("w0", cfg, DynamoPolynomial(), recorder)
-    engine.submit(spec("a", 100, 2, block_size=16))
-    step = engine.begin_step(0.0)
-    # Prefill of 100 new tokens plus the decode term at u = 7/1000 (7 blocks active).
-    u = 7 / 1000
-    expected_ms = (4.209989e-7 * 100**2 + 1.518344e-2 * 100 + 16.50142) + (-25.74 * u * u + 54.01 * u + 5.74)
-    assert abs(step.duration - expected_ms / 1000) < 1e-12
+def test_polynomial_step_times_match_dynamo_replay(recorder: Recorder) -> None:
+    """Four 3,000-token prompts (50 output tokens) arriving together on one worker with block 64
+    and 4,096 blocks. Dynamo 1.6.1's replay (run_trace_replay, polynomial timing) reported these
+    first-token and completion times in ms: the first step prefills 3,000 + 3,000 + 2,192 tokens
+    with no decode term, the second prefills 3,808 and decodes two requests at u = 2 x 3,001 /
+    262,144, then 48 steps decode four requests and one step the last two."""
+    engine = Engine("w0", EngineConfig(block_size=64, num_blocks=4096), DynamoPolynomial(), recorder)
+    for rid in "abcd":
+        engine.submit(spec(rid, 3000, 50, block_size=64))
+    run_until_idle(engine)
+    times = {(kind, rid): now * 1000 for kind, rid, _, now in recorder.log if kind in ("first_token", "finished")}
+    dynamo = {"first_token": (169.092758, 256.480674), "finished": (649.031554, 656.014007)}
+    for kind, (early, late) in dynamo.items():
+        assert [times[kind, rid] for rid in "abcd"] == pytest.approx([early, early, late, late], abs=1e-5)
 
 
 def test_pin_keeps_blocks_until_the_next_request_is_admitted(recorder: Recorder) -> None:

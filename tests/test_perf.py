@@ -26,11 +26,13 @@ def test_polynomial_step_sums_phases_with_integer_means() -> None:
     # Two prefilling requests: prefixes 10 and 0, chunks 5 and 6. The mocker's integer means give
     # N = 2 * ((21 // 2) - (10 // 2)) = 10, not 11.
     shape = StepShape(prefill_seqs=2, prefill_prompt_tokens=11, prefill_prefix_tokens=10, decode_seqs=3,
-                      active_blocks=250, total_blocks=1000)
+                      decode_kv_tokens=4000, kv_capacity_tokens=16000)
     expected_ms = prefill_ms(10) + decode_ms(0.25)
     assert model.step_time(shape) == pytest.approx(expected_ms / 1000, abs=1e-15)
     assert DynamoPolynomial(speedup_ratio=4.0).step_time(shape) == pytest.approx(expected_ms / 4000, abs=1e-15)
-    assert model.step_time(StepShape(decode_seqs=1, active_blocks=0, total_blocks=10)) == pytest.approx(5.74e-3)
+    # A request finishing its prefill emits a token but adds no decode term, as in the mocker.
+    assert model.step_time(StepShape(decode_seqs=1, decode_kv_tokens=0)) == 0.0
+    assert model.step_time(StepShape(decode_seqs=1, decode_kv_tokens=1, kv_capacity_tokens=10**12)) == pytest.approx(5.74e-3)
 
 
 def _roofline(model: str, gpu: str, tp: int, dtype: str) -> Roofline:

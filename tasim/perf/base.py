@@ -19,7 +19,9 @@ class StepShape:
     prefill_prefix_tokens: tokens those prefilling requests had computed or cached before
     decode_seqs:           requests whose known tokens are all computed after this step (they
                            emit a token; includes requests finishing their prefill)
-    active_blocks, total_blocks: KV pool occupancy after scheduling
+    decode_kv_tokens:      sum over requests whose prompt was computed before this step (pure
+                           decodes) of their tokens after this step: the KV a decode step reads
+    kv_capacity_tokens:    the KV pool's size in tokens
     """
 
     scheduled_tokens: int = 0
@@ -29,12 +31,8 @@ class StepShape:
     prefill_prompt_tokens: int = 0
     prefill_prefix_tokens: int = 0
     decode_seqs: int = 0
-    active_blocks: int = 0
-    total_blocks: int = 1
-
-    @property
-    def kv_utilization(self) -> float:
-        return self.active_blocks / self.total_blocks
+    decode_kv_tokens: int = 0
+    kv_capacity_tokens: int = 1
 
 
 class PerfModel(Protocol):

@@ -312,7 +312,7 @@ class Engine:
         req.phys = req.full_done = 0
 
     def _shape(self, step: Step) -> StepShape:
-        shape = StepShape(active_blocks=self.pool.active, total_blocks=self.config.num_blocks)
+        shape = StepShape(kv_capacity_tokens=self.config.num_blocks * self.config.block_size)
         for req, n in step.scheduled:
             c = req.computed
             shape.scheduled_tokens += n
@@ -325,4 +325,6 @@ class Engine:
                 shape.prefill_prefix_tokens += c
             if c + n == req.length:
                 shape.decode_seqs += 1
+            if c >= req.prompt:
+                shape.decode_kv_tokens += c + n
         return shape

@@ -41,7 +41,7 @@ def engine_args(cluster: ClusterConfig) -> dict[str, Any]:
 
 def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tuple[list[RequestRecord], int, float]:
     """Completed requests, the number that did not complete, and the wall time in seconds."""
-    os.environ.setdefault("DYN_LOG", "warn")
+    os.environ.setdefault("DYN_LOG", "error")  # its warnings repeat per rejected request
     try:
         from dynamo.replay.api import run_trace_replay
     except ImportError as exc:
