@@ -89,6 +89,10 @@ def _build_parser() -> argparse.ArgumentParser:
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a scenario field (repeatable)",
     )
+    dynamo.add_argument(
+        "--repeats", type=_positive_int, default=3,
+        help="runs of each side for kv_router, whose random tie-breaks make Dynamo's results vary; means are compared (default 3)",
+    )
     dynamo.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     dynamo.add_argument("--out", type=Path, help="output directory (default: runs/validate-<scenario>)")
 
@@ -200,7 +204,7 @@ def _validate(args: argparse.Namespace) -> int:
     overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
     scenario = load_scenario(args.scenario, overrides)
     out = _output_dir(args.out or Path("runs") / f"validate-{scenario.name}")
-    trace, results = validate(scenario, out, list(dict.fromkeys(routers)))
+    trace, results = validate(scenario, out, list(dict.fromkeys(routers)), args.repeats)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / VALIDATION_FILE, validation_record(scenario, trace, results))
     _print_unsquashed(validation_table(results))

@@ -95,12 +95,14 @@ class RequestPreempted(Event):
 
 @_frozen
 class RequestReadmitted(Event):
-    """A preempted request re-enters the batch; ``recompute_tokens`` are prefilled again."""
+    """A preempted request re-enters the batch; ``recompute_tokens`` are prefilled again and
+    ``cached_tokens`` come from the prefix cache (its own surviving blocks included)."""
 
     TYPE: ClassVar[str] = "request_readmitted"
     request: str
     worker: str
     recompute_tokens: int
+    cached_tokens: int
 
 
 @_frozen

@@ -21,7 +21,7 @@ def test_fold_exact_values() -> None:
         ev.RequestArrived(2.0, "p0.1", "p0", 1, 161, 111, 5),
         ev.PrefillStarted(2.0, "p0.1", "w0", 48),  # history 111 tokens = 6 full blocks (96), only 48 cached
         ev.RequestPreempted(2.1, "p0.1", "w0", 60),
-        ev.RequestReadmitted(2.2, "p0.1", "w0", 60),
+        ev.RequestReadmitted(2.2, "p0.1", "w0", 60, 0),
         ev.FirstToken(3.0, "p0.1"),
         ev.RequestFinished(4.0, "p0.1", "p0", "w0", 161, 5, 48),
         ev.ProgramFinished(4.0, "p0", 166, True),

@@ -251,7 +251,7 @@ class Simulation:
         if first:
             self.emit(ev.PrefillStarted(now, request.id, worker, cached_tokens))
         else:
-            self.emit(ev.RequestReadmitted(now, request.id, worker, recompute_tokens))
+            self.emit(ev.RequestReadmitted(now, request.id, worker, recompute_tokens, cached_tokens))
 
     def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None:
         self.emit(ev.RequestPreempted(now, request.id, worker, lost_tokens))

@@ -11,41 +11,61 @@ from rich.table import Table
 
 from tasim.scenario import Scenario
 from tasim.validation.dynamo_replay import Router, engine_args, run_dynamo
-from tasim.validation.measures import METRICS, Difference, all_within, differences, summarize
+from tasim.validation.measures import METRICS, Difference, Metric, all_within, differences, summarize
 from tasim.validation.tasim_replay import run_tasim
 from tasim.validation.workload_trace import ReplayTrace, replay_trace
 
 VALIDATION_FILE = "validation.json"
 
 
+# Dynamo's KV router breaks cost ties at random with an unseeded generator, so its results vary
+# from run to run (prefix reuse by up to 5 pp on 8 workers); round-robin is deterministic.
+RANDOMIZED_ROUTERS = frozenset({"kv_router"})
+
+
 @dataclass(frozen=True, slots=True)
 class RouterResult:
+    """Per-run summaries of each side; compared by their means."""
+
     router: Router
-    dynamo: dict[str, float]
-    tasim: dict[str, float]
+    dynamo_runs: list[dict[str, float]]
+    tasim_runs: list[dict[str, float]]
     dynamo_incomplete: int
     tasim_incomplete: int
+
+    @property
+    def dynamo(self) -> dict[str, float]:
+        return _mean(self.dynamo_runs)
+
+    @property
+    def tasim(self) -> dict[str, float]:
+        return _mean(self.tasim_runs)
 
     @property
     def differences(self) -> list[Difference]:
         return differences(self.dynamo, self.tasim)
 
 
-def validate(scenario: Scenario, out: Path, routers: Sequence[Router]) -> tuple[ReplayTrace, list[RouterResult]]:
+def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:
+    return {key: sum(run[key] for run in runs) / len(runs) for key in runs[0]}
+
+
+def validate(
+    scenario: Scenario, out: Path, routers: Sequence[Router], repeats: int = 3
+) -> tuple[ReplayTrace, list[RouterResult]]:
+    """Replay on both sides; randomized routers ``repeats`` times each (tasim with seeds
+    ``seed``, ``seed + 1``, ...), deterministic ones once."""
     trace = replay_trace(scenario, out.resolve())
     results = []
     for router in routers:
-        dynamo_records, dynamo_incomplete, dynamo_wall = run_dynamo(trace, scenario.cluster, router)
-        tasim_records, tasim_incomplete, tasim_wall = run_tasim(scenario, trace, router)
-        results.append(
-            RouterResult(
-                router,
-                summarize(dynamo_records, dynamo_wall),
-                summarize(tasim_records, tasim_wall),
-                dynamo_incomplete,
-                tasim_incomplete,
-            )
-        )
+        dynamo_runs, tasim_runs = [], []
+        for i in range(repeats if router in RANDOMIZED_ROUTERS else 1):
+            records, dynamo_incomplete, wall = run_dynamo(trace, scenario.cluster, router)
+            dynamo_runs.append(summarize(records, wall))
+            seeded = scenario.model_copy(update={"seed": scenario.seed + i})
+            records, tasim_incomplete, wall = run_tasim(seeded, trace, router)
+            tasim_runs.append(summarize(records, wall))
+        results.append(RouterResult(router, dynamo_runs, tasim_runs, dynamo_incomplete, tasim_incomplete))
     return trace, results
 
 
@@ -59,8 +79,11 @@ def validation_record(scenario: Scenario, trace: ReplayTrace, results: Sequence[
         "routers": [
             {
                 "router": r.router,
+                "runs": len(r.dynamo_runs),
                 "dynamo": r.dynamo,
                 "tasim": r.tasim,
+                "dynamo_runs": r.dynamo_runs,
+                "tasim_runs": r.tasim_runs,
                 "incomplete": {"dynamo": r.dynamo_incomplete, "tasim": r.tasim_incomplete},
                 "difference": {d.metric.key: d.value for d in r.differences},
                 "within_tolerance": all_within(r.differences),
@@ -74,7 +97,8 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
     table = Table(title="tasim against Dynamo's replay (difference: tasim − Dynamo)", title_justify="left")
     table.add_column("metric")
     for r in results:
-        table.add_column(f"{r.router}\nDynamo", justify="right")
+        runs = f" ({len(r.dynamo_runs)}-run mean)" if len(r.dynamo_runs) > 1 else ""
+        table.add_column(f"{r.router}{runs}\nDynamo", justify="right")
         table.add_column(f"{r.router}\ntasim", justify="right")
         table.add_column(f"{r.router}\ndifference", justify="right")
     for i, metric in enumerate(METRICS):
@@ -82,7 +106,7 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
         for r in results:
             diff = r.differences[i]
             mark = {True: " ✓", False: " ✗", None: ""}[diff.within]
-            cells += [_number(diff.dynamo, metric.key), _number(diff.tasim, metric.key), diff.shown() + mark]
+            cells += [_number(diff.dynamo, metric), _number(diff.tasim, metric), diff.shown() + mark]
         table.add_row(*cells)
     table.add_row("requests completed", *[
         cell for r in results for cell in (
@@ -94,9 +118,9 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
     return table
 
 
-def _number(value: float, key: str) -> str:
-    if key == "prefix_reuse":
+def _number(value: float, metric: Metric) -> str:
+    if metric.unit == "ratio":
         return f"{value:.4f}"
-    if key == "wall_s":
+    if metric.unit == "s":
         return f"{value:.2f}"
     return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.3f}"

@@ -67,6 +67,7 @@ def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tu
             input_tokens=r["input_length"],
             output_tokens=r["output_length"],
             reused_tokens=r["reused_input_tokens"],
+            first_reused_tokens=r["admission_history"][0]["reused_input_tokens"],
         )
         for r in report.per_request
         if r["terminal_status"] == "completed"
