@@ -30,6 +30,10 @@ def test_polynomial_step_sums_phases_with_integer_means() -> None:
     expected_ms = prefill_ms(10) + decode_ms(0.25)
     assert model.step_time(shape) == pytest.approx(expected_ms / 1000, abs=1e-15)
     assert DynamoPolynomial(speedup_ratio=4.0).step_time(shape) == pytest.approx(expected_ms / 4000, abs=1e-15)
+    # Requests sharing a prefix each count it, so the sum can pass the pool; the mocker clamps u
+    # at 1 (found replaying 8 programs with a shared system prompt at u = 1.07: 34.01 ms steps).
+    over = StepShape(decode_seqs=8, decode_kv_tokens=70_024, kv_capacity_tokens=65_536)
+    assert model.step_time(over) == pytest.approx(decode_ms(1.0) / 1000, abs=1e-15)
     # A request finishing its prefill emits a token but adds no decode term, as in the mocker.
     assert model.step_time(StepShape(decode_seqs=1, decode_kv_tokens=0)) == 0.0
     assert model.step_time(StepShape(decode_seqs=1, decode_kv_tokens=1, kv_capacity_tokens=10**12)) == pytest.approx(5.74e-3)

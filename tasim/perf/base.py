@@ -19,8 +19,8 @@ class StepShape:
     prefill_prefix_tokens: tokens those prefilling requests had computed or cached before
     decode_seqs:           requests whose known tokens are all computed after this step (they
                            emit a token; includes requests finishing their prefill)
-    decode_kv_tokens:      sum over requests whose prompt was computed before this step (pure
-                           decodes) of their tokens after this step: the KV a decode step reads
+    decode_kv_tokens:      sum over requests that have emitted a token (decoding, or recomputing
+                           after preemption) of their known tokens: the KV a decode step reads
     kv_capacity_tokens:    the KV pool's size in tokens
     """
 

@@ -3,9 +3,11 @@
 Prefill: 4.209989e-7*N^2 + 1.518344e-2*N + 16.50142 ms for N new prompt tokens in the step
 (0 when N = 0). N is computed as the mocker does, from integer means over the prefilling
 requests: N = count * (sum(prefix+chunk) // count - sum(prefix) // count).
-Decode: max(1, -25.74*u^2 + 54.01*u + 5.74) ms when a request whose prompt was already computed
-decodes this step (a request finishing its prefill in this step adds no decode time), for
-u = those requests' tokens (prompt + generated) over the pool's capacity in tokens. Measured on
+Decode: max(1, -25.74*u^2 + 54.01*u + 5.74) ms when a request that has already emitted a token
+is scheduled (decoding, or recomputing after preemption; a request finishing its first prefill
+in this step adds no decode time), for u = those requests' tokens (prompt + generated) over the
+pool's capacity in tokens, at most 1
+(requests sharing a prefix each count it, so the sum can pass the capacity). Measured on
 Dynamo 1.6.1's replay: a 4 x 3,000-token burst's second step takes prefill(3,808) + decode(u =
 2 x 3,001 / capacity) to 1e-6 ms. A mixed step costs the sum. Both divide by speedup_ratio.
 """
@@ -45,5 +47,5 @@ class DynamoPolynomial:
             mean_prefix = shape.prefill_prefix_tokens // count
             ms += prefill_ms(count * (mean_isl - mean_prefix))
         if shape.decode_kv_tokens:
-            ms += decode_ms(shape.decode_kv_tokens / shape.kv_capacity_tokens)
+            ms += decode_ms(min(1.0, shape.decode_kv_tokens / shape.kv_capacity_tokens))
         return ms * self.scale

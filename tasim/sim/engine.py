@@ -325,6 +325,6 @@ class Engine:
                 shape.prefill_prefix_tokens += c
             if c + n == req.length:
                 shape.decode_seqs += 1
-            if c >= req.prompt:
-                shape.decode_kv_tokens += c + n
+            if req.generated:  # decoding, or recomputing after preemption: the mocker counts both
+                shape.decode_kv_tokens += req.length
         return shape
