@@ -226,3 +226,19 @@ def test_block_conservation_and_completion(requests, num_blocks, budget, preempt
     done = set(recorder.kinds("finished")) | set(recorder.kinds("dropped"))
     assert done == set(ids)
     assert engine.pool.active == 0
+
+
+def test_kv_events_are_published_when_the_step_completes(recorder: Recorder) -> None:
+    """Blocks are registered (and evictions made) when a step is scheduled, but reported at its
+    end, as vLLM and Dynamo's mocker publish them: a router routing mid-step still sees the
+    blocks the running step is overwriting."""
+    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=3), UnitStep(), recorder)
+    engine.submit(spec("a", 8, 1, [1, 2]))
+    run_until_idle(engine)
+    assert (recorder.stored, recorder.removed) == ([1, 2], [])
+    engine.submit(spec("b", 8, 1, [3, 4]))  # two blocks: the free one and a's leaf block 2
+    step = engine.begin_step(5.0)
+    assert engine.pool.is_cached(3) and not engine.pool.is_cached(2)  # changed by scheduling...
+    assert (recorder.stored, recorder.removed) == ([1, 2], [])  # ...but not yet reported
+    engine.end_step(step, step.end)
+    assert (recorder.stored, recorder.removed) == ([1, 2, 3, 4], [2])

@@ -97,6 +97,9 @@ class Step:
     scheduled: list[tuple[EngineRequest, int]] = field(default_factory=list)
     shape: StepShape = field(default_factory=StepShape)
     preempted: bool = False  # a preemption blocked admission; the next step can admit
+    # KV blocks stored and evicted by this step's scheduling, published when the step completes
+    stored: list[BlockHash] = field(default_factory=list)
+    removed: list[BlockHash] = field(default_factory=list)
 
     @property
     def end(self) -> float:
@@ -162,16 +165,23 @@ class Engine:
         budget, step.preempted = self._schedule_running(step, budget, now)
         if not step.preempted:
             self._admit_waiting(step, budget, now)
-        stored, removed = self.pool.drain_events()
-        if stored or removed:
-            self.listener.on_kv(self.worker, stored, removed, now)
+        step.stored, step.removed = self.pool.drain_events()
         if step.scheduled:
             self.iterations += 1
             step.shape = self._shape(step)
             step.duration = self.perf.step_time(step.shape)
+        elif step.stored or step.removed:
+            self.listener.on_kv(self.worker, step.stored, step.removed, now)
         return step
 
     def end_step(self, step: Step, now: float) -> None:
+        # Blocks are allocated (and evicted) when the step is scheduled, but the engine reports
+        # them once the step has run, as vLLM and Dynamo's mocker do: a router deciding during
+        # the step still sees the blocks this step is about to overwrite. (Found replaying the
+        # Mooncake synthetic trace: Dynamo's router credited a prefix that the running step had
+        # already evicted.)
+        if step.stored or step.removed:
+            self.listener.on_kv(self.worker, step.stored, step.removed, now)
         finished: list[EngineRequest] = []
         for req, n in step.scheduled:
             req.computed += n

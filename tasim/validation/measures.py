@@ -18,7 +18,7 @@ class RequestRecord:
     finish_ms: float
     input_tokens: int
     output_tokens: int
-    reused_tokens: int  # prefix-cache hit at the last admission (after any preemption)
+    reused_tokens: int  # largest prefix-cache hit over its admissions (Dynamo's definition)
     first_reused_tokens: int  # prefix-cache hit at the first admission
 
 
@@ -48,8 +48,9 @@ METRICS: tuple[Metric, ...] = (
 def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, float]:
     """The metrics of one run. Throughputs divide by the span from the first arrival to the
     last completion; TPOT is a request's (E2E − TTFT) / (output − 1), over requests with more
-    than one output token; prefix reuse is reused over input tokens, all requests pooled, at
-    the last admission (Dynamo's headline ratio) and at the first."""
+    than one output token; prefix reuse is reused over input tokens, all requests pooled, with
+    a request's largest hit over its admissions (Dynamo's headline ratio; a readmission can hit
+    its own generated blocks) and with its first admission's."""
     if not records:
         raise ValueError("no completed requests to summarize")
     arrival = np.array([r.arrival_ms for r in records])

@@ -41,7 +41,7 @@ class _Collector:
         self.arrived: dict[str, float] = {}
         self.first_token: dict[str, float] = {}
         self.first_cached: dict[str, int] = {}
-        self.last_cached: dict[str, int] = {}
+        self.most_cached: dict[str, int] = {}
         self.records: list[RequestRecord] = []
         self.dropped = 0
 
@@ -49,9 +49,9 @@ class _Collector:
         if isinstance(event, ev.RequestArrived):
             self.arrived[event.request] = event.t
         elif isinstance(event, ev.PrefillStarted):
-            self.first_cached[event.request] = self.last_cached[event.request] = event.cached_tokens
+            self.first_cached[event.request] = self.most_cached[event.request] = event.cached_tokens
         elif isinstance(event, ev.RequestReadmitted):
-            self.last_cached[event.request] = event.cached_tokens
+            self.most_cached[event.request] = max(self.most_cached[event.request], event.cached_tokens)
         elif isinstance(event, ev.FirstToken):
             self.first_token[event.request] = event.t
         elif isinstance(event, ev.RequestFinished):
@@ -62,7 +62,7 @@ class _Collector:
                     finish_ms=event.t * 1000.0,
                     input_tokens=event.prompt_tokens,
                     output_tokens=event.output_tokens,
-                    reused_tokens=self.last_cached[event.request],
+                    reused_tokens=self.most_cached[event.request],
                     first_reused_tokens=self.first_cached[event.request],
                 )
             )
