@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench validation clean
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ test: install
 
 bench: install
 	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-columns=mean,stddev,rounds
+
+# Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
+validation: install
+	$(BIN)/python -m tasim.validation.matrix --json runs/validation-matrix.json
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .benchmarks

@@ -1,0 +1,66 @@
+"""Cross-validation against Dynamo's own replay (run_trace_replay, its mocker engines and real
+KV router): the same workload through both simulators, with the fidelity tolerances. Round-robin
+runs are deterministic on both sides and tasim reproduces them request by request, so they must
+agree to rounding; the KV router breaks ties at random in Dynamo, so its means are compared."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import SCENARIOS, TINY, assert_usage_error, tasim
+from tasim.scenario import load_scenario
+from tasim.validation.against_dynamo import validate
+from tasim.validation.measures import METRICS
+
+SMALL_AGENTS = ["workload.concurrency=24", "workload.turns={kind: uniform, low: 3, high: 8}"]
+MOONCAKE_SLICE = ["workload.max_requests=300", "cluster.backends=2", "cluster.engine.kv_blocks=2048",
+                  "cluster.perf.model=dynamo_polynomial"]
+CASES = {
+    "agents, block 16, pool 2048 (preemption)": ("multiturn-validation.yaml", SMALL_AGENTS + [
+        "cluster.engine.block_size=16", "cluster.engine.kv_blocks=2048"]),
+    "agents, 8 workers, block 64": ("multiturn-validation.yaml", SMALL_AGENTS + ["cluster.backends=8"]),
+    "Mooncake synthetic, 300 requests": ("mooncake-synthetic.yaml", MOONCAKE_SLICE),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_tasim_agrees_with_dynamo_replay(tmp_path: Path, case: str) -> None:
+    preset, overrides = CASES[case]
+    trace, results = validate(load_scenario(SCENARIOS / preset, overrides), tmp_path, ["round_robin", "kv_router"])
+    assert trace.requests >= 100
+    for result in results:
+        assert result.dynamo_incomplete == result.tasim_incomplete
+        for diff in result.differences:
+            assert diff.within is not False, f"{result.router}: {diff.metric.label} {diff.shown()}"
+            if result.router == "round_robin" and diff.metric.key != "wall_s":
+                assert diff.tasim == pytest.approx(diff.dynamo, rel=1e-6, abs=1e-9), diff.metric.label
+
+
+def test_validate_cli_writes_the_comparison(tmp_path: Path) -> None:
+    result = tasim("validate", "dynamo", str(SCENARIOS / "multiturn-validation.yaml"), "--routers", "round_robin",
+                   "--out", str(tmp_path), *[f"--set={o}" for o in SMALL_AGENTS])
+    assert result.returncode == 0, result.stderr
+    assert "tasim against Dynamo's replay" in result.stdout
+    record = json.loads((tmp_path / "validation.json").read_text())
+    assert record["workers"] == 2 and record["engine"]["block_size"] == 64 and record["engine"]["num_gpu_blocks"] == 4096
+    (router,) = record["routers"]
+    assert router["router"] == "round_robin" and router["runs"] == 1 and router["within_tolerance"]
+    assert set(router["dynamo"]) == set(router["tasim"]) == {m.key for m in METRICS} | {"requests"}
+    assert (tmp_path / "workload.jsonl").is_file()
+
+
+@pytest.mark.parametrize(("args", "fragments"), [
+    (["--routers", "random"], ["--routers 'random'", "allowed: round_robin, kv_router"]),
+    (["--repeats", "0"], ["--repeats", "must be at least 1"]),
+])
+def test_validate_rejects_bad_flags(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
+    assert_usage_error(tasim("validate", "dynamo", TINY, "--out", str(tmp_path), *args), *fragments)
+
+
+def test_validate_names_the_workloads_it_supports(tmp_path: Path) -> None:
+    result = tasim("validate", "dynamo", str(SCENARIOS / "rl-rollout.yaml"), "--out", str(tmp_path))
+    assert_usage_error(result, "workload.kind", "'mooncake_trace' and 'agent'", "'rl_rollout'")
+    assert not (tmp_path / "validation.json").exists()
