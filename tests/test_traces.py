@@ -66,6 +66,27 @@ def test_real_trace_at_engine_block_size_16_keeps_full_blocks_only() -> None:
 
 # --- Mooncake reading and remapping ----------------------------------------------------------
 
+
+def test_session_lines_form_closed_loop_sessions(tmp_path: Path) -> None:
+    """Dynamo's multi-turn form: lines sharing a session_id are one session, its turns in file
+    order; the first turn's timestamp starts it (0 when absent), later turns wait `delay` ms
+    after the previous one completes and their timestamps are ignored."""
+    path = write_lines(tmp_path / "t.jsonl", [
+        {**mooncake_line(100, [0], timestamp=4000), "session_id": "b"},
+        {"session_id": "a", "input_length": 64, "output_length": 2, "hash_ids": [9]},
+        {**mooncake_line(600, [0, 1], timestamp=99999), "session_id": "b", "delay": 1500},
+        mooncake_line(50, [7], timestamp=1000),
+        {"session_id": "a", "delay": 250.5, "input_length": 80, "output_length": 3, "hash_ids": [9]},
+    ])
+    requests = read_mooncake(path, block_size=16)
+    assert [(r.index, r.session, r.turn, r.arrival_s, r.delay_s, r.prompt_tokens) for r in requests] == [
+        (0, "a", 0, 0.0, 0.0, 64),
+        (1, "a", 1, 0.0, 0.2505, 80),
+        (2, None, 0, 1.0, 0.0, 50),
+        (3, "b", 0, 4.0, 0.0, 100),
+        (4, "b", 1, 4.0, 1.5, 600),
+    ]
+
 def test_arrivals_are_sorted_stably_and_shifted_to_zero(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "t.jsonl", [
         mooncake_line(100, [0], timestamp=5000, output_length=1),
@@ -165,6 +186,10 @@ GOOD = mooncake_line(600, [0, 1])
     ({**GOOD, "hash_ids": [0]}, "hash_ids has 1 ids, expected 2 (one per 512-token block of 600 input tokens)"),
     ({**GOOD, "hash_ids": [0, 1, 2]},
      "hash_ids has 3 ids, expected 2 (one per 512-token block of 600 input tokens)"),
+    ({**GOOD, "session_id": 7}, "session_id must be a non-empty string (got 7)"),
+    ({**GOOD, "session_id": "s", "delay": -1}, "delay must be a non-negative number (got -1)"),
+    ({**{k: v for k, v in GOOD.items() if k != "timestamp"}},
+     "missing field timestamp (expected a non-negative number)"),
 ])
 def test_malformed_mooncake_line_names_path_and_line(tmp_path: Path, bad: object, message: str) -> None:
     # Line 3 holds the bad record: the blank line 2 still counts.
