@@ -49,15 +49,18 @@ def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tu
             f"Dynamo's replay is not importable ({exc}); install the optional extra: make install (see README)"
         ) from None
     started = time.perf_counter()
-    report = run_trace_replay(
-        [str(trace.path)],
-        num_workers=cluster.backends,
-        router_mode=router,
-        trace_block_size=trace.trace_block_size,
-        arrival_speedup_ratio=trace.arrival_speedup,
-        extra_engine_args=engine_args(cluster),
-        capture_per_request=True,
-    )
+    try:
+        report = run_trace_replay(
+            [str(trace.path)],
+            num_workers=cluster.backends,
+            router_mode=router,
+            trace_block_size=trace.trace_block_size,
+            arrival_speedup_ratio=trace.arrival_speedup,
+            extra_engine_args=engine_args(cluster),
+            capture_per_request=True,
+        )
+    except Exception as exc:  # the Rust side raises plain Exceptions, e.g. its invariant checks
+        raise DynamoUnavailable(f"Dynamo's replay failed ({router}): {exc}") from None
     wall = time.perf_counter() - started
     records = [
         RequestRecord(

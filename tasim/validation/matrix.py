@@ -18,10 +18,11 @@ import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from tasim.presets import PRESET_DIR
 from tasim.scenario import load_scenario
+from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import RouterResult, validate
 from tasim.validation.dynamo_replay import ROUTERS
 from tasim.validation.measures import METRICS
@@ -57,10 +58,14 @@ def configs() -> list[Config]:
     return [Config(*c) for c in itertools.product(WORKLOADS, WORKERS, BLOCK_SIZES, POOLS)]
 
 
-def run_config(config: Config) -> list[RouterResult]:
+def run_config(config: Config) -> list[RouterResult] | str:
+    """The results per router, or why Dynamo's replay could not run this configuration."""
     scenario = load_scenario(PRESET_DIR / WORKLOADS[config.workload], config.overrides())
     with tempfile.TemporaryDirectory() as scratch:
-        return validate(scenario, Path(scratch), list(ROUTERS))[1]
+        try:
+            return validate(scenario, Path(scratch), list(ROUTERS))[1]
+        except ValidationUnavailable as exc:
+            return str(exc)
 
 
 def _cell(result: RouterResult, key: str) -> str:
@@ -69,7 +74,7 @@ def _cell(result: RouterResult, key: str) -> str:
     return diff.shown() + mark
 
 
-def markdown(results: Sequence[tuple[Config, list[RouterResult]]]) -> str:
+def markdown(results: Sequence[tuple[Config, list[RouterResult] | str]]) -> str:
     tolerances = ", ".join(
         f"{m.label} {m.tolerance * 100:g} {'pp' if m.absolute else '%'}" for m in METRICS if m.tolerance is not None
     )
@@ -83,6 +88,11 @@ def markdown(results: Sequence[tuple[Config, list[RouterResult]]]) -> str:
         "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
     for config, router_results in results:
+        if isinstance(router_results, str):
+            cells = [config.workload, str(config.workers), str(config.block_size), f"{config.blocks:,}", "both",
+                     router_results.replace("|", "/")] + [""] * 7
+            lines.append("| " + " | ".join(cells) + " |")
+            continue
         for r in router_results:
             reuse = f"{r.dynamo['prefix_reuse']:.4f} → {r.tasim['prefix_reuse']:.4f} ({_cell(r, 'prefix_reuse')})"
             incomplete = f" (+{r.dynamo_incomplete} rejected)" if r.dynamo_incomplete else ""
@@ -116,10 +126,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         results = list(zip(plan, pool.map(run_config, plan)))
     splice(args.doc, BEGIN, END, markdown(results))
     if args.json:
-        args.json.write_text(json.dumps([
-            {"config": asdict(c), "router": r.router, "dynamo_runs": r.dynamo_runs, "tasim_runs": r.tasim_runs}
-            for c, rs in results for r in rs
-        ], indent=1))
+        args.json.write_text(json.dumps(_records(results), indent=1))
+
+
+def _records(results: Sequence[tuple[Config, list[RouterResult] | str]]) -> list[dict[str, Any]]:
+    records: list[dict[str, Any]] = []
+    for config, outcome in results:
+        if isinstance(outcome, str):
+            records.append({"config": asdict(config), "error": outcome})
+            continue
+        for r in outcome:
+            records.append({"config": asdict(config), "router": r.router, "dynamo_runs": r.dynamo_runs, "tasim_runs": r.tasim_runs})
+    return records
 
 
 if __name__ == "__main__":
