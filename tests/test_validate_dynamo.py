@@ -64,3 +64,15 @@ def test_validate_names_the_workloads_it_supports(tmp_path: Path) -> None:
     result = tasim("validate", "dynamo", str(SCENARIOS / "rl-rollout.yaml"), "--out", str(tmp_path))
     assert_usage_error(result, "workload.kind", "'mooncake_trace' and 'agent'", "'rl_rollout'")
     assert not (tmp_path / "validation.json").exists()
+
+
+def test_a_failing_dynamo_replay_is_one_line(tmp_path: Path) -> None:
+    """A prompt that fits the pool but whose output does not: Dynamo's replay aborts on its own
+    invariant check (tasim drops the request when it outgrows the pool); validate reports the
+    abort in one line instead of a traceback."""
+    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 60, "output_length": 20, "hash_ids": [1]}\n')
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text("cluster: {engine: {block_size: 16, kv_blocks: 4}}\n"
+                        "workload: {kind: mooncake_trace, path: t.jsonl}\n")
+    result = tasim("validate", "dynamo", str(scenario), "--routers", "round_robin", "--out", str(tmp_path / "out"))
+    assert_usage_error(result, "Dynamo's replay failed (round_robin)", "invariant")
