@@ -208,6 +208,8 @@ def _validate(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / VALIDATION_FILE, validation_record(scenario, trace, results))
     _print_unsquashed(validation_table(results))
+    if trace.excluded:
+        print(f"left out {trace.excluded} requests whose prompt + output need more KV blocks than a worker has")
     Console().print(f"wrote {out}/{VALIDATION_FILE}", markup=False, highlight=False)
     return 0
 

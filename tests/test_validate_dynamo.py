@@ -12,6 +12,7 @@ import pytest
 
 from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 from tasim.scenario import load_scenario
+from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import validate
 from tasim.validation.measures import METRICS
 
@@ -66,13 +67,33 @@ def test_validate_names_the_workloads_it_supports(tmp_path: Path) -> None:
     assert not (tmp_path / "validation.json").exists()
 
 
-def test_a_failing_dynamo_replay_is_one_line(tmp_path: Path) -> None:
-    """A prompt that fits the pool but whose output does not: Dynamo's replay aborts on its own
-    invariant check (tasim drops the request when it outgrows the pool); validate reports the
-    abort in one line instead of a traceback."""
-    (tmp_path / "t.jsonl").write_text('{"timestamp": 0, "input_length": 60, "output_length": 20, "hash_ids": [1]}\n')
+def test_requests_no_worker_can_hold_are_left_out(tmp_path: Path) -> None:
+    """A prompt that fits the pool but whose output does not makes Dynamo's replay abort on its
+    own invariant check (tasim drops it once it outgrows the pool), so validate leaves such
+    requests out of both replays and says how many; if none is left, it says so in one line."""
+    lines = ['{"timestamp": 0, "input_length": 60, "output_length": 20, "hash_ids": [1]}',
+             '{"timestamp": 5, "input_length": 30, "output_length": 2, "hash_ids": [2]}']
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
     scenario = tmp_path / "s.yaml"
     scenario.write_text("cluster: {engine: {block_size: 16, kv_blocks: 4}}\n"
                         "workload: {kind: mooncake_trace, path: t.jsonl}\n")
     result = tasim("validate", "dynamo", str(scenario), "--routers", "round_robin", "--out", str(tmp_path / "out"))
-    assert_usage_error(result, "Dynamo's replay failed (round_robin)", "invariant")
+    assert result.returncode == 0, result.stderr
+    assert "left out 1 requests" in result.stdout
+    record = json.loads((tmp_path / "out" / "validation.json").read_text())
+    assert record["trace"]["requests"] == 1 and record["trace"]["excluded_too_large"] == 1
+    (tmp_path / "t.jsonl").write_text(lines[0] + "\n")
+    result = tasim("validate", "dynamo", str(scenario), "--out", str(tmp_path / "out2"))
+    assert_usage_error(result, "no request fits a worker's 4 KV blocks of 16 tokens")
+
+
+def test_a_failing_dynamo_replay_is_reported_not_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import dynamo.replay.api
+
+    def abort(*args: object, **kwargs: object) -> None:
+        raise Exception("replay invariant violated: something")
+
+    monkeypatch.setattr(dynamo.replay.api, "run_trace_replay", abort)
+    scenario = load_scenario(SCENARIOS / "multiturn-validation.yaml", SMALL_AGENTS)
+    with pytest.raises(ValidationUnavailable, match=r"^Dynamo's replay failed \(kv_router\): replay invariant violated"):
+        validate(scenario, tmp_path, ["kv_router"])

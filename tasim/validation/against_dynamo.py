@@ -72,7 +72,10 @@ def validate(
 def validation_record(scenario: Scenario, trace: ReplayTrace, results: Sequence[RouterResult]) -> dict[str, Any]:
     return {
         "scenario": scenario.name,
-        "trace": {"path": str(trace.path), "trace_block_size": trace.trace_block_size, "requests": trace.requests},
+        "trace": {
+            "path": str(trace.path), "trace_block_size": trace.trace_block_size, "requests": trace.requests,
+            "excluded_too_large": trace.excluded,
+        },
         "workers": scenario.cluster.backends,
         "engine": engine_args(scenario.cluster)["engine"],
         "tolerances": {m.key: m.tolerance for m in METRICS if m.tolerance is not None},

@@ -58,14 +58,16 @@ def configs() -> list[Config]:
     return [Config(*c) for c in itertools.product(WORKLOADS, WORKERS, BLOCK_SIZES, POOLS)]
 
 
-def run_config(config: Config) -> list[RouterResult] | str:
-    """The results per router, or why Dynamo's replay could not run this configuration."""
+def run_config(config: Config) -> tuple[list[RouterResult], int] | str:
+    """The results per router and the number of requests left out as too large for a worker,
+    or why Dynamo's replay could not run this configuration."""
     scenario = load_scenario(PRESET_DIR / WORKLOADS[config.workload], config.overrides())
     with tempfile.TemporaryDirectory() as scratch:
         try:
-            return validate(scenario, Path(scratch), list(ROUTERS))[1]
+            trace, results = validate(scenario, Path(scratch), list(ROUTERS))
         except ValidationUnavailable as exc:
             return str(exc)
+    return results, trace.excluded
 
 
 def _cell(result: RouterResult, key: str) -> str:
@@ -74,7 +76,10 @@ def _cell(result: RouterResult, key: str) -> str:
     return diff.shown() + mark
 
 
-def markdown(results: Sequence[tuple[Config, list[RouterResult] | str]]) -> str:
+Outcome = tuple[list[RouterResult], int] | str
+
+
+def markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
     tolerances = ", ".join(
         f"{m.label} {m.tolerance * 100:g} {'pp' if m.absolute else '%'}" for m in METRICS if m.tolerance is not None
     )
@@ -87,15 +92,16 @@ def markdown(results: Sequence[tuple[Config, list[RouterResult] | str]]) -> str:
         "| workload | workers | block | pool | router | requests | throughput | prefix reuse (Dynamo → tasim) | reuse, 1st admission | TTFT mean | TPOT mean | E2E mean | wall s (Dynamo / tasim) |",
         "|---|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for config, router_results in results:
-        if isinstance(router_results, str):
+    for config, outcome in results:
+        if isinstance(outcome, str):
             cells = [config.workload, str(config.workers), str(config.block_size), f"{config.blocks:,}", "both",
-                     router_results.replace("|", "/")] + [""] * 7
+                     outcome.replace("|", "/")] + [""] * 7
             lines.append("| " + " | ".join(cells) + " |")
             continue
+        router_results, excluded = outcome
         for r in router_results:
             reuse = f"{r.dynamo['prefix_reuse']:.4f} → {r.tasim['prefix_reuse']:.4f} ({_cell(r, 'prefix_reuse')})"
-            incomplete = f" (+{r.dynamo_incomplete} rejected)" if r.dynamo_incomplete else ""
+            incomplete = f" ({excluded} left out: too large)" if excluded else ""
             lines.append(
                 f"| {config.workload} | {config.workers} | {config.block_size} | {config.blocks:,} | {r.router} "
                 f"| {r.dynamo['requests']:,.0f}{incomplete} | {_cell(r, 'output_tok_s')} | {reuse} "
@@ -129,13 +135,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.json.write_text(json.dumps(_records(results), indent=1))
 
 
-def _records(results: Sequence[tuple[Config, list[RouterResult] | str]]) -> list[dict[str, Any]]:
+def _records(results: Sequence[tuple[Config, Outcome]]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for config, outcome in results:
         if isinstance(outcome, str):
             records.append({"config": asdict(config), "error": outcome})
             continue
-        for r in outcome:
+        for r in outcome[0]:
             records.append({"config": asdict(config), "router": r.router, "dynamo_runs": r.dynamo_runs, "tasim_runs": r.tasim_runs})
     return records
 

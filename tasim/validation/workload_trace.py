@@ -1,7 +1,7 @@
 """The workload both simulators replay, as one Mooncake-format JSONL file.
 
-- A ``mooncake_trace`` scenario replays its own file (cut to ``max_requests`` in replay order,
-  written anew only then).
+- A ``mooncake_trace`` scenario replays its own file (cut to ``max_requests`` in replay order
+  and without requests no worker's pool can hold; written anew only if anything is left out).
 - An ``agent`` scenario becomes a synthetic multi-turn trace: one session per program, turns
   separated by the program's tool latencies (Dynamo's ``delay``: time from a turn's completion
   to the next turn), one ``hash_id`` per engine block. Closed-loop scenarios export their first
@@ -22,7 +22,7 @@ import numpy as np
 from tasim.validation import ValidationUnavailable
 from tasim.scenario import AgentWorkload, MooncakeTraceWorkload, Scenario
 from tasim.traces.common import MAX_TRACE_ID, read_json_lines
-from tasim.traces.mooncake import session_order
+from tasim.traces.mooncake import read_mooncake, session_order
 from tasim.workloads import plan_program
 
 
@@ -36,12 +36,13 @@ class ReplayTrace:
     trace_block_size: int
     arrival_speedup: float
     requests: int
+    excluded: int = 0  # requests whose prompt + output need more KV blocks than a worker has
 
 
 def replay_trace(scenario: Scenario, directory: Path) -> ReplayTrace:
     workload = scenario.workload
     if isinstance(workload, MooncakeTraceWorkload):
-        return _mooncake(workload, directory)
+        return _mooncake(scenario, workload, directory)
     if isinstance(workload, AgentWorkload):
         path = directory / "workload.jsonl"
         count = _write(path, _agent_records(scenario, workload))
@@ -51,16 +52,27 @@ def replay_trace(scenario: Scenario, directory: Path) -> ReplayTrace:
     )
 
 
-def _mooncake(workload: MooncakeTraceWorkload, directory: Path) -> ReplayTrace:
+def _mooncake(scenario: Scenario, workload: MooncakeTraceWorkload, directory: Path) -> ReplayTrace:
+    """The trace's requests in replay order, cut to ``max_requests``, without those no worker
+    can ever hold: neither simulator can serve them, and Dynamo's replay aborts on one whose
+    prompt fits but whose output does not (tasim drops it once it outgrows the pool)."""
     source = Path(workload.path)
+    read_mooncake(source, scenario.cluster.engine.block_size, workload.trace_block_size)  # path:line errors first
     records = [record for _, record in read_json_lines(source)]
-    if workload.max_requests is None:
-        return ReplayTrace(source, workload.trace_block_size, workload.arrival_speedup, len(records))
     ordered = session_order(records, lambda r: r.get("session_id"), lambda r: r.get("timestamp"))
     chosen = [record for turns in ordered for record in turns][: workload.max_requests]
+    bs, blocks = scenario.cluster.engine.block_size, scenario.cluster.kv_blocks_per_worker()
+    servable = [r for r in chosen if -(-(r["input_length"] + r["output_length"]) // bs) <= blocks]
+    excluded = len(chosen) - len(servable)
+    if not servable:
+        raise UnsupportedWorkload(
+            f"{source}: no request fits a worker's {blocks} KV blocks of {bs} tokens (prompt + output)"
+        )
+    if len(servable) == len(records):
+        return ReplayTrace(source, workload.trace_block_size, workload.arrival_speedup, len(records))
     path = directory / "workload.jsonl"
-    _write(path, iter(chosen))
-    return ReplayTrace(path, workload.trace_block_size, workload.arrival_speedup, len(chosen))
+    _write(path, iter(servable))
+    return ReplayTrace(path, workload.trace_block_size, workload.arrival_speedup, len(servable), excluded)
 
 
 def _write(path: Path, records: Iterator[dict[str, Any]]) -> int:
