@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench validation clean
+.PHONY: install demo test bench validation paper-shapes clean
 
 install: $(STAMP)
 
@@ -32,6 +32,11 @@ bench: install
 # Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
 validation: install
 	$(BIN)/python -m tasim.validation.matrix --json runs/validation-matrix.json
+
+# tasim against the ThunderAgent paper's curves: rewrites the paper-shapes section of
+# docs/validation.md and docs/paper-shapes/*.png (40 runs, ~12 min on 2 idle cores).
+paper-shapes: install
+	$(BIN)/python -m tasim.validation.paper_shapes
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .benchmarks
