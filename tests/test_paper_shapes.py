@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasim.validation.paper_shapes import BEGIN, END, main, splice
+from tasim.validation.paper_shapes.cli import main
+from tasim.validation.paper_shapes.splice import BEGIN, END, splice
 
 HEAD = "# Validation\n\nText another generator owns.\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n\n"
 TAIL = "\n\n## Later section\n\nMore text, | with a pipe | that is no table.\n"

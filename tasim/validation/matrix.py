@@ -24,6 +24,7 @@ from tasim.presets import PRESET_DIR
 from tasim.scenario import load_scenario
 from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import RouterResult, validate
+from tasim.validation.doc_section import replace_section
 from tasim.validation.dynamo_replay import ROUTERS
 from tasim.validation.measures import METRICS
 
@@ -111,16 +112,6 @@ def markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
     return "\n".join(lines)
 
 
-def splice(document: Path, begin: str, end: str, text: str) -> None:
-    """Replace what lies between the ``begin`` and ``end`` marker lines of ``document``."""
-    content = document.read_text()
-    head, found, rest = content.partition(begin)
-    _, found_end, tail = rest.partition(end)
-    if not found or not found_end:
-        raise ValueError(f"{document}: markers {begin} ... {end} not found")
-    document.write_text(f"{head}{begin}\n{text}\n{end}{tail}")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
@@ -130,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     plan = configs()
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(zip(plan, pool.map(run_config, plan)))
-    splice(args.doc, BEGIN, END, markdown(results))
+    replace_section(args.doc, BEGIN, END, markdown(results))
     if args.json:
         args.json.write_text(json.dumps(_records(results), indent=1))
 

@@ -1,0 +1,3 @@
+from tasim.validation.paper_shapes.cli import main
+
+main()
