@@ -24,6 +24,8 @@ CASES = {
         "cluster.engine.block_size=16", "cluster.engine.kv_blocks=2048"]),
     "agents, 8 workers, block 64": ("multiturn-validation.yaml", SMALL_AGENTS + ["cluster.backends=8"]),
     "Mooncake synthetic, 300 requests": ("mooncake-synthetic.yaml", MOONCAKE_SLICE),
+    "agents, Poisson arrivals": ("multiturn-validation.yaml", [
+        "workload.arrival=poisson", "workload.rate_per_s=0.5", "duration_s=60"]),
 }
 
 
