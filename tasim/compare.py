@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tasim.cli import UsageError
+from tasim.parallel import map_in_processes
 from tasim.rundir import run_simulation
 from tasim.policies import POLICIES
 from tasim.scenario import Scenario, ScenarioError, apply_override, load_scenario
@@ -182,27 +183,11 @@ def default_jobs(plan: Plan) -> int:
 
 def execute(plan: Plan, out: Path, jobs: int, on_done: Callable[[Run, dict[str, Any]], None]) -> list[dict[str, Any]]:
     """Run every combination into ``out/runs/<label>``; summaries come back in plan order."""
-    runs_dir = out / RUNS_DIR
-    if jobs == 1:
-        summaries = []
-        for run in plan.runs:
-            summaries.append(run_simulation(run.scenario, runs_dir / run.label))
-            on_done(run, summaries[-1])
-        return summaries
-    results: dict[int, dict[str, Any]] = {}
-    pool = ProcessPoolExecutor(max_workers=jobs)
-    try:
-        futures: dict[Future[dict[str, Any]], int] = {
-            pool.submit(run_simulation, run.scenario, runs_dir / run.label): i for i, run in enumerate(plan.runs)
-        }
-        for future in as_completed(futures):
-            index = futures[future]
-            results[index] = future.result()
-            on_done(plan.runs[index], results[index])
-    finally:
-        # a failed run should not wait for the queued ones to run first
-        pool.shutdown(cancel_futures=True)
-    return [results[i] for i in range(len(plan.runs))]
+    return map_in_processes(partial(_simulate, out / RUNS_DIR), plan.runs, jobs, on_done)
+
+
+def _simulate(runs_dir: Path, run: Run) -> dict[str, Any]:
+    return run_simulation(run.scenario, runs_dir / run.label)
 
 
 def records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,18 +15,18 @@ import itertools
 import json
 import os
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from tasim.parallel import map_in_processes
 from tasim.presets import PRESET_DIR
 from tasim.scenario import load_scenario
 from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import RouterResult, validate
 from tasim.validation.doc_section import replace_section
 from tasim.validation.dynamo_replay import ROUTERS
-from tasim.validation.measures import METRICS
+from tasim.validation.measures import METRICS, Difference
 
 WORKLOADS = {
     "Mooncake conversation": "mooncake-conversation.yaml",
@@ -71,10 +71,8 @@ def run_config(config: Config) -> tuple[list[RouterResult], int] | str:
     return results, trace.excluded
 
 
-def _cell(result: RouterResult, key: str) -> str:
-    diff = next(d for d in result.differences if d.metric.key == key)
-    mark = "" if diff.within is not False else " ✗"
-    return diff.shown() + mark
+def _cell(diff: Difference) -> str:
+    return diff.shown() + ("" if diff.within is not False else " ✗")
 
 
 Outcome = tuple[list[RouterResult], int] | str
@@ -101,13 +99,14 @@ def markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
             continue
         router_results, excluded = outcome
         for r in router_results:
-            reuse = f"{r.dynamo['prefix_reuse']:.4f} → {r.tasim['prefix_reuse']:.4f} ({_cell(r, 'prefix_reuse')})"
+            d = {diff.metric.key: diff for diff in r.differences}
+            reuse = f"{d['prefix_reuse'].dynamo:.4f} → {d['prefix_reuse'].tasim:.4f} ({_cell(d['prefix_reuse'])})"
             incomplete = f" ({excluded} left out: too large)" if excluded else ""
             lines.append(
                 f"| {config.workload} | {config.workers} | {config.block_size} | {config.blocks:,} | {r.router} "
-                f"| {r.dynamo['requests']:,.0f}{incomplete} | {_cell(r, 'output_tok_s')} | {reuse} "
-                f"| {_cell(r, 'first_admission_reuse')} | {_cell(r, 'ttft_mean_ms')} | {_cell(r, 'tpot_mean_ms')} "
-                f"| {_cell(r, 'e2e_mean_ms')} | {r.dynamo['wall_s']:.2f} / {r.tasim['wall_s']:.2f} |"
+                f"| {r.dynamo['requests']:,.0f}{incomplete} | {_cell(d['output_tok_s'])} | {reuse} "
+                f"| {_cell(d['first_admission_reuse'])} | {_cell(d['ttft_mean_ms'])} | {_cell(d['tpot_mean_ms'])} "
+                f"| {_cell(d['e2e_mean_ms'])} | {d['wall_s'].dynamo:.2f} / {d['wall_s'].tasim:.2f} |"
             )
     return "\n".join(lines)
 
@@ -119,8 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", type=Path, help="also write every result as JSON here")
     args = parser.parse_args(argv)
     plan = configs()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        results = list(zip(plan, pool.map(run_config, plan)))
+    results = list(zip(plan, map_in_processes(run_config, plan, args.jobs)))
     replace_section(args.doc, BEGIN, END, markdown(results))
     if args.json:
         args.json.write_text(json.dumps(_records(results), indent=1))

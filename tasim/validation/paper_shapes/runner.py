@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Sequence
 
+from tasim.parallel import map_in_processes
 from tasim.rundir import RUN_FILE, SUMMARY_FILE, run_simulation
 from tasim.validation.paper_shapes.plan import Job, Key
 from tasim.validation.paper_shapes.step_latency import step_latency
@@ -45,14 +46,5 @@ def reused_summary(job: Job) -> dict[str, Any] | None:
 
 def run_all(jobs: Sequence[Job], workers: int, reuse: bool = False) -> Results:
     """Runs are deterministic, so results do not depend on ``workers``."""
-    if workers == 1:
-        return {job.key: execute(job, reuse) for job in jobs}
-    results: Results = {}
-    pool = ProcessPoolExecutor(max_workers=min(workers, len(jobs)))
-    try:
-        futures: dict[Future[Outcome], Job] = {pool.submit(execute, job, reuse): job for job in jobs}
-        for future in as_completed(futures):
-            results[futures[future].key] = future.result()
-    finally:
-        pool.shutdown(cancel_futures=True)  # a failed run should not wait for the queued ones
-    return results
+    outcomes = map_in_processes(partial(execute, reuse=reuse), jobs, workers)
+    return {job.key: outcome for job, outcome in zip(jobs, outcomes)}
