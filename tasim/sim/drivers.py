@@ -95,10 +95,10 @@ def _replay_mooncake(sim: "Simulation", workload: MooncakeTraceWorkload) -> Gene
 
 
 def _by_session(requests: list[TraceRequest]) -> Iterator[list[TraceRequest]]:
-    """Consecutive runs of one session's turns (the reader keeps them together)."""
+    """Each session's turns: the reader keeps them together, first turn first."""
     turns: list[TraceRequest] = []
     for request in requests:
-        if turns and (request.turn == 0 or request.session != turns[0].session):
+        if request.turn == 0 and turns:
             yield turns
             turns = []
         turns.append(request)

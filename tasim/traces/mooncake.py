@@ -21,10 +21,11 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Callable, Sequence, TypeVar
+from typing import Sequence
 
 from tasim.traces.common import (
     MAX_TRACE_ID,
+    Record,
     TraceError,
     check_block_sizes,
     check_hash_count,
@@ -35,8 +36,6 @@ from tasim.traces.common import (
     string_field,
     time_field,
 )
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,14 +79,22 @@ def _parse_line(where: str, record: dict, trace_block_size: int) -> _Line:
     return _Line(timestamp, delay, session, input_length, output_length, hash_ids)
 
 
-def session_order(items: Sequence[T], session: Callable[[T], str | None], start_ms: Callable[[T], float | None]) -> list[list[T]]:
-    """Trace lines grouped into sessions (a line without a session is its own), turns in file
-    order, sessions sorted by their first line's start (stable: ties keep file order)."""
-    grouped: dict[str | int, list[T]] = {}
-    for number, item in enumerate(items):
-        key = session(item)
-        grouped.setdefault(number if key is None else key, []).append(item)
-    return sorted(grouped.values(), key=lambda turns: start_ms(turns[0]) or 0.0)
+def _sessions(path: str | os.PathLike[str], trace_block_size: int) -> list[list[tuple[Record, _Line]]]:
+    """Every line, checked, grouped into sessions (a line without a session is its own): turns
+    in file order, sessions sorted by their first line's start (stable: ties keep file order)."""
+    grouped: dict[str | int, list[tuple[Record, _Line]]] = {}
+    for number, (where, record) in enumerate(read_json_lines(path)):
+        line = _parse_line(where, record, trace_block_size)
+        grouped.setdefault(number if line.session is None else line.session, []).append((record, line))
+    if not grouped:
+        raise TraceError(f"{os.fspath(path)}: no requests (expected one JSON object per line)")
+    return sorted(grouped.values(), key=lambda turns: turns[0][1].timestamp_ms or 0.0)
+
+
+def read_mooncake_records(path: str | os.PathLike[str], trace_block_size: int = 512) -> list[Record]:
+    """The trace's lines, checked, as they were read, in replay order (see :class:`TraceRequest`):
+    for writing a cut or filtered copy that replays the same way."""
+    return [record for turns in _sessions(path, trace_block_size) for record, _ in turns]
 
 
 def read_mooncake(path: str | os.PathLike[str], block_size: int,
@@ -99,10 +106,7 @@ def read_mooncake(path: str | os.PathLike[str], block_size: int,
     empty or malformed file.
     """
     check_block_sizes(block_size, trace_block_size)
-    lines = [_parse_line(where, record, trace_block_size) for where, record in read_json_lines(path)]
-    if not lines:
-        raise TraceError(f"{os.fspath(path)}: no requests (expected one JSON object per line)")
-    sessions = session_order(lines, lambda line: line.session, lambda line: line.timestamp_ms)
+    sessions = [[line for _, line in turns] for turns in _sessions(path, trace_block_size)]
     start_ms = sessions[0][0].timestamp_ms or 0.0
     requests: list[TraceRequest] = []
     for turns in sessions:

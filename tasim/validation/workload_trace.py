@@ -19,10 +19,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from tasim.validation import ValidationUnavailable
+from tasim.model import blocks_for
 from tasim.scenario import AgentWorkload, MooncakeTraceWorkload, Scenario
-from tasim.traces.common import MAX_TRACE_ID, read_json_lines
-from tasim.traces.mooncake import read_mooncake, session_order
+from tasim.traces.common import MAX_TRACE_ID, check_block_sizes
+from tasim.traces.mooncake import read_mooncake_records
+from tasim.validation import ValidationUnavailable
 from tasim.workloads import plan_program
 
 
@@ -57,12 +58,11 @@ def _mooncake(scenario: Scenario, workload: MooncakeTraceWorkload, directory: Pa
     can ever hold: neither simulator can serve them, and Dynamo's replay aborts on one whose
     prompt fits but whose output does not (tasim drops it once it outgrows the pool)."""
     source = Path(workload.path)
-    read_mooncake(source, scenario.cluster.engine.block_size, workload.trace_block_size)  # path:line errors first
-    records = [record for _, record in read_json_lines(source)]
-    ordered = session_order(records, lambda r: r.get("session_id"), lambda r: r.get("timestamp"))
-    chosen = [record for turns in ordered for record in turns][: workload.max_requests]
     bs, blocks = scenario.cluster.engine.block_size, scenario.cluster.kv_blocks_per_worker()
-    servable = [r for r in chosen if -(-(r["input_length"] + r["output_length"]) // bs) <= blocks]
+    check_block_sizes(bs, workload.trace_block_size)
+    records = read_mooncake_records(source, workload.trace_block_size)
+    chosen = records[: workload.max_requests]
+    servable = [r for r in chosen if blocks_for(r["input_length"] + r["output_length"], bs) <= blocks]
     excluded = len(chosen) - len(servable)
     if not servable:
         raise UnsupportedWorkload(
@@ -106,7 +106,7 @@ def _agent_records(scenario: Scenario, workload: AgentWorkload) -> Iterator[dict
         context = plan.system_tokens + plan.task_tokens
         base = next_id - system_blocks  # program block j >= system_blocks gets id base + j
         for turn, step in enumerate(plan.turns):
-            blocks = -(-context // bs)
+            blocks = blocks_for(context, bs)
             record: dict[str, Any] = {"session_id": plan.id}
             if turn == 0:
                 record["timestamp"] = round((start_s + plan.setup_s) * 1000.0, 3)
@@ -117,7 +117,7 @@ def _agent_records(scenario: Scenario, workload: AgentWorkload) -> Iterator[dict
             record["hash_ids"] = list(range(min(blocks, system_blocks))) + list(range(base + system_blocks, base + max(blocks, system_blocks)))
             yield record
             context += step.output_tokens + step.observation_tokens
-        next_id = base + max(-(-context // bs), system_blocks)
+        next_id = base + max(blocks_for(context, bs), system_blocks)
         if next_id > MAX_TRACE_ID:
             raise UnsupportedWorkload(
                 f"workload: the exported trace needs more than 2**30 block ids; use fewer programs or a larger block size"
