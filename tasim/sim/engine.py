@@ -170,8 +170,8 @@ class Engine:
             self.iterations += 1
             step.shape = self._shape(step)
             step.duration = self.perf.step_time(step.shape)
-        elif step.stored or step.removed:
-            self.listener.on_kv(self.worker, step.stored, step.removed, now)
+        else:
+            self._publish_kv(step.stored, step.removed, now)
         return step
 
     def end_step(self, step: Step, now: float) -> None:
@@ -180,8 +180,7 @@ class Engine:
         # the step still sees the blocks this step is about to overwrite. (Found replaying the
         # Mooncake synthetic trace: Dynamo's router credited a prefix that the running step had
         # already evicted.)
-        if step.stored or step.removed:
-            self.listener.on_kv(self.worker, step.stored, step.removed, now)
+        self._publish_kv(step.stored, step.removed, now)
         finished: list[EngineRequest] = []
         for req, n in step.scheduled:
             req.computed += n
@@ -201,7 +200,9 @@ class Engine:
     def clear_prefix_cache(self, now: float) -> None:
         """Evict every unreferenced cached block, reporting the removals."""
         self.pool.clear()
-        stored, removed = self.pool.drain_events()
+        self._publish_kv(*self.pool.drain_events(), now)
+
+    def _publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
         if stored or removed:
             self.listener.on_kv(self.worker, stored, removed, now)
 

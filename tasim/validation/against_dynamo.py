@@ -79,20 +79,22 @@ def validation_record(scenario: Scenario, trace: ReplayTrace, results: Sequence[
         "workers": scenario.cluster.backends,
         "engine": engine_args(scenario.cluster)["engine"],
         "tolerances": {m.key: m.tolerance for m in METRICS if m.tolerance is not None},
-        "routers": [
-            {
-                "router": r.router,
-                "runs": len(r.dynamo_runs),
-                "dynamo": r.dynamo,
-                "tasim": r.tasim,
-                "dynamo_runs": r.dynamo_runs,
-                "tasim_runs": r.tasim_runs,
-                "incomplete": {"dynamo": r.dynamo_incomplete, "tasim": r.tasim_incomplete},
-                "difference": {d.metric.key: d.value for d in r.differences},
-                "within_tolerance": all_within(r.differences),
-            }
-            for r in results
-        ],
+        "routers": [_router_record(r) for r in results],
+    }
+
+
+def _router_record(result: RouterResult) -> dict[str, Any]:
+    diffs = result.differences
+    return {
+        "router": result.router,
+        "runs": len(result.dynamo_runs),
+        "dynamo": result.dynamo,
+        "tasim": result.tasim,
+        "dynamo_runs": result.dynamo_runs,
+        "tasim_runs": result.tasim_runs,
+        "incomplete": {"dynamo": result.dynamo_incomplete, "tasim": result.tasim_incomplete},
+        "difference": {d.metric.key: d.value for d in diffs},
+        "within_tolerance": all_within(diffs),
     }
 
 
@@ -104,10 +106,11 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
         table.add_column(f"{r.router}{runs}\nDynamo", justify="right")
         table.add_column(f"{r.router}\ntasim", justify="right")
         table.add_column(f"{r.router}\ndifference", justify="right")
+    per_router = [r.differences for r in results]
     for i, metric in enumerate(METRICS):
         cells = [f"{metric.label} ({metric.unit})"]
-        for r in results:
-            diff = r.differences[i]
+        for diffs in per_router:
+            diff = diffs[i]
             mark = {True: " ✓", False: " ✗", None: ""}[diff.within]
             cells += [_number(diff.dynamo, metric), _number(diff.tasim, metric), diff.shown() + mark]
         table.add_row(*cells)

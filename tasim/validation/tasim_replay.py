@@ -43,7 +43,6 @@ class _Collector:
         self.first_cached: dict[str, int] = {}
         self.most_cached: dict[str, int] = {}
         self.records: list[RequestRecord] = []
-        self.dropped = 0
 
     def __call__(self, event: ev.Event) -> None:
         if isinstance(event, ev.RequestArrived):
@@ -66,8 +65,6 @@ class _Collector:
                     first_reused_tokens=self.first_cached[event.request],
                 )
             )
-        elif isinstance(event, ev.RequestDropped):
-            self.dropped += 1
 
 
 def run_tasim(scenario: Scenario, trace: ReplayTrace, router: str) -> tuple[list[RequestRecord], int, float]:
