@@ -1,4 +1,4 @@
-"""Command line: ``python -m tasim simulate|compare|report|validate|policies|scenarios|schema``.
+"""Command line: ``python -m tasim simulate|compare|report|validate|live|policies|scenarios|schema``.
 
 Every user error (bad scenario, bad flag, unreadable log) prints one line and exits 2; results
 already on disk are only replaced once a run has completed.
@@ -18,12 +18,13 @@ from rich.text import Text
 
 from tasim import __version__
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
-from tasim.render import param_rows, print_summary
+from tasim.render import param_rows, print_summary, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.scenario import Scenario, ScenarioError, load_scenario
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
 from tasim.validation import ValidationUnavailable
+from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
 
 EXIT_USAGE = 2
 
@@ -96,6 +97,20 @@ def _build_parser() -> argparse.ArgumentParser:
     dynamo.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     dynamo.add_argument("--out", type=Path, help="output directory (default: runs/validate-<scenario>)")
 
+    live = commands.add_parser("live", help="serve the policy as a Dynamo router and drive the scenario's programs through it")
+    live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
+    live.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
+    live.add_argument("--engine", choices=("mocker", "vllm", "sglang"), default="mocker", help="workers: Dynamo's mocker (CPU, default) or real engines on GPUs")
+    live.add_argument("--driver", choices=("http",), default="http", help="how programs reach the stack: async clients of the frontend's OpenAI API")
+    live.add_argument("--programs", type=_positive_int, help="programs to run (default: the scenario's workload.programs)")
+    live.add_argument("--time-scale", type=_positive_float, default=1.0, help="run this many times faster than the scenario: divides engine step times and tool waits (mocker only)")
+    live.add_argument("--prompt", choices=("tokens", "text"), default="tokens", help="send prompts as token ids (default) or as text")
+    live.add_argument("--model", type=Path, help="model folder for tokenizer and config (default: a generated tokenizer-only model)")
+    live.add_argument("--compare-sim", action="store_true", help="also simulate the same scenario and programs and print both side by side")
+    live.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field (repeatable)")
+    live.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
+    live.add_argument("--out", type=Path, help="output directory (default: runs/live-<scenario>-<policy>-s<seed>)")
+
     commands.add_parser("policies", help="list the routing policies and their parameters")
     scenarios = commands.add_parser("scenarios", help="list the preset scenarios")
     scenarios.add_argument("--dir", type=Path, help="directory of scenario files (default: the presets)")
@@ -111,6 +126,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (got {value})")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number (got {text})")
     return value
 
 
@@ -214,6 +239,27 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _live(args: argparse.Namespace) -> int:
+    try:
+        from tasim.live.run import SIM_DIR, finite_scenario, run_live, simulated_twin
+    except ImportError as exc:
+        raise UsageError(f"live mode needs the live extra (pip install -e '.[live]' or make install): {exc}") from None
+    if args.model is not None and not (args.model / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
+    scenario = finite_scenario(_scenario_from_args(args), args.programs)
+    if args.engine != "mocker" and args.time_scale != 1.0:
+        raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")
+    out = _output_dir(args.out or Path("runs") / f"live-{scenario.name}-{scenario.policy.name}-s{scenario.seed}")
+    summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model)
+    if args.compare_sim:
+        simulated = run_simulation(simulated_twin(scenario, args.engine), out / SIM_DIR)
+        _print_unsquashed(side_by_side({"live": summary, "simulated": simulated}))
+    else:
+        print_summary(summary)
+    Console().print(f"wrote {out}/{SUMMARY_FILE} and the event log", markup=False, highlight=False)
+    return 0
+
+
 def _policies(args: argparse.Namespace) -> int:
     from tasim.policies import POLICIES
 
@@ -259,11 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         handler = {
-            "simulate": _simulate, "compare": _compare, "report": _report, "validate": _validate,
+            "simulate": _simulate, "compare": _compare, "report": _report, "validate": _validate, "live": _live,
             "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError, ValidationUnavailable) as exc:
+    except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError, ValidationUnavailable, LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

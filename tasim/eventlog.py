@@ -38,6 +38,9 @@ class EventWriter:
         self._out.write(self._dumps(to_record(event)))
         self._out.write("\n")
 
+    def flush(self) -> None:
+        self._out.flush()
+
     def close(self) -> None:
         self._out.close()
         if self._outer is not None:

@@ -90,3 +90,46 @@ def param_rows(params_model: type[Any]) -> list[tuple[str, str, str, str]]:
         kind = _type_name(field.annotation) + (f" ({bounds})" if bounds else "")
         rows.append((name, kind, _default(field), field.description or ""))
     return rows
+
+
+# Rows of a side-by-side table: (label, summary key, sub-key for distributions).
+_SIDE_BY_SIDE_ROWS = (
+    ("requests completed", "requests_completed", None),
+    ("programs completed", "programs_completed", None),
+    ("output tokens/s", "output_tokens_per_s", None),
+    ("steps/min", "steps_per_min", None),
+    ("prefix hit rate", "prefix_hit_rate", None),
+    ("TTFT mean (s)", "ttft_s", "mean"),
+    ("TTFT p90 (s)", "ttft_s", "p90"),
+    ("TPOT mean (s)", "tpot_s", "mean"),
+    ("e2e mean (s)", "e2e_s", "mean"),
+    ("pauses", "pauses", None),
+    ("resumes", "resumes", None),
+    ("run time (s)", "sim_time_s", None),
+)
+
+
+def side_by_side(summaries: dict[str, dict[str, Any]]) -> Table:
+    """Key metrics of several runs of one scenario (e.g. live and simulated), one column each,
+    with the first run's relative difference to the second."""
+    names = list(summaries)
+    first = summaries[names[0]]
+    table = Table(title=f"{first['scenario']} · policy {first['policy']} · seed {first['seed']}")
+    table.add_column("metric", style="bold")
+    for name in names:
+        table.add_column(name, justify="right")
+    if len(names) == 2:
+        table.add_column(f"{names[0]} vs {names[1]}", justify="right")
+    for label, key, sub in _SIDE_BY_SIDE_ROWS:
+        values = [s.get(key) if sub is None else (s.get(key) or {}).get(sub) for s in summaries.values()]
+        row = [label] + [_fmt(v) for v in values]
+        if len(names) == 2:
+            a, b = values
+            if key == "prefix_hit_rate" and a is not None and b is not None:
+                row.append(f"{(a - b) * 100:+.1f} pp")
+            elif isinstance(a, (int, float)) and isinstance(b, (int, float)) and b:
+                row.append(f"{(a - b) / b * 100:+.1f}%")
+            else:
+                row.append("")
+        table.add_row(*row)
+    return table

@@ -134,6 +134,9 @@ class AgentWorkload(ProgramShape):
     )
     concurrency: PositiveInt = Field(16, le=1_000_000)
     rate_per_s: PositiveFloat | None = None
+    programs: PositiveInt | None = Field(
+        None, le=10_000_000, description="run exactly this many programs, then end (default: until duration_s)"
+    )
 
     @model_validator(mode="after")
     def _arrival_params(self) -> "AgentWorkload":

@@ -8,6 +8,10 @@ receives, exactly as Dynamo's router builds its view from its own bookings and K
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tasim.scenario import Scenario
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,3 +40,16 @@ class ClusterView:
             if info.id == worker_id:
                 return info
         raise KeyError(worker_id)
+
+
+def cluster_view(scenario: "Scenario") -> ClusterView:
+    """The scenario's workers, named ``w0 … wN-1``: identical in simulation and live mode."""
+    cluster = scenario.cluster
+    engine = cluster.engine
+    blocks = cluster.kv_blocks_per_worker()
+    return ClusterView(
+        tuple(
+            WorkerInfo(f"w{i}", engine.block_size, blocks, engine.max_num_seqs, engine.max_num_batched_tokens)
+            for i in range(cluster.backends)
+        )
+    )

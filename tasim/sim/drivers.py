@@ -28,13 +28,12 @@ def start_workload(sim: "Simulation") -> simpy.Event | None:
     workload = sim.scenario.workload
     env = sim.env
     if isinstance(workload, AgentWorkload):
-        counter = iter(range(1 << 62))
+        counter = iter(range(workload.programs or 1 << 62))
         if workload.arrival == "closed":
-            for _ in range(workload.concurrency):
-                env.process(_closed_loop_slot(sim, workload, counter))
-        else:
-            env.process(_poisson_arrivals(sim, workload, counter))
-        return None
+            slots = [env.process(_closed_loop_slot(sim, workload, counter)) for _ in range(workload.concurrency)]
+            return env.all_of(slots) if workload.programs else None
+        arrivals = env.process(_poisson_arrivals(sim, workload, counter))
+        return arrivals if workload.programs else None
     if isinstance(workload, RolloutWorkload):
         from tasim.sim.rollout import rollout_steps
 
@@ -60,11 +59,13 @@ class WorkloadError(ValueError):
     """The workload cannot make progress; the message says which setting to change."""
 
 
-def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter: Iterator[int]) -> Generator[simpy.Event, object, None]:
     instant = 0
-    while sim.env.now < sim.scenario.duration_s:
+    for index in counter:  # shared by every slot; a finite workload ends when it runs out
+        if sim.env.now >= sim.scenario.duration_s:
+            return
         started = sim.env.now
-        yield sim.env.process(sim.run_program(_agent(sim, workload, next(counter))))
+        yield sim.env.process(sim.run_program(_agent(sim, workload, index)))
         instant = instant + 1 if sim.env.now == started else 0
         if instant >= _MAX_INSTANT_PROGRAMS:
             raise WorkloadError(
@@ -73,11 +74,15 @@ def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter) -> Ge
             )
 
 
-def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter: Iterator[int]) -> Generator[simpy.Event, object, None]:
     assert workload.rate_per_s is not None
-    while True:
+    programs = []  # kept only for a finite workload, whose end waits for them
+    for index in counter:
         yield sim.env.timeout(float(sim.arrival_rng.exponential(1.0 / workload.rate_per_s)))
-        sim.env.process(sim.run_program(_agent(sim, workload, next(counter))))
+        program = sim.env.process(sim.run_program(_agent(sim, workload, index)))
+        if workload.programs:
+            programs.append(program)
+    yield sim.env.all_of(programs)
 
 
 def _replay_mooncake(sim: "Simulation", workload: MooncakeTraceWorkload) -> Generator[simpy.Event, object, None]:

@@ -21,7 +21,7 @@ from tasim.policies.base import ProgramDecision
 from tasim.scenario import Scenario
 from tasim.sim.drivers import start_workload
 from tasim.sim.engine import Engine, EngineConfig
-from tasim.view import ClusterView, WorkerInfo
+from tasim.view import cluster_view
 from tasim.workloads import Script
 
 Emit = Callable[[ev.Event], None]
@@ -40,12 +40,7 @@ class Simulation:
         engine_cfg = cluster.engine
         self.block_size = engine_cfg.block_size
         num_blocks = cluster.kv_blocks_per_worker()
-        self.view = ClusterView(
-            tuple(
-                WorkerInfo(f"w{i}", engine_cfg.block_size, num_blocks, engine_cfg.max_num_seqs, engine_cfg.max_num_batched_tokens)
-                for i in range(cluster.backends)
-            )
-        )
+        self.view = cluster_view(scenario)
         policy_seed, arrival_seed = np.random.SeedSequence([scenario.seed, 2]).spawn(2)
         self.policy: Policy = policy or make_policy(
             scenario.policy.name, scenario.policy.params, self.view, np.random.default_rng(policy_seed)

@@ -1,0 +1,174 @@
+"""HTTP agent driver: runs a scenario's agent programs against the frontend's OpenAI API.
+
+Each program is the plan the simulator would run (`tasim.workloads.plan_program`, same seed and
+index), made concrete as token ids: a system prompt shared by every program, a task prompt of
+its own (or its prompt group's), and per turn the engine's actual output followed by a tool
+observation, so prompts grow turn by turn exactly as the engine cached them. Calls go to
+``/v1/completions`` as token-id prompts (or as text, ``prompt_format="text"``) with
+``x-dynamo-session-id``; tool waits are the plan's latencies divided by ``time_scale``; every
+program ends with exactly one ``x-dynamo-session-final`` request, even when a call failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+import numpy as np
+
+from tasim.live.errors import LiveError
+from tasim.scenario import AgentWorkload, Scenario
+from tasim.workloads import ProgramPlan, plan_program
+
+# Token ids 0-2 are special in the generated tokenizer; the router's probes start with id 1.
+FIRST_TOKEN_ID = 3
+REQUEST_TIMEOUT_S = 3600.0
+
+PromptFormat = Literal["tokens", "text"]
+
+
+@dataclass
+class DriverResult:
+    programs: int = 0
+    requests: int = 0
+    failed_requests: int = 0
+    session_finals: int = 0
+    wall_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+class DriverError(LiveError):
+    """The scenario cannot be driven live; the message says why."""
+
+
+def live_workload(scenario: Scenario, programs: int | None) -> tuple[AgentWorkload, int]:
+    workload = scenario.workload
+    if not isinstance(workload, AgentWorkload):
+        raise DriverError(f"the http driver runs agent workloads (workload.kind: agent), not {workload.kind!r}")
+    count = programs or workload.programs
+    if count is None:
+        raise DriverError("live runs need a finite workload: set workload.programs in the scenario or pass --programs")
+    return workload, count
+
+
+class HttpAgentDriver:
+    def __init__(
+        self,
+        base_url: str,
+        model_name: str,
+        scenario: Scenario,
+        vocab_size: int,
+        time_scale: float = 1.0,
+        programs: int | None = None,
+        prompt_format: PromptFormat = "tokens",
+        model_path: Path | None = None,
+    ) -> None:
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model_name = model_name
+        self.scenario = scenario
+        self.workload, self.count = live_workload(scenario, programs)
+        self.vocab_size = vocab_size
+        self.time_scale = time_scale
+        self.prompt_format = prompt_format
+        self._detokenize = _detokenizer(model_path) if prompt_format == "text" else None
+        self.result = DriverResult()
+
+    # --- token content -------------------------------------------------------------------------
+
+    def _tokens(self, count: int, *key: int) -> list[int]:
+        rng = np.random.default_rng([self.scenario.seed, 11, *key])
+        return rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=count).tolist()
+
+    def _plan(self, index: int) -> ProgramPlan:
+        return plan_program(self.workload, self.scenario.seed, index, self.scenario.max_context_tokens)
+
+    # --- running -------------------------------------------------------------------------------
+
+    async def run(self) -> DriverResult:
+        started = time.perf_counter()
+        timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+            self._session = session
+            if self.workload.arrival == "closed":
+                indexes = iter(range(self.count))
+                await asyncio.gather(*(self._slot(indexes) for _ in range(min(self.workload.concurrency, self.count))))
+            else:
+                await self._poisson()
+        self.result.wall_s = time.perf_counter() - started
+        return self.result
+
+    async def _slot(self, indexes: Any) -> None:
+        for index in indexes:
+            await self._program(index)
+
+    async def _poisson(self) -> None:
+        assert self.workload.rate_per_s is not None
+        arrivals = np.random.default_rng(np.random.SeedSequence([self.scenario.seed, 2]).spawn(2)[1])
+        tasks = []
+        for index in range(self.count):
+            await asyncio.sleep(float(arrivals.exponential(1.0 / self.workload.rate_per_s)) / self.time_scale)
+            tasks.append(asyncio.create_task(self._program(index)))
+        await asyncio.gather(*tasks)
+
+    async def _program(self, index: int) -> None:
+        plan = self._plan(index)
+        self.result.programs += 1
+        headers = {"x-dynamo-session-id": plan.id}
+        if plan.group is not None:
+            headers["x-dynamo-parent-session-id"] = f"group{plan.group}"
+        task_key = (1, plan.group) if plan.group is not None else (2, index)
+        context = self._tokens(plan.system_tokens, 0) + self._tokens(plan.task_tokens, *task_key)
+        try:
+            await asyncio.sleep(plan.setup_s / self.time_scale)
+            for turn, step in enumerate(plan.turns):
+                if turn:
+                    await asyncio.sleep(plan.turns[turn - 1].tool_latency_s / self.time_scale)
+                output = await self._call(context, step.output_tokens, headers)
+                if output is None:
+                    break
+                context = context + output + self._tokens(step.observation_tokens, 3, index, turn)
+        finally:
+            await self._final(headers)
+
+    async def _call(self, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
+        body = {
+            "model": self.model_name,
+            "prompt": self._detokenize(context) if self._detokenize else context,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "ignore_eos": True,
+            "nvext": {"extra_fields": ["engine_data"]},
+        }
+        self.result.requests += 1
+        try:
+            async with self._session.post(self.url, json=body, headers=headers) as reply:
+                payload = await reply.json(content_type=None)
+                if reply.status != 200:
+                    raise RuntimeError(f"HTTP {reply.status}: {str(payload)[:200]}")
+            return list(payload["nvext"]["engine_data"]["tasim"]["output_token_ids"])
+        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+            self.result.failed_requests += 1
+            self.result.errors.append(f"{headers['x-dynamo-session-id']}: {exc}")
+            return None
+
+    async def _final(self, headers: dict[str, str]) -> None:
+        body = {"model": self.model_name, "prompt": [FIRST_TOKEN_ID] if not self._detokenize else "end", "max_tokens": 1}
+        try:
+            async with self._session.post(self.url, json=body, headers={**headers, "x-dynamo-session-final": "true"}) as reply:
+                await reply.read()
+            self.result.session_finals += 1
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self.result.errors.append(f"{headers['x-dynamo-session-id']}: session-final failed: {exc}")
+
+
+def _detokenizer(model_path: Path | None) -> Any:
+    from tokenizers import Tokenizer
+
+    if model_path is None:
+        raise DriverError("text prompts need the model folder's tokenizer")
+    tokenizer = Tokenizer.from_file(str(model_path / "tokenizer.json"))
+    return lambda ids: tokenizer.decode(ids, skip_special_tokens=False)

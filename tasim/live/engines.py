@@ -1,0 +1,95 @@
+"""Worker command lines for each engine, configured from the scenario's cluster.
+
+``mocker`` (CPU, default): one ``dynamo.mocker`` process hosting every worker, each publishing
+KV events in vLLM's wire format on its own port; its polynomial step times are divided by the
+scenario's ``speedup_ratio`` times the live ``time_scale``. ``vllm`` / ``sglang`` (GPU hosts):
+one ``dynamo.vllm`` / ``dynamo.sglang`` process per worker, pinned to its own GPU, with prefix
+caching and ZMQ KV events on; their timing is the hardware's, so ``time_scale`` must be 1.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tasim.scenario import Scenario
+
+# tasim's preemption order → the mocker's flag (vLLM v1 itself always preempts the newest).
+PREEMPTION_MODE = {"newest_first": "lifo", "oldest_first": "fifo"}
+
+WorkerCommand = tuple[str, list[str], dict[str, str]]
+
+
+def worker_commands(engine: str, scenario: Scenario, model_path: Path, model_name: str, kv_ports: list[int], time_scale: float) -> list[WorkerCommand]:
+    if engine == "mocker":
+        return [_mocker(scenario, model_path, model_name, kv_ports, time_scale)]
+    if time_scale != 1.0:
+        raise ValueError(f"--time-scale must be 1 with --engine {engine}: real engines run in real time")
+    if engine == "vllm":
+        return [_vllm(scenario, model_path, model_name, port, index) for index, port in enumerate(kv_ports)]
+    if engine == "sglang":
+        return [_sglang(scenario, model_path, model_name, port, index) for index, port in enumerate(kv_ports)]
+    raise ValueError(f"unknown engine {engine!r} (allowed: mocker, vllm, sglang)")
+
+
+def _mocker(scenario: Scenario, model_path: Path, model_name: str, kv_ports: list[int], time_scale: float) -> WorkerCommand:
+    cluster = scenario.cluster
+    engine = cluster.engine
+    args = [
+        sys.executable, "-m", "dynamo.mocker",
+        "--model-path", str(model_path),
+        "--model-name", model_name,
+        "--num-workers", str(cluster.backends),
+        "--block-size", str(engine.block_size),
+        "--num-gpu-blocks-override", str(cluster.kv_blocks_per_worker()),
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+        "--preemption-mode", PREEMPTION_MODE[engine.preemption],
+        "--speedup-ratio", repr(cluster.perf.speedup_ratio * time_scale),
+        "--zmq-kv-events-ports", ",".join(map(str, kv_ports)),
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--enable-chunked-prefill" if engine.enable_chunked_prefill else "--no-enable-chunked-prefill",
+    ]
+    return "workers", args, {}
+
+
+def _kv_events_config(port: int) -> str:
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": ""})
+
+
+def _vllm(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int) -> WorkerCommand:
+    engine = scenario.cluster.engine
+    args = [
+        sys.executable, "-m", "dynamo.vllm",
+        "--model", str(model_path),
+        "--served-model-name", model_name,
+        "--block-size", str(engine.block_size),
+        "--max-num-seqs", str(engine.max_num_seqs),
+        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
+        "--tensor-parallel-size", str(scenario.cluster.tp),
+        "--gpu-memory-utilization", repr(engine.gpu_memory_utilization),
+        "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
+        "--kv-events-config", _kv_events_config(kv_port),
+    ]
+    if engine.kv_blocks != "auto":
+        args += ["--num-gpu-blocks-override", str(engine.kv_blocks)]
+    gpus = ",".join(str(index * scenario.cluster.tp + g) for g in range(scenario.cluster.tp))
+    return f"worker{index}", args, {"CUDA_VISIBLE_DEVICES": gpus}
+
+
+def _sglang(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int) -> WorkerCommand:
+    engine = scenario.cluster.engine
+    args = [
+        sys.executable, "-m", "dynamo.sglang",
+        "--model-path", str(model_path),
+        "--served-model-name", model_name,
+        "--page-size", str(engine.block_size),
+        "--tp", str(scenario.cluster.tp),
+        "--max-running-requests", str(engine.max_num_seqs),
+        "--chunked-prefill-size", str(engine.max_num_batched_tokens),
+        "--mem-fraction-static", repr(engine.gpu_memory_utilization),
+        "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""}),
+    ]
+    gpus = ",".join(str(index * scenario.cluster.tp + g) for g in range(scenario.cluster.tp))
+    return f"worker{index}", args, {"CUDA_VISIBLE_DEVICES": gpus}

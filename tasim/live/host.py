@@ -1,0 +1,271 @@
+"""The live policy host: the router's program table around one tasim policy, on asyncio.
+
+It does for live traffic what `tasim.sim.runner.Simulation` does in simulated time: turns each
+incoming call into a `RequestSpec` (block hashes from the token ids, exactly as Dynamo computes
+them), asks the policy, holds the call while its program is paused, applies the policy's
+program decisions, reports first tokens, turn ends (with the engine's real usage), program ends
+and the workers' KV events, and appends the same typed events to the log. Nothing here talks to
+Dynamo: the router component (`tasim.live.router`) moves the bytes, so this class can be tested
+and benchmarked on its own.
+
+Failure semantics: a call that fails or is cancelled leaves the program table as it was before
+the call (its turn number and history are unchanged, and a program that this call created is
+forgotten again); the policy hears ``TurnEnd(ok=False)`` for it, as it would in simulation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from tasim import events as ev
+from tasim.live.hashing import chain_from, sequence_hashes
+from tasim.live.kv_events import KvEvent
+from tasim.model import BlockHash, RequestSpec
+from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
+from tasim.policies.base import ProgramDecision
+
+logger = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Emit = Callable[[ev.Event], None]
+
+
+class ProgramHeldTooLong(RuntimeError):
+    """A held call was not resumed within the host's hold limit."""
+
+
+@dataclass(slots=True)
+class _Program:
+    id: str
+    one_off: bool
+    turn: int = 0  # completed turns
+    attempts: int = 0  # calls seen, so a retried turn gets a fresh request id
+    history_tokens: int = 0  # prompt + output of the last completed turn
+    context_tokens: int = 0
+    failed: bool = False
+    in_flight: int = 0
+    held: "asyncio.Future[str] | None" = None
+    hash_tokens: list[int] = field(default_factory=list)  # tokens behind `hashes` (full blocks)
+    hashes: list[BlockHash] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One admitted LLM call: route it to ``worker``, then report on it with this object."""
+
+    spec: RequestSpec
+    worker: str
+    held_s: float
+
+
+class PolicyHost:
+    def __init__(self, policy: Policy, clock: Clock, emit: Emit, block_size: int, log_kv_events: bool = False) -> None:
+        self.policy = policy
+        self.clock = clock
+        self.emit = emit
+        self.block_size = block_size
+        self.log_kv_events = log_kv_events
+        self.programs: dict[str, _Program] = {}
+        self.routed: dict[str, int] = {w: 0 for w in policy.view.worker_ids}
+        self.in_flight = 0
+        self.finished = 0
+        self.failed = 0
+        self.pauses = 0
+        self.resumes = 0
+        self.ignored_pins = 0
+        self.decision_seconds: deque[float] = deque(maxlen=100_000)  # policy + hashing time per decision
+        self._one_offs = 0
+        self._cached: dict[str, set[BlockHash]] = {w: set() for w in policy.view.worker_ids}
+
+    # --- calls ---------------------------------------------------------------------------------
+
+    async def admit(self, program_id: str | None, token_ids: list[int], max_tokens: int) -> Call:
+        """Route one call; waits while the policy holds it. ``program_id`` None: a one-off
+        request, a program of its own that ends with it."""
+        started = time.perf_counter()
+        now = self.clock()
+        program, created = self._program(program_id, now)
+        program.attempts += 1
+        suffix = "" if program.attempts == program.turn + 1 else f"r{program.attempts}"
+        spec = RequestSpec(
+            id=f"{program.id}.{program.turn}{suffix}",
+            program=program.id,
+            turn=program.turn,
+            prompt_tokens=len(token_ids),
+            output_tokens=max_tokens,
+            history_tokens=program.history_tokens,
+            block_hashes=tuple(self._hashes(program, token_ids)),
+        )
+        self.emit(ev.RequestArrived(now, spec.id, spec.program, spec.turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens))
+        program.context_tokens = spec.prompt_tokens
+        decision = self.policy.on_request(spec, now)
+        self.decision_seconds.append(time.perf_counter() - started)
+        if isinstance(decision, Route):
+            return self._routed(program, spec, decision.worker, 0.0)
+        if not isinstance(decision, Hold):
+            raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
+        self.emit(ev.RequestHeld(now, spec.id, program.id))
+        if decision.pause:
+            self.pauses += 1
+            self.emit(ev.ProgramPaused(now, program.id))
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        program.held = future
+        try:
+            worker = await future
+        except BaseException:
+            if program.held is future:
+                program.held = None
+            self._roll_back(program, spec, created, "cancelled while held")
+            raise
+        return self._routed(program, spec, worker, self.clock() - now)
+
+    def first_token(self, call: Call) -> None:
+        now = self.clock()
+        self.emit(ev.FirstToken(now, call.spec.id))
+        self.policy.on_first_token(call.spec.id, call.worker, now)
+
+    def finish(self, call: Call, prompt_tokens: int, output_tokens: int, cached_tokens: int) -> None:
+        """The call completed with the engine's usage."""
+        now = self.clock()
+        spec = call.spec
+        program = self.programs[spec.program]
+        program.in_flight -= 1
+        self.in_flight -= 1
+        self.finished += 1
+        program.turn += 1
+        program.attempts = program.turn
+        program.history_tokens = program.context_tokens = prompt_tokens + output_tokens
+        self.emit(ev.RequestFinished(now, spec.id, spec.program, call.worker, prompt_tokens, output_tokens, cached_tokens))
+        self._apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, call.worker, prompt_tokens, output_tokens, cached_tokens), now))
+        if program.one_off:
+            self.end_program(program.id)
+
+    def fail(self, call: Call, reason: str) -> None:
+        """The call failed or was cancelled after it was routed."""
+        program = self.programs.get(call.spec.program)
+        self.in_flight -= 1
+        if program is None:
+            return
+        program.in_flight -= 1
+        self._roll_back(program, call.spec, program.turn == 0 and program.attempts == 1, reason, call.worker)
+
+    def end_program(self, program_id: str) -> bool:
+        """The session ended (``x-dynamo-session-final``); False if it was not known."""
+        program = self.programs.pop(program_id, None)
+        if program is None:
+            return False
+        now = self.clock()
+        if program.held is not None and not program.held.done():
+            program.held.cancel()
+        completed = program.turn > 0 and not program.failed
+        self.emit(ev.ProgramFinished(now, program_id, program.context_tokens, completed))
+        self._apply(self.policy.on_program_end(program_id, now))
+        return True
+
+    # --- policy-driven events ------------------------------------------------------------------
+
+    def tick(self) -> None:
+        self._apply(self.policy.on_tick(self.clock()))
+
+    def kv_event(self, worker: str, event: KvEvent) -> None:
+        now = self.clock()
+        if event.kind == "cleared":
+            removed = tuple(self._cached[worker])
+            self._cached[worker].clear()
+            self._removed(worker, removed, now)
+        elif event.kind == "stored":
+            self._cached[worker].update(event.blocks)
+            if self.log_kv_events:
+                self.emit(ev.KvStored(now, worker, event.blocks))
+            if self.policy.wants_kv_events:
+                self.policy.on_kv_stored(worker, event.blocks, now)
+        else:
+            self._cached[worker].difference_update(event.blocks)
+            self._removed(worker, event.blocks, now)
+
+    def cached_blocks(self, worker: str) -> int:
+        return len(self._cached[worker])
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _program(self, program_id: str | None, now: float) -> tuple[_Program, bool]:
+        if program_id is not None and program_id in self.programs:
+            return self.programs[program_id], False
+        if program_id is None:
+            self._one_offs += 1
+            program = _Program(f"~{self._one_offs}", one_off=True)
+        else:
+            program = _Program(program_id, one_off=False)
+        self.programs[program.id] = program
+        self.emit(ev.ProgramStarted(now, program.id, 1 if program.one_off else 0))
+        self.policy.on_program_start(program.id, now)
+        return program, True
+
+    def _hashes(self, program: _Program, token_ids: list[int]) -> list[BlockHash]:
+        """Sequence hashes of the prompt, reusing the program's earlier prefix: agent prompts
+        grow turn by turn, so usually only the new blocks are hashed."""
+        bs = self.block_size
+        known = len(program.hash_tokens)
+        full = len(token_ids) // bs * bs
+        if known and known <= full and token_ids[:known] == program.hash_tokens:
+            hashes = program.hashes + chain_from(program.hashes[-1], token_ids[known:full], bs)
+        else:
+            hashes = sequence_hashes(token_ids, bs)
+        program.hash_tokens = token_ids[:full]
+        program.hashes = hashes
+        return hashes
+
+    def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float) -> Call:
+        if worker not in self.routed:
+            raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
+        self.routed[worker] += 1
+        program.in_flight += 1
+        self.in_flight += 1
+        self.emit(ev.RequestRouted(self.clock(), spec.id, worker))
+        return Call(spec, worker, held_s)
+
+    def _roll_back(self, program: _Program, spec: RequestSpec, created: bool, reason: str, worker: str = "") -> None:
+        now = self.clock()
+        self.failed += 1
+        program.attempts -= 1
+        program.context_tokens = program.history_tokens
+        self.emit(ev.RequestDropped(now, spec.id, program.id, worker, reason))
+        self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, worker, spec.prompt_tokens, 0, 0, ok=False), now))
+        if created and program.attempts == 0 and program.in_flight == 0:
+            self.end_program(program.id)  # the call that created the program never happened
+
+    def _apply(self, decisions: Sequence[ProgramDecision]) -> None:
+        now = self.clock()
+        for decision in decisions:
+            if isinstance(decision, Pause):
+                self.pauses += 1
+                self.emit(ev.ProgramPaused(now, decision.program))
+            elif isinstance(decision, Resume):
+                self.resumes += 1
+                self.emit(ev.ProgramResumed(now, decision.program, decision.worker, decision.forced))
+                program = self.programs.get(decision.program)
+                if program is not None and program.held is not None:
+                    held, program.held = program.held, None
+                    if not held.done():
+                        held.set_result(decision.worker)
+            elif isinstance(decision, Pin):
+                # Dynamo's workers offer no API to keep blocks referenced; the pin is not enforced.
+                if not self.ignored_pins:
+                    logger.warning("policy %s asks to pin KV blocks; live workers cannot, so pins are ignored", self.policy.name)
+                self.ignored_pins += 1
+            else:
+                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
+
+    def _removed(self, worker: str, blocks: tuple[BlockHash, ...], now: float) -> None:
+        if not blocks:
+            return
+        if self.log_kv_events:
+            self.emit(ev.KvRemoved(now, worker, blocks))
+        if self.policy.wants_kv_events:
+            self.policy.on_kv_removed(worker, blocks, now)
+

@@ -1,0 +1,337 @@
+"""The tasim router: a Dynamo component that serves a tasim policy between the Dynamo frontend
+and Dynamo workers (``python -m tasim.live.router CONFIG.json``; `tasim.live.stack` starts it).
+
+It registers the public model name with the frontend (workers sit under an internal name, so
+traffic for the public name always passes here), subscribes to every worker's KV events, and
+for each preprocessed request reads the program from ``agent_context`` (the frontend's mapping of
+``x-dynamo-session-id``), lets `PolicyHost` decide, forwards the request unchanged to the chosen
+worker instance and streams the reply back. A ``session_final`` request ends the program and
+never reaches an engine. The final chunk carries ``engine_data.tasim`` (request id, worker, the
+output token ids) for clients that ask for ``nvext.extra_fields: ["engine_data"]``.
+
+Workers are named ``w0 … wN-1`` in the order of their KV-event endpoints. Which Dynamo instance
+is which worker is learned, not assumed: at start the router sends each instance a one-block
+probe and watches which endpoint reports that block stored. This also refuses to start when a
+worker publishes no KV events, the silent misconfiguration that turns a KV router into a load
+balancer. Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
+``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
+(otherwise it starts at the first request and ends at shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import numpy as np
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from tasim import events as ev
+from tasim.eventlog import EventWriter
+from tasim.live.hashing import sequence_hashes
+from tasim.live.host import Call, PolicyHost
+from tasim.live.kv_events import KvEvent, KvEventSubscriber
+from tasim.live.status import prometheus_text, status_snapshot
+from tasim.policies import make_policy
+from tasim.scenario import Scenario
+from tasim.view import cluster_view
+
+logger = logging.getLogger("tasim.live.router")
+
+PROBE_TIMEOUT_S = 30.0
+
+
+class RouterConfig(BaseModel):
+    """Everything the router process needs; written by the stack launcher as JSON."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    scenario: dict[str, Any]
+    namespace: str = "dynamo"
+    worker_endpoint: str = "backend.generate"
+    model_name: str
+    model_path: str
+    kv_event_endpoints: list[str]
+    events_path: str
+    status_port: int
+    time_scale: float = 1.0
+
+
+class _Router:
+    def __init__(self, config: RouterConfig, runtime: Any) -> None:
+        self.config = config
+        self.runtime = runtime
+        self.scenario = Scenario.model_validate(config.scenario)
+        self.view = cluster_view(self.scenario)
+        if len(config.kv_event_endpoints) != len(self.view.workers):
+            raise ValueError(f"{len(config.kv_event_endpoints)} KV event endpoints for {len(self.view.workers)} workers")
+        self.block_size = self.view.workers[0].block_size
+        policy_seed = np.random.SeedSequence([self.scenario.seed, 2]).spawn(2)[0]
+        policy = make_policy(self.scenario.policy.name, self.scenario.policy.params, self.view, np.random.default_rng(policy_seed))
+        self.writer = EventWriter(Path(config.events_path))
+        self._t0 = time.monotonic()
+        self.host = PolicyHost(policy, self._now, self._emit, self.block_size, self.scenario.metrics.log_kv_events)
+        self.instance_of: dict[str, int] = {}
+        self.kv = KvEventSubscriber(dict(zip(self.view.worker_ids, config.kv_event_endpoints)), self._on_kv_event)
+        self._probes: dict[int, asyncio.Future[str]] = {}
+        self.client: Any = None
+        self.session_finals = 0
+        self.ready = False
+        self.running = False
+        self.ended = False
+        self._tick_task: asyncio.Task[None] | None = None
+
+    def _emit(self, event: ev.Event) -> None:
+        if self.running:  # the log holds the measured run only: RunStarted ... RunEnded
+            self.writer.write(event)
+
+    def _now(self) -> float:
+        return (time.monotonic() - self._t0) * self.config.time_scale
+
+    # --- start-up ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        endpoint = self.runtime.endpoint(f"{self.config.namespace}.{self.config.worker_endpoint}")
+        self.client = await endpoint.client()
+        subscribed = asyncio.Event()
+        self._kv_task = asyncio.create_task(self.kv.run(subscribed))
+        await subscribed.wait()
+        await asyncio.sleep(0.5)  # ZMQ subscriptions take a moment to reach the publishers
+        await self._map_instances()
+        self.ready = True
+
+    def begin_run(self) -> None:
+        """Start the clock and the log: on ``POST /run/start``, or at the first request."""
+        if self.running or self.ended:
+            return
+        s = self.scenario
+        self._t0 = time.monotonic()
+        self.writer.write(
+            ev.RunStarted(0.0, s.name, s.policy.name, s.seed, s.duration_s, self.view.worker_ids, self.block_size, self.view.workers[0].kv_blocks, s.metrics.warmup_s)
+        )
+        if self.host.policy.tick_interval_s:
+            self._tick_task = asyncio.create_task(self._ticks(self.host.policy.tick_interval_s))
+        self.running = True
+
+    def end_run(self) -> None:
+        """End the log: on ``POST /run/end`` (the driver is done), or at shutdown."""
+        if not self.running:
+            return
+        self.running, self.ended = False, True
+        if self._tick_task is not None:
+            self._tick_task.cancel()
+        self.writer.write(ev.RunEnded(self._now(), 0, self.host.in_flight))
+        self.writer.flush()
+
+    async def _map_instances(self) -> None:
+        wanted = len(self.view.workers)
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        while len(self.client.instance_ids()) < wanted:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"only {len(self.client.instance_ids())} of {wanted} workers registered within {PROBE_TIMEOUT_S:g} s")
+            await asyncio.sleep(0.2)
+        for number, instance in enumerate(sorted(self.client.instance_ids())):
+            # One full block no workload will send: a marker token, then the probe number.
+            tokens = [1] * (self.block_size - 2) + [number + 7, 3]
+            block = sequence_hashes(tokens, self.block_size)[0]
+            found = self._probes[block] = asyncio.get_running_loop().create_future()
+            request = _probe_request(self.config.model_name, tokens)
+            async for _ in await self.client.direct(request, instance):
+                pass
+            try:
+                worker = await asyncio.wait_for(found, timeout=PROBE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise RuntimeError(f"worker instance {instance} published no KV event for a probe: are KV events enabled on every worker?") from None
+            self.instance_of[worker] = instance
+        if sorted(self.instance_of) != sorted(self.view.worker_ids):
+            raise RuntimeError(f"probes mapped instances to {sorted(self.instance_of)}, expected {list(self.view.worker_ids)}")
+        self._probes.clear()
+
+    def _on_kv_event(self, worker: str, event: KvEvent) -> None:
+        if self._probes and event.kind == "stored":
+            for block in event.blocks:
+                probe = self._probes.get(block)
+                if probe is not None and not probe.done():
+                    probe.set_result(worker)
+        if self.ready:
+            self.host.kv_event(worker, event)
+
+    async def _ticks(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s / self.config.time_scale)
+            self.host.tick()
+
+    # --- requests ------------------------------------------------------------------------------
+
+    async def generate(self, request: dict[str, Any], context: Any = None) -> AsyncIterator[dict[str, Any]]:
+        self.begin_run()
+        agent = request.get("agent_context") or {}
+        program = agent.get("session_id") or None
+        if program is not None and agent.get("session_final"):
+            self.session_finals += 1
+            self.host.end_program(program)
+            return
+        token_ids = list(request.get("token_ids") or ())
+        max_tokens = int((request.get("stop_conditions") or {}).get("max_tokens") or 0)
+        call = await self._admit(program, token_ids, max_tokens, context)
+        if call is None:
+            return
+        async for chunk in self._forward(call, request):
+            yield chunk
+
+    async def _admit(self, program: str | None, token_ids: list[int], max_tokens: int, context: Any) -> Call | None:
+        admission = asyncio.ensure_future(self.host.admit(program, token_ids, max_tokens))
+        if context is None or admission.done():
+            return await admission
+        stopped = asyncio.ensure_future(context.async_killed_or_stopped())
+        try:
+            await asyncio.wait({admission, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not admission.done():  # the client went away while its call was held
+            admission.cancel()
+            await asyncio.gather(admission, return_exceptions=True)
+            return None
+        return admission.result()
+
+    async def _forward(self, call: Call, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        output: list[int] = []
+        usage: dict[str, Any] = {}
+        finished = False
+        try:
+            stream = await self.client.direct(request, self.instance_of[call.worker])
+            async for annotated in stream:
+                chunk = annotated.data() if hasattr(annotated, "data") else annotated
+                if not isinstance(chunk, dict):
+                    yield chunk
+                    continue
+                tokens = chunk.get("token_ids") or ()
+                if tokens and not output:
+                    self.host.first_token(call)
+                output.extend(tokens)
+                usage = chunk.get("completion_usage") or usage
+                if chunk.get("finish_reason"):
+                    finished = True
+                    chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, output)}
+                yield chunk
+        except BaseException as exc:
+            self.host.fail(call, "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else f"error: {exc}")
+            raise
+        if not finished:
+            self.host.fail(call, "stream ended without a finish reason")
+            return
+        details = usage.get("prompt_tokens_details") or {}
+        self.host.finish(
+            call,
+            int(usage.get("prompt_tokens", call.spec.prompt_tokens)),
+            int(usage.get("completion_tokens", len(output))),
+            int(details.get("cached_tokens") or 0),
+        )
+
+    # --- status and shutdown -------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return status_snapshot(self)
+
+    def close(self) -> None:
+        self.end_run()
+        self.writer.close()
+
+
+def _probe_request(model: str, tokens: list[int]) -> dict[str, Any]:
+    return {
+        "model": model,
+        "token_ids": tokens,
+        "stop_conditions": {"max_tokens": 1},
+        "sampling_options": {},
+        "output_options": {},
+        "eos_token_ids": [],
+        "annotations": [],
+    }
+
+
+def _proof(call: Call, output: list[int]) -> dict[str, Any]:
+    return {"request": call.spec.id, "worker": call.worker, "held_s": call.held_s, "output_token_ids": output}
+
+
+async def _status_server(router: _Router, port: int) -> web.AppRunner:
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(router.status())
+
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(text=prometheus_text(router), content_type="text/plain", charset="utf-8")
+
+    async def run_start(_: web.Request) -> web.Response:
+        router.begin_run()
+        return web.json_response({"running": router.running})
+
+    async def run_end(_: web.Request) -> web.Response:
+        router.end_run()
+        return web.json_response({"ended": router.ended})
+
+    app = web.Application()
+    app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/run/start", run_start)
+    app.router.add_post("/run/end", run_end)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
+async def serve(config: RouterConfig) -> None:
+    from dynamo.llm import ModelInput, ModelType, WorkerType, register_model
+    from dynamo.runtime import DistributedRuntime
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runtime = DistributedRuntime(loop, os.environ.get("DYN_DISCOVERY_BACKEND", "file"), os.environ.get("DYN_REQUEST_PLANE", "tcp"))
+    router = _Router(config, runtime)
+    status = await _status_server(router, config.status_port)
+    try:
+        await router.start()
+        endpoint = runtime.endpoint(f"{config.namespace}.tasim_router.generate")
+        await register_model(
+            model_input=ModelInput.Tokens,
+            model_type=ModelType.Chat | ModelType.Completions,
+            endpoint=endpoint,
+            model_path=config.model_path,
+            model_name=config.model_name,
+            worker_type=WorkerType.Aggregated,
+        )
+        serving = asyncio.ensure_future(endpoint.serve_endpoint(router.generate, graceful_shutdown=False))
+        await asyncio.wait({serving, asyncio.create_task(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+        if serving.done():
+            serving.result()  # surfaces why serving stopped
+    finally:
+        router.close()
+        await status.cleanup()
+        runtime.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m tasim.live.router CONFIG.json", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s tasim-router %(levelname)s %(message)s")
+    config = RouterConfig.model_validate(json.loads(Path(args[0]).read_text()))
+    import uvloop
+
+    uvloop.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

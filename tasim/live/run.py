@@ -1,0 +1,107 @@
+"""``tasim live``: start a stack, drive the scenario's programs through it, stop it, summarise.
+
+The run directory gets the stack's working files and process logs (``stack/``), the router's event log (``events.jsonl``, the same event types the
+simulator writes, so ``tasim report`` works on it), ``summary.json`` (the simulator's keys plus
+``programs_leaked``: programs the router saw start but never saw end) and ``run.json`` (the
+scenario, engine, time scale and the driver's counts). With ``compare_sim`` the same scenario and
+programs are simulated into ``DIR/sim``; on the mocker the simulation uses Dynamo's polynomial
+step times, which is what the mocker runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tasim import __version__
+from tasim import events as ev
+from tasim.eventlog import EVENTS_PLAIN, EventLogError, read_events
+from tasim.live.driver import HttpAgentDriver, PromptFormat, live_workload
+from tasim.live.stack import Engine, LiveStack
+from tasim.live.tiny_model import vocab_size
+from tasim.metrics import MetricsFold
+from tasim.rundir import RUN_FILE, SUMMARY_FILE, write_json
+from tasim.scenario import Scenario
+
+SIM_DIR = "sim"
+STACK_DIR = "stack"  # discovery store, generated model, router config and process logs
+
+
+def finite_scenario(scenario: Scenario, programs: int | None) -> Scenario:
+    """The scenario with ``workload.programs`` set, so simulation runs the same programs."""
+    workload, count = live_workload(scenario, programs)
+    data = scenario.model_dump(mode="json")
+    data["workload"]["programs"] = count
+    return Scenario.model_validate(data)
+
+
+def live_summary(events_path: Path, wall_time_s: float | None) -> dict[str, Any]:
+    fold = MetricsFold()
+    started: set[str] = set()
+    for event in read_events(events_path):
+        fold.apply(event)
+        if isinstance(event, ev.ProgramStarted):
+            started.add(event.program)
+        elif isinstance(event, ev.ProgramFinished):
+            started.discard(event.program)
+    try:
+        summary = fold.summary(wall_time_s=wall_time_s)
+    except ValueError as exc:
+        raise EventLogError(f"{events_path}: {exc} (did the router stop before writing its end?)") from None
+    summary["programs_leaked"] = len(started)
+    return summary
+
+
+def run_live(
+    scenario: Scenario,
+    out: Path,
+    engine: Engine = "mocker",
+    time_scale: float = 1.0,
+    programs: int | None = None,
+    prompt_format: PromptFormat = "tokens",
+    model_path: Path | None = None,
+) -> dict[str, Any]:
+    scenario = finite_scenario(scenario, programs)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / (EVENTS_PLAIN + ".partial")
+    started = time.perf_counter()
+    with LiveStack(scenario, engine=engine, model_path=model_path, time_scale=time_scale, workdir=out / STACK_DIR, events_path=partial) as stack:
+        assert stack.model_path is not None
+        driver = HttpAgentDriver(
+            stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), time_scale,
+            prompt_format=prompt_format, model_path=stack.model_path,
+        )
+        stack.begin_run()
+        result = asyncio.run(driver.run())
+        stack.end_run()
+    wall = time.perf_counter() - started
+    final = out / EVENTS_PLAIN
+    partial.replace(final)
+    summary = live_summary(final, wall)
+    write_json(out / SUMMARY_FILE, summary)
+    write_json(
+        out / RUN_FILE,
+        {
+            "tasim_version": __version__,
+            "mode": "live",
+            "engine": engine,
+            "time_scale": time_scale,
+            "events": EVENTS_PLAIN,
+            "wall_time_s": wall,
+            "driver": asdict(result) | {"errors": result.errors[:20]},
+            "scenario": scenario.model_dump(mode="json"),
+        },
+    )
+    return summary
+
+
+def simulated_twin(scenario: Scenario, engine: Engine) -> Scenario:
+    """What to simulate next to a live run: on the mocker, its polynomial step times."""
+    if engine != "mocker" or scenario.cluster.perf.model == "dynamo_polynomial":
+        return scenario
+    data = scenario.model_dump(mode="json")
+    data["cluster"]["perf"]["model"] = "dynamo_polynomial"
+    return Scenario.model_validate(data)

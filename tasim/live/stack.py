@@ -1,0 +1,270 @@
+"""Start and supervise a live stack: workers, the tasim router, the Dynamo frontend.
+
+Everything runs on 127.0.0.1 with free ports, in a private temporary directory that holds the
+file-discovery store, the generated model folder (when none is given), the router's config and
+each process's log. Start order is workers → router (it waits for the workers, probes them and
+registers the public model) → frontend; each stage waits for readiness. `LiveStack.stop` (also
+on leaving the ``with`` block, on Ctrl-C and on any start-up failure) ends every process group it
+started, politely first (the router then writes the end of its event log), and kills what is
+still alive after a grace period.
+
+Dynamo 1.6.1 binds its own ZMQ event-plane publishers (and the mocker's KV-event publishers) on
+all interfaces; every address that can be configured (HTTP, request plane, response streams,
+system port) is set to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from tasim.live.errors import LiveError
+from tasim.scenario import Scenario
+
+Engine = Literal["mocker", "vllm", "sglang"]
+ENGINES: tuple[str, ...] = ("mocker", "vllm", "sglang")
+HOST = "127.0.0.1"
+INTERNAL_SUFFIX = "-internal"
+
+
+class StackError(LiveError):
+    """The stack could not start; the message names the process and its log."""
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind((HOST, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _free_port_run(count: int) -> int:
+    """The first of ``count`` consecutive free ports (the mocker binds base + worker index)."""
+    for _ in range(200):
+        base = free_ports(1)[0]
+        if base + count >= 65535:
+            continue
+        try:
+            probes = []
+            for port in range(base, base + count):
+                sock = socket.socket()
+                probes.append(sock)
+                sock.bind((HOST, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in probes:
+                sock.close()
+    raise StackError(f"no run of {count} consecutive free ports found")
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LiveStack:
+    """``scenario`` sizes the workers (block size, blocks, batch limits) and names the policy;
+    ``time_scale`` speeds the mocker up (its ``--speedup-ratio``, times the scenario's)."""
+
+    scenario: Scenario
+    engine: Engine = "mocker"
+    model_path: Path | None = None
+    model_name: str = "tasim-model"
+    time_scale: float = 1.0
+    workdir: Path | None = None
+    events_path: Path | None = None
+    startup_timeout_s: float = 180.0
+    processes: list[_Process] = field(default_factory=list)
+    http_port: int = 0
+    status_port: int = 0
+    kv_event_ports: list[int] = field(default_factory=list)
+
+    # --- public --------------------------------------------------------------------------------
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.http_port}"
+
+    @property
+    def status_url(self) -> str:
+        return f"http://{HOST}:{self.status_port}"
+
+    @property
+    def kv_event_endpoints(self) -> list[str]:
+        return [f"tcp://{HOST}:{port}" for port in self.kv_event_ports]
+
+    def __enter__(self) -> "LiveStack":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        if self.workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="tasim-live-")
+            self.workdir = Path(self._tmp.name)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.model_path is None:
+            from tasim.live.tiny_model import write_tiny_model
+
+            self.model_path = write_tiny_model(self.workdir / "model")
+        self.events_path = self.events_path or self.workdir / "events.jsonl"
+        backends = self.scenario.cluster.backends
+        self.http_port, self.status_port = free_ports(2)
+        base = _free_port_run(backends)
+        self.kv_event_ports = list(range(base, base + backends))
+        try:
+            self._start_workers()
+            self._start_router()
+            self._wait_http(f"{self.status_url}/status", "router", lambda body: json.loads(body).get("ready") is True)
+            self._start_frontend()
+            self._wait_http(f"{self.base_url}/v1/models", "frontend", lambda body: f'"{self.model_name}"' in body)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        """Stop everything started, frontend first, router (which ends its log) before workers."""
+        for process in reversed(self.processes):
+            self._terminate(process, grace_s)
+        self.processes.clear()
+
+    def begin_run(self) -> None:
+        """Start the router's measured run (its clock and event log) now."""
+        _post(f"{self.status_url}/run/start")
+
+    def end_run(self) -> None:
+        """End the router's measured run now; later requests are not in its log's window."""
+        _post(f"{self.status_url}/run/end")
+
+    def alive(self) -> list[str]:
+        return [p.name for p in self.processes if p.popen.poll() is None]
+
+    # --- processes -----------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            DYN_DISCOVERY_BACKEND="file",
+            DYN_FILE_KV=str(self.workdir / "discovery"),
+            DYN_REQUEST_PLANE="tcp",
+            DYN_TCP_RPC_HOST=HOST,
+            DYN_TCP_RESPONSE_STREAM_HOST=HOST,
+            DYN_EVENT_PLANE_HOST=HOST,
+            DYN_SYSTEM_HOST=HOST,
+            DYN_SELF_HOST_METADATA="0",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        env.setdefault("DYN_LOG", "warn")
+        return env
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Process:
+        assert self.workdir is not None
+        log = self.workdir / f"{name}.log"
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                args, stdout=out, stderr=subprocess.STDOUT, env=env or self._env(), cwd=self.workdir, start_new_session=True
+            )
+        process = _Process(name, popen, log)
+        self.processes.append(process)
+        return process
+
+    def _start_workers(self) -> None:
+        from tasim.live.engines import worker_commands
+
+        assert self.model_path is not None
+        internal = self.model_name + INTERNAL_SUFFIX
+        for name, args, extra_env in worker_commands(self.engine, self.scenario, self.model_path, internal, self.kv_event_ports, self.time_scale):
+            self._spawn(name, args, {**self._env(), **extra_env})
+
+    def _start_router(self) -> None:
+        assert self.workdir is not None and self.model_path is not None and self.events_path is not None
+        config = {
+            "scenario": self.scenario.model_dump(mode="json"),
+            "model_name": self.model_name,
+            "model_path": str(self.model_path),
+            "kv_event_endpoints": self.kv_event_endpoints,
+            "events_path": str(self.events_path),
+            "status_port": self.status_port,
+            "time_scale": self.time_scale,
+        }
+        path = self.workdir / "router.json"
+        path.write_text(json.dumps(config))
+        self._spawn("router", [sys.executable, "-m", "tasim.live.router", str(path)])
+
+    def _start_frontend(self) -> None:
+        args = [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(self.http_port), "--router-mode", "round-robin"]
+        self._spawn("frontend", args)
+
+    def _wait_http(self, url: str, name: str, ok: "callable[[str], bool]") -> None:  # type: ignore[valid-type]
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            for process in self.processes:
+                if process.popen.poll() is not None:
+                    raise StackError(f"{process.name} exited with code {process.popen.returncode} during start-up; see {process.log}: {_tail(process.log)}")
+            try:
+                with urllib.request.urlopen(url, timeout=2) as reply:
+                    if ok(reply.read().decode()):  # type: ignore[misc]
+                        return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.25)
+        raise StackError(f"{name} not ready within {self.startup_timeout_s:g} s ({url}); logs in {self.workdir}")
+
+    @staticmethod
+    def _terminate(process: _Process, grace_s: float) -> None:
+        if process.popen.poll() is None:
+            try:
+                os.killpg(process.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                process.popen.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        try:  # the group may hold children of the leader (Dynamo spawns none today, vLLM does)
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        process.popen.wait()
+
+
+def _post(url: str) -> None:
+    request = urllib.request.Request(url, data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            reply.read()
+    except (urllib.error.URLError, OSError) as exc:
+        raise StackError(f"router did not answer {url}: {exc}") from None
+
+
+def _tail(log: Path, lines: int = 3) -> str:
+    try:
+        text = log.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(line.strip()[-300:] for line in text[-lines:])

@@ -1,0 +1,68 @@
+"""What the router reports about itself: a JSON status snapshot and Prometheus metrics.
+
+Metrics are rendered from the router's own counters on each scrape (no global registry), so
+several routers in one test process never collide.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from tasim.live.router import _Router
+
+
+def _percentiles_ms(seconds: Iterable[float]) -> dict[str, float | None]:
+    arr = np.fromiter(seconds, dtype=float) * 1e3
+    if not arr.size:
+        return {"p50": None, "p99": None, "max": None}
+    p50, p99 = np.percentile(arr, [50, 99])
+    return {"p50": float(p50), "p99": float(p99), "max": float(arr.max())}
+
+
+def status_snapshot(router: "_Router") -> dict[str, Any]:
+    host = router.host
+    return {
+        "ready": router.ready,
+        "policy": host.policy.name,
+        "time_s": host.clock(),
+        "workers": {w: {"instance_id": router.instance_of.get(w), "routed": host.routed[w], "cached_blocks": host.cached_blocks(w)} for w in host.routed},
+        "programs": {
+            "live": len(host.programs),
+            "held": sum(1 for p in host.programs.values() if p.held is not None),
+            "table": {p.id: {"turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": p.held is not None} for p in host.programs.values()},
+        },
+        "requests": {"in_flight": host.in_flight, "finished": host.finished, "failed": host.failed, "session_finals": router.session_finals},
+        "pauses": host.pauses,
+        "resumes": host.resumes,
+        "ignored_pins": host.ignored_pins,
+        "decision_ms": _percentiles_ms(host.decision_seconds),
+        "kv_events": {"messages": router.kv.messages, "gaps": dict(router.kv.gaps)},
+    }
+
+
+def prometheus_text(router: "_Router") -> str:
+    host = router.host
+    lines: list[str] = []
+
+    def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
+        lines.append(f"# HELP tasim_router_{name} {help_text}")
+        lines.append(f"# TYPE tasim_router_{name} {kind}")
+        lines.extend(f"tasim_router_{name}{labels} {value:g}" for labels, value in samples)
+
+    metric("requests_routed_total", "counter", "Requests routed, by worker.", [(f'{{worker="{w}"}}', n) for w, n in host.routed.items()])
+    metric("requests_finished_total", "counter", "Requests that completed.", [("", host.finished)])
+    metric("requests_failed_total", "counter", "Requests that failed or were cancelled.", [("", host.failed)])
+    metric("requests_in_flight", "gauge", "Requests routed and not yet finished.", [("", host.in_flight)])
+    metric("programs_live", "gauge", "Programs in the router's table.", [("", len(host.programs))])
+    metric("programs_held", "gauge", "Programs whose call waits for a resume.", [("", sum(p.held is not None for p in host.programs.values()))])
+    metric("pauses_total", "counter", "Program pauses.", [("", host.pauses)])
+    metric("resumes_total", "counter", "Program resumes.", [("", host.resumes)])
+    metric("session_finals_total", "counter", "Session-final requests (program ends).", [("", router.session_finals)])
+    metric("cached_blocks", "gauge", "Blocks each worker reports cached (KV events).", [(f'{{worker="{w}"}}', host.cached_blocks(w)) for w in host.routed])
+    metric("kv_event_gaps_total", "counter", "Gaps in a worker's KV event sequence.", [(f'{{worker="{w}"}}', n) for w, n in router.kv.gaps.items()])
+    decisions = _percentiles_ms(host.decision_seconds)
+    metric("decision_ms", "gauge", "Routing decision time over the last 100,000 requests.", [(f'{{quantile="{q}"}}', v) for q, v in decisions.items() if v is not None])
+    return "\n".join(lines) + "\n"
