@@ -31,6 +31,17 @@ REQUEST_TIMEOUT_S = 3600.0
 PromptFormat = Literal["tokens", "text"]
 
 
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One completed call as the client saw it; ``worker`` is what the router reported."""
+
+    program: str
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+    request: str
+    worker: str
+
+
 @dataclass
 class DriverResult:
     programs: int = 0
@@ -39,6 +50,7 @@ class DriverResult:
     session_finals: int = 0
     wall_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)  # only with record_calls
 
 
 class DriverError(LiveError):
@@ -66,6 +78,7 @@ class HttpAgentDriver:
         programs: int | None = None,
         prompt_format: PromptFormat = "tokens",
         model_path: Path | None = None,
+        record_calls: bool = False,
     ) -> None:
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.model_name = model_name
@@ -75,6 +88,7 @@ class HttpAgentDriver:
         self.time_scale = time_scale
         self.prompt_format = prompt_format
         self._detokenize = _detokenizer(model_path) if prompt_format == "text" else None
+        self.record_calls = record_calls
         self.result = DriverResult()
 
     # --- token content -------------------------------------------------------------------------
@@ -149,7 +163,12 @@ class HttpAgentDriver:
                 payload = await reply.json(content_type=None)
                 if reply.status != 200:
                     raise RuntimeError(f"HTTP {reply.status}: {str(payload)[:200]}")
-            return list(payload["nvext"]["engine_data"]["tasim"]["output_token_ids"])
+            proof = payload["nvext"]["engine_data"]["tasim"]
+            output = list(proof["output_token_ids"])
+            if self.record_calls:
+                program = headers["x-dynamo-session-id"]
+                self.result.calls.append(CallRecord(program, context, output, proof["request"], proof["worker"]))
+            return output
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, TypeError, ValueError) as exc:
             self.result.failed_requests += 1
             self.result.errors.append(f"{headers['x-dynamo-session-id']}: {exc}")

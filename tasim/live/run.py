@@ -5,7 +5,7 @@ simulator writes, so ``tasim report`` works on it), ``summary.json`` (the simula
 ``programs_leaked``: programs the router saw start but never saw end) and ``run.json`` (the
 scenario, engine, time scale and the driver's counts). With ``compare_sim`` the same scenario and
 programs are simulated into ``DIR/sim``; on the mocker the simulation uses Dynamo's polynomial
-step times, which is what the mocker runs.
+step times and leaves-first eviction, which is what the mocker runs.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def run_live(
             "time_scale": time_scale,
             "events": EVENTS_PLAIN,
             "wall_time_s": wall,
-            "driver": asdict(result) | {"errors": result.errors[:20]},
+            "driver": asdict(result) | {"errors": result.errors[:20], "calls": len(result.calls)},
             "scenario": scenario.model_dump(mode="json"),
         },
     )
@@ -99,9 +99,11 @@ def run_live(
 
 
 def simulated_twin(scenario: Scenario, engine: Engine) -> Scenario:
-    """What to simulate next to a live run: on the mocker, its polynomial step times."""
-    if engine != "mocker" or scenario.cluster.perf.model == "dynamo_polynomial":
+    """What to simulate next to a live run: on the mocker, its polynomial step times and its
+    leaves-first eviction order."""
+    if engine != "mocker":
         return scenario
     data = scenario.model_dump(mode="json")
     data["cluster"]["perf"]["model"] = "dynamo_polynomial"
+    data["cluster"]["engine"]["eviction"] = "lineage"
     return Scenario.model_validate(data)

@@ -1,0 +1,217 @@
+"""End to end on real Dynamo: mocker workers + the tasim router + the Dynamo frontend.
+
+Each policy runs ``scenarios/live-mocker.yaml`` (24 programs x 3-5 turns on two tiny workers)
+once; the tests below read that run. Which worker served a call is checked against what the
+*workers* publish: every worker's KV-event stream is recorded by a subscriber of the test's own,
+and the last full prompt block of each call must be cached on the worker the policy chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from tasim import events as ev
+from tasim.eventlog import EVENTS_PLAIN, read_events
+from tasim.live.driver import DriverResult, HttpAgentDriver
+from tasim.live.hashing import sequence_hashes
+from tasim.live.run import finite_scenario, live_summary, simulated_twin
+from tasim.live.stack import LiveStack
+from tasim.live.tiny_model import vocab_size
+from tasim.rundir import run_simulation
+from tasim.scenario import load_scenario
+
+pytest.importorskip("dynamo.llm")
+pytestmark = pytest.mark.slow
+
+SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "live-mocker.yaml"
+TIME_SCALE = 2.0
+
+
+class WorkerEvents(threading.Thread):
+    """Records (order, worker index, stored block hashes) straight from the workers' publishers."""
+
+    def __init__(self, endpoints: list[str]) -> None:
+        super().__init__(daemon=True)
+        self.endpoints = endpoints
+        self.stored: list[tuple[int, int, list[int]]] = []
+        self._halt = threading.Event()
+        self._connected = threading.Event()
+
+    def run(self) -> None:
+        context = zmq.Context()
+        sockets = []
+        poller = zmq.Poller()
+        for endpoint in self.endpoints:
+            sock = context.socket(zmq.SUB)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.connect(endpoint)
+            poller.register(sock, zmq.POLLIN)
+            sockets.append(sock)
+        self._connected.set()
+        order = 0
+        while not self._halt.is_set():
+            for sock, _ in poller.poll(100):
+                frames = sock.recv_multipart()
+                for event in msgpack.unpackb(frames[-1], raw=False, strict_map_key=False)[1]:
+                    if event.get("type") == "BlockStored":
+                        self.stored.append((order, sockets.index(sock), list(event["block_hashes"])))
+                        order += 1
+        for sock in sockets:
+            sock.close(linger=0)
+        context.term()
+
+    def start_and_wait(self) -> None:
+        self.start()
+        self._connected.wait(10)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+@dataclass
+class LiveRun:
+    summary: dict
+    simulated: dict
+    driver: DriverResult
+    events: list[ev.Event]
+    worker_stores: list[tuple[int, int, list[int]]]
+    block_size: int
+    process_groups: list[int] = field(default_factory=list)
+    still_running: list[str] = field(default_factory=list)
+
+
+_RUNS: dict[str, LiveRun] = {}
+
+
+def live_run(policy: str, tmp_root: Path) -> LiveRun:
+    if policy in _RUNS:
+        return _RUNS[policy]
+    scenario = finite_scenario(load_scenario(SCENARIO, [f"policy.name={policy}", "policy.params={}"]), None)
+    out = tmp_root / policy
+    out.mkdir(parents=True)
+    events_path = out / EVENTS_PLAIN
+    stack = LiveStack(scenario, time_scale=TIME_SCALE, workdir=out / "stack", events_path=events_path)
+    with stack:
+        recorder = WorkerEvents(stack.kv_event_endpoints)
+        recorder.start_and_wait()
+        time.sleep(0.5)  # let the subscriptions reach the publishers
+        assert stack.model_path is not None
+        driver = HttpAgentDriver(stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), TIME_SCALE, record_calls=True)
+        stack.begin_run()
+        result = asyncio.run(driver.run())
+        stack.end_run()
+        time.sleep(0.3)
+        recorder.stop()
+        groups = [p.popen.pid for p in stack.processes]
+    run = LiveRun(
+        summary=live_summary(events_path, None),
+        simulated=run_simulation(simulated_twin(scenario, "mocker"), out / "sim"),
+        driver=result,
+        events=list(read_events(events_path)),
+        worker_stores=recorder.stored,
+        block_size=scenario.cluster.engine.block_size,
+        process_groups=groups,
+        still_running=stack.alive(),
+    )
+    _RUNS[policy] = run
+    return run
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("live")
+
+
+POLICIES = ("thunderagent", "round_robin", "kv_router")
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_every_request_completes_and_no_program_leaks(policy: str, tmp_root: Path) -> None:
+    run = live_run(policy, tmp_root)
+    planned = run.simulated["requests_completed"]  # the same 24 programs, simulated
+    assert run.driver.failed_requests == 0, run.driver.errors[:3]
+    assert run.driver.programs == 24 and run.driver.session_finals == 24
+    assert run.summary["requests_completed"] == planned == run.driver.requests
+    assert run.summary["programs_completed"] == 24
+    assert run.summary["programs_leaked"] == 0
+    assert run.summary["requests_unfinished"] == 0
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_call_ran_on_the_worker_the_policy_chose(policy: str, tmp_root: Path) -> None:
+    run = live_run(policy, tmp_root)
+    routed = {e.request: e.worker for e in run.events if isinstance(e, ev.RequestRouted)}
+    stored_on: dict[int, set[int]] = {}
+    first_store: dict[int, int] = {}
+    for _, worker, hashes in run.worker_stores:
+        for block in hashes:
+            stored_on.setdefault(block, set()).add(worker)
+            first_store.setdefault(block, worker)
+    first_caller: dict[int, str] = {}
+    assert len(run.driver.calls) == run.driver.requests
+    for call in run.driver.calls:
+        assert routed[call.request] == call.worker  # the reply names the router's logged choice
+        last_block = sequence_hashes(call.prompt_token_ids, run.block_size)[-1]
+        chosen = int(call.worker[1:])
+        # The chosen worker holds the prompt: it computed it (stored now) or had it cached.
+        assert chosen in stored_on.get(last_block, set()), f"{call.request}: block not on {call.worker}"
+        first_caller.setdefault(last_block, call.worker)
+    # A block's first store anywhere is on the worker chosen for the first call that contained it.
+    for block, worker in first_caller.items():
+        assert first_store[block] == int(worker[1:])
+
+
+def test_thunderagent_pauses_and_resumes_every_paused_program(tmp_root: Path) -> None:
+    run = live_run("thunderagent", tmp_root)
+    assert run.summary["pauses"] > 0
+    paused: set[str] = set()
+    held: set[str] = set()
+    for e in run.events:
+        if isinstance(e, ev.ProgramPaused):
+            paused.add(e.program)
+        elif isinstance(e, ev.ProgramResumed):
+            paused.discard(e.program)
+        elif isinstance(e, ev.RequestHeld):
+            held.add(e.request)
+        elif isinstance(e, ev.RequestRouted):
+            held.discard(e.request)
+        elif isinstance(e, ev.ProgramFinished):
+            # A program paused after its last turn is released by its session-final request.
+            paused.discard(e.program)
+    assert not held, f"held calls never routed: {sorted(held)[:5]}"
+    assert not paused
+    assert run.summary["resumes"] > 0
+
+
+# Per-request routers agree with the simulation to within about 1 pp of hit rate and 5 % of
+# throughput. ThunderAgent's hit rate depends on which 5 s tick pauses or resumes a program, and
+# live ticks land a few milliseconds off the simulated ones: over repeated runs its live hit rate
+# was 3-6 pp below the simulated one, so its bound is wider (see README, live mode).
+HIT_RATE_BOUND = {"round_robin": 0.05, "kv_router": 0.05, "thunderagent": 0.08}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_live_matches_simulation(policy: str, tmp_root: Path) -> None:
+    run = live_run(policy, tmp_root)
+    live, sim = run.summary, run.simulated
+    assert abs(live["prefix_hit_rate"] - sim["prefix_hit_rate"]) <= HIT_RATE_BOUND[policy]
+    assert abs(live["output_tokens_per_s"] / sim["output_tokens_per_s"] - 1) <= 0.15
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_no_process_outlives_the_stack(policy: str, tmp_root: Path) -> None:
+    run = live_run(policy, tmp_root)
+    assert run.still_running == []
+    for group in run.process_groups:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)  # signal 0: does any process of the group exist?
