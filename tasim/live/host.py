@@ -44,10 +44,9 @@ class _Program:
     id: str
     one_off: bool
     turn: int = 0  # completed turns
-    attempts: int = 0  # calls seen, so a retried turn gets a fresh request id
     history_tokens: int = 0  # prompt + output of the last completed turn
     context_tokens: int = 0
-    failed: bool = False
+    failed: bool = False  # its latest call failed
     in_flight: int = 0
     held: "asyncio.Future[str] | None" = None
     hash_tokens: list[int] = field(default_factory=list)  # tokens behind `hashes` (full blocks)
@@ -61,6 +60,17 @@ class Call:
     spec: RequestSpec
     worker: str
     held_s: float
+    created: bool  # this call created its program
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """A call the policy holds until it resumes the program; `PolicyHost.wait` for it."""
+
+    spec: RequestSpec
+    future: "asyncio.Future[str]"
+    created: bool  # this call created its program
+    since: float
 
 
 class PolicyHost:
@@ -80,6 +90,9 @@ class PolicyHost:
         self.ignored_pins = 0
         self.decision_seconds: deque[float] = deque(maxlen=100_000)  # policy + hashing time per decision
         self._one_offs = 0
+        # Calls per "program.turn", so a retried or concurrent call gets an id of its own; an
+        # entry goes when its turn completes.
+        self._calls: dict[str, int] = {}
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in policy.view.worker_ids}
 
     # --- calls ---------------------------------------------------------------------------------
@@ -87,13 +100,19 @@ class PolicyHost:
     async def admit(self, program_id: str | None, token_ids: list[int], max_tokens: int) -> Call:
         """Route one call; waits while the policy holds it. ``program_id`` None: a one-off
         request, a program of its own that ends with it."""
+        admission = self.decide(program_id, token_ids, max_tokens)
+        return admission if isinstance(admission, Call) else await self.wait(admission)
+
+    def decide(self, program_id: str | None, token_ids: list[int], max_tokens: int) -> Call | Held:
+        """The policy's decision for one call, without waiting: a routed `Call`, or a `Held`
+        call to `wait` for (the common case costs no task switch)."""
         started = time.perf_counter()
         now = self.clock()
         program, created = self._program(program_id, now)
-        program.attempts += 1
-        suffix = "" if program.attempts == program.turn + 1 else f"r{program.attempts}"
+        base = f"{program.id}.{program.turn}"
+        calls = self._calls[base] = self._calls.get(base, 0) + 1
         spec = RequestSpec(
-            id=f"{program.id}.{program.turn}{suffix}",
+            id=base if calls == 1 else f"{base}r{calls}",
             program=program.id,
             turn=program.turn,
             prompt_tokens=len(token_ids),
@@ -106,23 +125,33 @@ class PolicyHost:
         decision = self.policy.on_request(spec, now)
         self.decision_seconds.append(time.perf_counter() - started)
         if isinstance(decision, Route):
-            return self._routed(program, spec, decision.worker, 0.0)
+            return self._routed(program, spec, decision.worker, 0.0, created)
         if not isinstance(decision, Hold):
             raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
         self.emit(ev.RequestHeld(now, spec.id, program.id))
         if decision.pause:
             self.pauses += 1
             self.emit(ev.ProgramPaused(now, program.id))
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        program.held = future
+        program.held = asyncio.get_running_loop().create_future()
+        return Held(spec, program.held, created, now)
+
+    async def wait(self, held: Held) -> Call:
+        """Wait for the policy to resume a held call; cancelling the wait rolls the call back
+        (unless the program itself ended meanwhile, which cancels the wait)."""
         try:
-            worker = await future
+            worker = await held.future
         except BaseException:
-            if program.held is future:
-                program.held = None
-            self._roll_back(program, spec, created, "cancelled while held")
+            program = self.programs.get(held.spec.program)
+            if program is None:  # the program ended while its call waited
+                self.failed += 1
+                self.emit(ev.RequestDropped(self.clock(), held.spec.id, held.spec.program, "", "cancelled while held"))
+            else:
+                if program.held is held.future:
+                    program.held = None
+                self._roll_back(program, held.spec, held.created, "cancelled while held")
             raise
-        return self._routed(program, spec, worker, self.clock() - now)
+        program = self.programs[held.spec.program]
+        return self._routed(program, held.spec, worker, self.clock() - held.since, held.created)
 
     def first_token(self, call: Call) -> None:
         now = self.clock()
@@ -137,8 +166,9 @@ class PolicyHost:
         program.in_flight -= 1
         self.in_flight -= 1
         self.finished += 1
+        self._calls.pop(f"{program.id}.{program.turn}", None)
         program.turn += 1
-        program.attempts = program.turn
+        program.failed = False
         program.history_tokens = program.context_tokens = prompt_tokens + output_tokens
         self.emit(ev.RequestFinished(now, spec.id, spec.program, call.worker, prompt_tokens, output_tokens, cached_tokens))
         self._apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, call.worker, prompt_tokens, output_tokens, cached_tokens), now))
@@ -152,7 +182,7 @@ class PolicyHost:
         if program is None:
             return
         program.in_flight -= 1
-        self._roll_back(program, call.spec, program.turn == 0 and program.attempts == 1, reason, call.worker)
+        self._roll_back(program, call.spec, call.created, reason, call.worker)
 
     def end_program(self, program_id: str) -> bool:
         """The session ended (``x-dynamo-session-final``); False if it was not known."""
@@ -220,23 +250,23 @@ class PolicyHost:
         program.hashes = hashes
         return hashes
 
-    def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float) -> Call:
+    def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float, created: bool) -> Call:
         if worker not in self.routed:
             raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
         self.routed[worker] += 1
         program.in_flight += 1
         self.in_flight += 1
         self.emit(ev.RequestRouted(self.clock(), spec.id, worker))
-        return Call(spec, worker, held_s)
+        return Call(spec, worker, held_s, created)
 
     def _roll_back(self, program: _Program, spec: RequestSpec, created: bool, reason: str, worker: str = "") -> None:
         now = self.clock()
         self.failed += 1
-        program.attempts -= 1
+        program.failed = True
         program.context_tokens = program.history_tokens
         self.emit(ev.RequestDropped(now, spec.id, program.id, worker, reason))
         self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, worker, spec.prompt_tokens, 0, 0, ok=False), now))
-        if created and program.attempts == 0 and program.in_flight == 0:
+        if created and program.turn == 0 and program.in_flight == 0 and program.held is None:
             self.end_program(program.id)  # the call that created the program never happened
 
     def _apply(self, decisions: Sequence[ProgramDecision]) -> None:

@@ -188,28 +188,30 @@ class _Router:
             yield chunk
 
     async def _admit(self, program: str | None, token_ids: list[int], max_tokens: int, context: Any) -> Call | None:
-        admission = asyncio.ensure_future(self.host.admit(program, token_ids, max_tokens))
-        if context is None or admission.done():
-            return await admission
+        admission = self.host.decide(program, token_ids, max_tokens)
+        if isinstance(admission, Call):
+            return admission
+        waiting = asyncio.ensure_future(self.host.wait(admission))
+        if context is None:
+            return await waiting
         stopped = asyncio.ensure_future(context.async_killed_or_stopped())
         try:
-            await asyncio.wait({admission, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
-        if not admission.done():  # the client went away while its call was held
-            admission.cancel()
-            await asyncio.gather(admission, return_exceptions=True)
+        if not waiting.done():  # the client went away while its call was held
+            waiting.cancel()
+            await asyncio.gather(waiting, return_exceptions=True)
             return None
-        return admission.result()
+        return waiting.result()
 
     async def _forward(self, call: Call, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         output: list[int] = []
         usage: dict[str, Any] = {}
         finished = False
         try:
-            stream = await self.client.direct(request, self.instance_of[call.worker])
-            async for annotated in stream:
-                chunk = annotated.data() if hasattr(annotated, "data") else annotated
+            stream = await self.client.direct(request, self.instance_of[call.worker], annotated=False)
+            async for chunk in stream:
                 if not isinstance(chunk, dict):
                     yield chunk
                     continue

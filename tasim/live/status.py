@@ -22,6 +22,11 @@ def _percentiles_ms(seconds: Iterable[float]) -> dict[str, float | None]:
     return {"p50": float(p50), "p99": float(p99), "max": float(arr.max())}
 
 
+def _number(value: float) -> str:
+    """Exact integers (counters stay exact past a million); floats in full precision."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
 def status_snapshot(router: "_Router") -> dict[str, Any]:
     host = router.host
     return {
@@ -50,7 +55,7 @@ def prometheus_text(router: "_Router") -> str:
     def metric(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
         lines.append(f"# HELP tasim_router_{name} {help_text}")
         lines.append(f"# TYPE tasim_router_{name} {kind}")
-        lines.extend(f"tasim_router_{name}{labels} {value:g}" for labels, value in samples)
+        lines.extend(f"tasim_router_{name}{labels} {_number(value)}" for labels, value in samples)
 
     metric("requests_routed_total", "counter", "Requests routed, by worker.", [(f'{{worker="{w}"}}', n) for w, n in host.routed.items()])
     metric("requests_finished_total", "counter", "Requests that completed.", [("", host.finished)])
@@ -64,5 +69,8 @@ def prometheus_text(router: "_Router") -> str:
     metric("cached_blocks", "gauge", "Blocks each worker reports cached (KV events).", [(f'{{worker="{w}"}}', host.cached_blocks(w)) for w in host.routed])
     metric("kv_event_gaps_total", "counter", "Gaps in a worker's KV event sequence.", [(f'{{worker="{w}"}}', n) for w, n in router.kv.gaps.items()])
     decisions = _percentiles_ms(host.decision_seconds)
-    metric("decision_ms", "gauge", "Routing decision time over the last 100,000 requests.", [(f'{{quantile="{q}"}}', v) for q, v in decisions.items() if v is not None])
+    quantiles = [(f'{{quantile="{q}"}}', decisions[key]) for q, key in (("0.5", "p50"), ("0.99", "p99"))]
+    metric("decision_ms", "gauge", "Routing decision time over the last 100,000 requests.", [(l, v) for l, v in quantiles if v is not None])
+    if decisions["max"] is not None:
+        metric("decision_max_ms", "gauge", "Slowest routing decision of the last 100,000 requests.", [("", decisions["max"])])
     return "\n".join(lines) + "\n"
