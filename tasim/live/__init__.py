@@ -1,4 +1,8 @@
-"""Live mode: the tasim router as a Dynamo component, the stack launcher and agent drivers.
+"""Live mode: a tasim policy served as a Dynamo router in front of real Dynamo workers.
 
-Not built yet; the simulator and policies do not depend on it.
+``router`` is the Dynamo component (``python -m tasim.live.router``); ``host`` the policy and
+program table it wraps (no Dynamo imports); ``hashing`` Dynamo's block hashes; ``kv_events`` the
+workers' ZMQ KV-event stream; ``status`` its JSON status and Prometheus text; ``stack`` and
+``engines`` start and stop workers, router and frontend; ``driver`` runs a scenario's programs
+over HTTP; ``run`` is the ``tasim live`` command. The simulator and policies never import it.
 """

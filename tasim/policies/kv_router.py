@@ -138,7 +138,7 @@ class KvRouter(Policy):
             active = self._active[w]
             if reuse:
                 active_blocks = len(active)
-                new_blocks = sum(1 for h in hashes if h not in active)
+                new_blocks = len(hashes) - sum(map(active.__contains__, hashes))  # counted in C
             else:
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)

@@ -7,6 +7,7 @@ import time
 from typing import Any, Literal
 
 from tasim.validation import ValidationUnavailable
+from tasim.live.engines import PREEMPTION_MODE
 from tasim.scenario import ClusterConfig
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace
@@ -14,7 +15,6 @@ from tasim.validation.workload_trace import ReplayTrace
 Router = Literal["round_robin", "kv_router"]
 ROUTERS: tuple[Router, ...] = ("round_robin", "kv_router")
 
-_PREEMPTION_MODE = {"newest_first": "lifo", "oldest_first": "fifo"}
 
 
 class DynamoUnavailable(ValidationUnavailable):
@@ -32,7 +32,7 @@ def engine_args(cluster: ClusterConfig) -> dict[str, Any]:
             "max_num_batched_tokens": engine.max_num_batched_tokens,
             "enable_prefix_caching": engine.enable_prefix_caching,
             "enable_chunked_prefill": engine.enable_chunked_prefill,
-            "preemption_mode": _PREEMPTION_MODE[engine.preemption],
+            "preemption_mode": PREEMPTION_MODE[engine.preemption],
             "speedup_ratio": cluster.perf.speedup_ratio,
             "timing_model": {"type": "polynomial"},
         }
