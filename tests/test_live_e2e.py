@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import json
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,7 +26,7 @@ from tasim.eventlog import EVENTS_PLAIN, read_events
 from tasim.live.driver import DriverResult, HttpAgentDriver
 from tasim.live.hashing import sequence_hashes
 from tasim.live.run import finite_scenario, live_summary, simulated_twin
-from tasim.live.stack import LiveStack
+from tasim.live.stack import LiveStack, StackError
 from tasim.live.tiny_model import vocab_size
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
@@ -86,8 +88,9 @@ class LiveRun:
     events: list[ev.Event]
     worker_stores: list[tuple[int, int, list[int]]]
     block_size: int
+    status: dict = field(default_factory=dict)
+    metrics: str = ""
     process_groups: list[int] = field(default_factory=list)
-    still_running: list[str] = field(default_factory=list)
 
 
 _RUNS: dict[str, LiveRun] = {}
@@ -112,7 +115,9 @@ def live_run(policy: str, tmp_root: Path) -> LiveRun:
         stack.end_run()
         time.sleep(0.3)
         recorder.stop()
-        groups = [p.popen.pid for p in stack.processes]
+        status = json.loads(urllib.request.urlopen(f"{stack.status_url}/status", timeout=10).read())
+        metrics = urllib.request.urlopen(f"{stack.status_url}/metrics", timeout=10).read().decode()
+
     run = LiveRun(
         summary=live_summary(events_path, None),
         simulated=run_simulation(simulated_twin(scenario, "mocker"), out / "sim"),
@@ -120,8 +125,9 @@ def live_run(policy: str, tmp_root: Path) -> LiveRun:
         events=list(read_events(events_path)),
         worker_stores=recorder.stored,
         block_size=scenario.cluster.engine.block_size,
-        process_groups=groups,
-        still_running=stack.alive(),
+        status=status,
+        metrics=metrics,
+        process_groups=list(stack.started_groups),
     )
     _RUNS[policy] = run
     return run
@@ -211,7 +217,36 @@ def test_live_matches_simulation(policy: str, tmp_root: Path) -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_no_process_outlives_the_stack(policy: str, tmp_root: Path) -> None:
     run = live_run(policy, tmp_root)
-    assert run.still_running == []
+    assert len(run.process_groups) == 3  # workers, router, frontend
     for group in run.process_groups:
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)  # signal 0: does any process of the group exist?
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_router_status_and_metrics_account_for_every_call(policy: str, tmp_root: Path) -> None:
+    run = live_run(policy, tmp_root)
+    status = run.status
+    assert status["ready"] and status["policy"] == policy
+    assert status["programs"]["live"] == 0  # the router's own table is empty: nothing leaked
+    assert status["requests"] == {"in_flight": 0, "finished": run.driver.requests, "failed": 0, "session_finals": 24}
+    routed = {w: info["routed"] for w, info in status["workers"].items()}
+    assert sum(routed.values()) == run.driver.requests
+    assert all(isinstance(info["instance_id"], int) for info in status["workers"].values())
+    assert status["kv_events"]["gaps"] == {}
+    for worker, count in routed.items():
+        assert f'tasim_router_requests_routed_total{{worker="{worker}"}} {count}' in run.metrics.splitlines()
+    assert f"tasim_router_pauses_total {status['pauses']}" in run.metrics.splitlines()
+
+
+def test_a_failed_start_names_the_process_and_leaves_nothing_running(tmp_path: Path) -> None:
+    scenario = finite_scenario(load_scenario(SCENARIO), None)
+    empty_model = tmp_path / "no-model"
+    empty_model.mkdir()
+    stack = LiveStack(scenario, model_path=empty_model, workdir=tmp_path / "stack", startup_timeout_s=60)
+    with pytest.raises(StackError, match=r"workers exited with code \d+ during start-up; see .*workers\.log"):
+        stack.start()
+    assert stack.started_groups  # the workers did start, and were stopped
+    for group in stack.started_groups:
+        with pytest.raises(ProcessLookupError):
+            os.killpg(group, 0)

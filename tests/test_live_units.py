@@ -600,7 +600,7 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "policy": "round_robin",
         "time_s": 12.5,
         "workers": {"w0": {"instance_id": 101, "routed": 1, "cached_blocks": 1}, "w1": {"instance_id": 102, "routed": 1, "cached_blocks": 3}},
-        "programs": {"live": 1, "held": 0, "table": {"p": {"turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
+        "programs": {"live": 1, "held": 0, "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
         "requests": {"in_flight": 1, "finished": 1, "failed": 0, "session_finals": 3},
         "pauses": 0,
         "resumes": 0,

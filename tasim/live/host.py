@@ -43,6 +43,7 @@ class ProgramHeldTooLong(RuntimeError):
 class _Program:
     id: str
     one_off: bool
+    parent: str | None = None  # x-dynamo-parent-session-id: e.g. the prompt group of a rollout
     turn: int = 0  # completed turns
     history_tokens: int = 0  # prompt + output of the last completed turn
     context_tokens: int = 0
@@ -97,18 +98,18 @@ class PolicyHost:
 
     # --- calls ---------------------------------------------------------------------------------
 
-    async def admit(self, program_id: str | None, token_ids: list[int], max_tokens: int) -> Call:
+    async def admit(self, program_id: str | None, token_ids: list[int], max_tokens: int, parent: str | None = None) -> Call:
         """Route one call; waits while the policy holds it. ``program_id`` None: a one-off
         request, a program of its own that ends with it."""
-        admission = self.decide(program_id, token_ids, max_tokens)
+        admission = self.decide(program_id, token_ids, max_tokens, parent)
         return admission if isinstance(admission, Call) else await self.wait(admission)
 
-    def decide(self, program_id: str | None, token_ids: list[int], max_tokens: int) -> Call | Held:
+    def decide(self, program_id: str | None, token_ids: list[int], max_tokens: int, parent: str | None = None) -> Call | Held:
         """The policy's decision for one call, without waiting: a routed `Call`, or a `Held`
         call to `wait` for (the common case costs no task switch)."""
         started = time.perf_counter()
         now = self.clock()
-        program, created = self._program(program_id, now)
+        program, created = self._program(program_id, now, parent)
         base = f"{program.id}.{program.turn}"
         calls = self._calls[base] = self._calls.get(base, 0) + 1
         spec = RequestSpec(
@@ -223,14 +224,14 @@ class PolicyHost:
 
     # --- helpers -------------------------------------------------------------------------------
 
-    def _program(self, program_id: str | None, now: float) -> tuple[_Program, bool]:
+    def _program(self, program_id: str | None, now: float, parent: str | None) -> tuple[_Program, bool]:
         if program_id is not None and program_id in self.programs:
             return self.programs[program_id], False
         if program_id is None:
             self._one_offs += 1
             program = _Program(f"~{self._one_offs}", one_off=True)
         else:
-            program = _Program(program_id, one_off=False)
+            program = _Program(program_id, one_off=False, parent=parent)
         self.programs[program.id] = program
         self.emit(ev.ProgramStarted(now, program.id, 1 if program.one_off else 0))
         self.policy.on_program_start(program.id, now)

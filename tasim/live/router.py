@@ -181,14 +181,14 @@ class _Router:
             return
         token_ids = list(request.get("token_ids") or ())
         max_tokens = int((request.get("stop_conditions") or {}).get("max_tokens") or 0)
-        call = await self._admit(program, token_ids, max_tokens, context)
+        call = await self._admit(program, agent.get("parent_session_id") or None, token_ids, max_tokens, context)
         if call is None:
             return
         async for chunk in self._forward(call, request):
             yield chunk
 
-    async def _admit(self, program: str | None, token_ids: list[int], max_tokens: int, context: Any) -> Call | None:
-        admission = self.host.decide(program, token_ids, max_tokens)
+    async def _admit(self, program: str | None, parent: str | None, token_ids: list[int], max_tokens: int, context: Any) -> Call | None:
+        admission = self.host.decide(program, token_ids, max_tokens, parent)
         if isinstance(admission, Call):
             return admission
         waiting = asyncio.ensure_future(self.host.wait(admission))

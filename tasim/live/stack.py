@@ -97,6 +97,7 @@ class LiveStack:
     events_path: Path | None = None
     startup_timeout_s: float = 180.0
     processes: list[_Process] = field(default_factory=list)
+    started_groups: list[int] = field(default_factory=list)  # every process group ever started
     http_port: int = 0
     status_port: int = 0
     kv_event_ports: list[int] = field(default_factory=list)
@@ -191,6 +192,7 @@ class LiveStack:
             )
         process = _Process(name, popen, log)
         self.processes.append(process)
+        self.started_groups.append(popen.pid)
         return process
 
     def _start_workers(self) -> None:

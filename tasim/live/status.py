@@ -37,7 +37,7 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
         "programs": {
             "live": len(host.programs),
             "held": sum(1 for p in host.programs.values() if p.held is not None),
-            "table": {p.id: {"turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": p.held is not None} for p in host.programs.values()},
+            "table": {p.id: {"parent": p.parent, "turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": p.held is not None} for p in host.programs.values()},
         },
         "requests": {"in_flight": host.in_flight, "finished": host.finished, "failed": host.failed, "session_finals": router.session_finals},
         "pauses": host.pauses,
