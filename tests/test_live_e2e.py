@@ -17,6 +17,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import msgpack
 import pytest
 import zmq
@@ -250,3 +251,44 @@ def test_a_failed_start_names_the_process_and_leaves_nothing_running(tmp_path: P
     for group in stack.started_groups:
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)
+
+
+def test_a_client_gone_while_held_leaves_the_program_table_as_it_was(tmp_path: Path) -> None:
+    """ThunderAgent on two 24-block workers: A and B fill them, so C is held; C's client hangs up,
+    and the router forgets C as if it never came. A's next turn then streams normally."""
+    scenario = finite_scenario(load_scenario(SCENARIO, ["cluster.engine.kv_blocks=24"]), None)
+
+    async def session(stack: LiveStack) -> tuple[list[int], dict, int, str]:
+        url = f"{stack.base_url}/v1/completions"
+        statuses = []
+        async with aiohttp.ClientSession() as client:
+            for name in ("A", "B"):  # 250 prompt tokens + 100 buffer each: one program per worker
+                body = {"model": stack.model_name, "prompt": list(range(10, 260)), "max_tokens": 4}
+                async with client.post(url, json=body, headers={"x-dynamo-session-id": name}) as reply:
+                    statuses.append(reply.status)
+            body = {"model": stack.model_name, "prompt": list(range(300, 550)), "max_tokens": 4}
+            with pytest.raises(asyncio.TimeoutError):
+                async with client.post(url, json=body, headers={"x-dynamo-session-id": "C"}, timeout=aiohttp.ClientTimeout(total=2)):
+                    pass
+            await asyncio.sleep(1)
+            table = json.loads(urllib.request.urlopen(f"{stack.status_url}/status", timeout=10).read())["programs"]
+            body = {"model": stack.model_name, "prompt": list(range(10, 270)), "max_tokens": 5, "stream": True}
+            async with client.post(url, json=body, headers={"x-dynamo-session-id": "A"}) as reply:
+                stream_status, text = reply.status, await reply.text()
+        return statuses, table, stream_status, text
+
+    with LiveStack(scenario, workdir=tmp_path / "stack", events_path=tmp_path / EVENTS_PLAIN) as stack:
+        stack.begin_run()
+        statuses, table, stream_status, text = asyncio.run(session(stack))
+        stack.end_run()
+    assert statuses == [200, 200]
+    assert sorted(table["table"]) == ["A", "B"] and table["held"] == 0
+    assert table["table"]["A"] == {"parent": None, "turn": 1, "history_tokens": 254, "in_flight": 0, "held": False}
+    assert stream_status == 200 and text.count("data: ") == 7 and text.rstrip().endswith("data: [DONE]")  # 5 tokens, final chunk, [DONE]
+    events = list(read_events(tmp_path / EVENTS_PLAIN))
+    dropped = [e for e in events if isinstance(e, ev.RequestDropped)]
+    assert [(e.request, e.reason) for e in dropped] == [("C.0", "cancelled while held")]
+    finished = [e for e in events if isinstance(e, ev.ProgramFinished)]
+    assert [(e.program, e.completed) for e in finished] == [("C", False)]
+    last = [e for e in events if isinstance(e, ev.RequestFinished)][-1]
+    assert (last.request, last.worker, last.cached_tokens) == ("A.1", "w0", 240)  # A's first 15 blocks, cached where A ran
