@@ -53,6 +53,11 @@ class EngineConfig(_Strict):
     eviction: Literal["lru", "lineage"] = Field(
         "lru", description="order of evicting unreferenced cached blocks: vLLM's LRU, or Dynamo mocker's leaves-first"
     )
+    reuse_output_blocks: bool = Field(
+        True,
+        description="a later prompt that contains a call's output hits its cached blocks (vLLM, SGLang); "
+        "false for Dynamo's mocker, which caches generated blocks under its own random token ids",
+    )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     activation_reserve_gib: NonNegativeFloat = Field(2.0, description="per-GPU memory kept for activations (auto sizing)")
 

@@ -120,3 +120,31 @@ assert len(events) > 10
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_output_blocks_are_reused_only_when_the_engine_reuses_them() -> None:
+    """One program on one worker: turn 0 prompt 100 tokens + 40 output, turn 1 prompt 160. With
+    reuse, turn 1 hits every full block of turn 0's prompt + output except the one holding its
+    last (never computed) token: 8 blocks. Dynamo's mocker caches generated blocks under its own
+    random token ids, so only the 6 full blocks of turn 0's prompt hit."""
+
+    def cached_on_second_turn(reuse: bool) -> int:
+        raw = {
+            "duration_s": 60,
+            "cluster": {"backends": 1, "engine": {"kv_blocks": 400, "reuse_output_blocks": reuse}},
+            "workload": {"concurrency": 1, "programs": 1, "turns": 2, "task_prompt_tokens": 100, "output_tokens": 40,
+                         "observation_tokens": 20, "tool_latency_s": 0.5},
+        }
+        finished = [e for e in _run(Scenario.model_validate(raw)) if isinstance(e, ev.RequestFinished)]
+        assert [(e.request, e.prompt_tokens) for e in finished] == [("p0.0", 100), ("p0.1", 160)]
+        return finished[1].cached_tokens
+
+    assert cached_on_second_turn(True) == 128
+    assert cached_on_second_turn(False) == 96
+
+
+def test_a_finite_agent_workload_ends_when_its_programs_have_run() -> None:
+    log = _run(_scenario(programs=5, concurrency=2))
+    finished = [e for e in log if isinstance(e, ev.ProgramFinished)]
+    assert sorted(e.program for e in finished) == [f"p{i}" for i in range(5)]
+    assert isinstance(log[-1], ev.RunEnded) and log[-1].t == finished[-1].t < 60

@@ -5,7 +5,8 @@ simulator writes, so ``tasim report`` works on it), ``summary.json`` (the simula
 ``programs_leaked``: programs the router saw start but never saw end) and ``run.json`` (the
 scenario, engine, time scale and the driver's counts). With ``compare_sim`` the same scenario and
 programs are simulated into ``DIR/sim``; on the mocker the simulation uses Dynamo's polynomial
-step times and leaves-first eviction, which is what the mocker runs.
+step times, leaves-first eviction and no reuse of generated blocks, which is what the mocker
+runs.
 """
 
 from __future__ import annotations
@@ -99,11 +100,13 @@ def run_live(
 
 
 def simulated_twin(scenario: Scenario, engine: Engine) -> Scenario:
-    """What to simulate next to a live run: on the mocker, its polynomial step times and its
-    leaves-first eviction order."""
+    """What to simulate next to a live run: on the mocker, its polynomial step times, its
+    leaves-first eviction order, and no reuse of generated blocks (the mocker caches them under
+    random token ids of its own, not the ids it returns)."""
     if engine != "mocker":
         return scenario
     data = scenario.model_dump(mode="json")
     data["cluster"]["perf"]["model"] = "dynamo_polynomial"
     data["cluster"]["engine"]["eviction"] = "lineage"
+    data["cluster"]["engine"]["reuse_output_blocks"] = False
     return Scenario.model_validate(data)

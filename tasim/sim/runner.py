@@ -8,13 +8,14 @@ number of RL steps) has completed; requests still in flight then are counted as 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Generator, Sequence
 
 import numpy as np
 import simpy
 
 from tasim import events as ev
-from tasim.model import BlockHash, RequestSpec
+from tasim.model import BlockHash, RequestSpec, with_private_tail
 from tasim.perf import make_perf_model
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.base import ProgramDecision
@@ -25,6 +26,8 @@ from tasim.view import cluster_view
 from tasim.workloads import Script
 
 Emit = Callable[[ev.Event], None]
+# Owner keys for generated blocks no prompt can match (see tasim.model; above every other range).
+_PRIVATE_OUTPUT_OWNER_BASE = 1 << 33
 Progress = Callable[[float], None]
 
 
@@ -64,6 +67,8 @@ class Simulation:
         self._last_request: dict[str, RequestSpec] = {}  # per program, for pins
         self._pin_serial: dict[str, int] = {}  # per program: which pin a TTL timer belongs to
         self._log_kv = scenario.metrics.log_kv_events
+        self._reuse_output = engine_cfg.reuse_output_blocks
+        self._private_outputs = 0
 
     # --- running -------------------------------------------------------------------------------
 
@@ -191,8 +196,16 @@ class Simulation:
         if engine is None:
             raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
         self.emit(ev.RequestRouted(self.env.now, spec.id, worker))
-        engine.submit(spec)
+        engine.submit(spec if self._reuse_output else self._private_output(spec))
         self._wake_worker(worker)
+
+    def _private_output(self, spec: RequestSpec) -> RequestSpec:
+        """The request as an engine that cannot reuse generated blocks caches it: every block
+        from the prompt's partial tail on gets a hash no prompt has."""
+        self._private_outputs += 1
+        owner = _PRIVATE_OUTPUT_OWNER_BASE + self._private_outputs
+        hashes = with_private_tail(spec.prompt_block_hashes(self.block_size), spec.prompt_tokens + spec.output_tokens, owner, self.block_size)
+        return replace(spec, block_hashes=hashes)
 
     def _wake_worker(self, worker: str) -> None:
         wake = self._wake[worker]
