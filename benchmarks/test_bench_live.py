@@ -4,6 +4,7 @@ the tasim router against the Dynamo frontend's own round-robin on the same mocke
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tasim.view import ClusterView, WorkerInfo
 PROGRAMS = 1000
 BLOCK_SIZE = 16
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "live-mocker.yaml"
+PEER_MODEL = "peer-model"
 
 
 def _programs_host(policy: str) -> tuple[PolicyHost, list[list[int]]]:
@@ -96,17 +98,26 @@ def test_router_throughput_against_frontend_round_robin(benchmark, regime: tuple
     label, time_scale, requests, concurrency, prompt, output = regime
     scenario = load_scenario(SCENARIO, ["policy.name=round_robin", "policy.params={}"])
     with LiveStack(scenario, time_scale=time_scale, workdir=tmp_path / "stack") as stack:
+        assert stack.model_path is not None
+        # Dynamo's own Python router in the request path, for scale: its ThunderAgent router,
+        # whose requests without a session go straight through its KvRouter.
+        stack.start_component("peer-router", [
+            sys.executable, "-m", "dynamo.thunderagent_router", "--endpoint", "dynamo.backend.generate",
+            "--model-name", PEER_MODEL, "--model-path", str(stack.model_path), "--router-block-size", str(scenario.cluster.engine.block_size),
+        ])
+        stack.wait_for_model(PEER_MODEL)
         stack.begin_run()
         url = f"{stack.base_url}/v1/completions"
-        figures: dict[str, list[float]] = {"frontend": [], "tasim": []}
+        models = {"frontend": stack.model_name + INTERNAL_SUFFIX, "tasim": stack.model_name, "dynamo_python_router": PEER_MODEL}
+        figures: dict[str, list[float]] = {side: [] for side in models}
 
-        def both() -> None:  # alternate, so drift in the machine's load hits both sides alike
-            figures["frontend"].append(asyncio.run(_requests_per_second(url, stack.model_name + INTERNAL_SUFFIX, requests, concurrency, prompt, output)))
-            figures["tasim"].append(asyncio.run(_requests_per_second(url, stack.model_name, requests, concurrency, prompt, output)))
+        def all_sides() -> None:  # alternate, so drift in the machine's load hits every side alike
+            for side, model in models.items():
+                figures[side].append(asyncio.run(_requests_per_second(url, model, requests, concurrency, prompt, output)))
 
-        benchmark.pedantic(both, rounds=2, iterations=1)
-    frontend, tasim = float(np.mean(figures["frontend"])), float(np.mean(figures["tasim"]))
-    info = {"frontend_rr_rps": frontend, "tasim_rr_rps": tasim, "ratio": tasim / frontend}
+        benchmark.pedantic(all_sides, rounds=2, iterations=1)
+    frontend, tasim, peer = (float(np.mean(figures[side])) for side in models)
+    info = {"frontend_rr_rps": frontend, "tasim_rr_rps": tasim, "dynamo_ta_router_rps": peer, "ratio": tasim / frontend}
     benchmark.extra_info.update(info)
     RESULTS.append((f"requests/s, {label}", info))
     if time_scale == 1.0:

@@ -157,3 +157,33 @@ def test_soft_affinity_leaves_a_busy_worker() -> None:
                      active_decode_blocks_threshold=0.001)  # busy above 10 active blocks
     first = router.on_request(_request("a", 320, program="s"), 0.0).worker  # books 20 blocks
     assert router.on_request(_request("b", 64, program="s"), 1.0).worker != first
+
+
+def test_booked_prefix_bisection_counts_every_booked_block() -> None:
+    """The cost's new-block count bisects for the booked prefix of a prompt; with chained hashes
+    that prefix holds every booked block of the prompt, so it equals a full membership count."""
+    from collections import Counter
+
+    from tasim.model import Segment, chained_block_hashes
+    from tasim.policies.kv_router import _booked_prefix
+
+    rng = np.random.default_rng(7)
+    bs = 16
+
+    system, task_lengths = 120, [0, 40, 170, 300, 333]  # an owner's content is the same everywhere
+
+    tails = iter(range(100, 1 << 30))  # each private tail has an owner of its own
+
+    def prompt() -> list[int]:
+        # the shared system prompt, one of 5 task prompts, then a private tail of random length
+        task = int(rng.integers(5))
+        end = system + task_lengths[task]
+        segments = [Segment(system, 0), Segment(end, 1 + task), Segment(end + int(rng.integers(0, 300)), next(tails))]
+        return chained_block_hashes(segments, bs)
+
+    for _ in range(200):
+        active: Counter[int] = Counter()
+        for _ in range(int(rng.integers(0, 12))):
+            active.update(prompt())
+        hashes = prompt()
+        assert _booked_prefix(active, hashes) == sum(h in active for h in hashes)

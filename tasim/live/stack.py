@@ -153,6 +153,15 @@ class LiveStack:
             self._terminate(process, grace_s)
         self.processes.clear()
 
+    def start_component(self, name: str, args: list[str]) -> None:
+        """Start one more process in this stack's environment (same discovery store and
+        addresses), stopped with the rest: e.g. a peer router to measure against."""
+        self._spawn(name, args)
+
+    def wait_for_model(self, model_name: str) -> None:
+        """Wait until the frontend serves ``model_name``."""
+        self._wait_http(f"{self.base_url}/v1/models", model_name, lambda body: f'"{model_name}"' in body)
+
     def begin_run(self) -> None:
         """Start the router's measured run (its clock and event log) now."""
         _post(f"{self.status_url}/run/start")

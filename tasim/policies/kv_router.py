@@ -94,6 +94,20 @@ def worker_cost(
     )
 
 
+def _booked_prefix(active: Counter[int], hashes: Sequence[int]) -> int:
+    """How many leading blocks of ``hashes`` are booked, by bisection: every booking is a
+    request's prompt blocks from block 0 on, and a chained hash stands for its whole prefix, so
+    the booked blocks of any one prompt are a prefix of it."""
+    low, high = 0, len(hashes)  # hashes[:low] are booked; hashes[high:] are not
+    while low < high:
+        middle = (low + high) // 2
+        if hashes[middle] in active:
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
 class KvRouter(Policy):
     name: ClassVar[str] = "kv_router"
     summary: ClassVar[str] = "Dynamo 1.6.1 KV-aware router: prefix overlap vs. booked load, per request"
@@ -138,7 +152,7 @@ class KvRouter(Policy):
             active = self._active[w]
             if reuse:
                 active_blocks = len(active)
-                new_blocks = len(hashes) - sum(map(active.__contains__, hashes))  # counted in C
+                new_blocks = len(hashes) - _booked_prefix(active, hashes)
             else:
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)
