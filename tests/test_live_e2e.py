@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import os
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -285,3 +288,39 @@ def test_a_client_gone_while_held_leaves_the_program_table_as_it_was(tmp_path: P
     assert [(e.program, e.completed) for e in finished] == [("C", False)]
     last = [e for e in events if isinstance(e, ev.RequestFinished)][-1]
     assert (last.request, last.worker, last.cached_tokens) == ("A.1", "w0", 240)  # A's first 15 blocks, cached where A ran
+
+
+def _stack_processes(discovery: Path) -> list[int]:
+    """Processes whose environment names this stack's discovery store."""
+    marker = f"DYN_FILE_KV={discovery}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+def test_killing_tasim_live_leaves_no_stack_behind(sig: int, tmp_path: Path) -> None:
+    """SIGTERM unwinds through the launcher's clean-up; after SIGKILL, the kernel tells every
+    child (they asked for SIGTERM when their parent dies)."""
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "tasim", "live", str(SCENARIO), "--out", str(out), "--time-scale", "2"]
+    cli = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    discovery = out / "stack" / "discovery"
+    deadline = time.monotonic() + 120
+    while len(_stack_processes(discovery)) < 3 and time.monotonic() < deadline:  # workers, router, frontend
+        time.sleep(0.5)
+    assert len(_stack_processes(discovery)) == 3
+    time.sleep(2)  # programs are running
+    cli.send_signal(sig)
+    assert cli.wait(60) == (128 + sig if sig == signal.SIGTERM else -sig)
+    deadline = time.monotonic() + 30
+    while _stack_processes(discovery) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _stack_processes(discovery) == []
+    assert not (out / "summary.json").exists()  # an interrupted run writes no summary

@@ -6,7 +6,9 @@ each process's log. Start order is workers → router (it waits for the workers,
 registers the public model) → frontend; each stage waits for readiness. `LiveStack.stop` (also
 on leaving the ``with`` block, on Ctrl-C and on any start-up failure) ends every process group it
 started, politely first (the router then writes the end of its event log), and kills what is
-still alive after a grace period.
+still alive after a grace period. SIGTERM and SIGHUP to the launcher unwind the same way, and
+every child asks the kernel for SIGTERM when the launcher dies, so even a SIGKILLed launcher
+leaves no stack behind.
 
 Dynamo 1.6.1 binds its own ZMQ event-plane publishers (and the mocker's KV-event publishers) on
 all interfaces; every address that can be configured (HTTP, request plane, response streams,
@@ -15,6 +17,7 @@ system port) is set to 127.0.0.1.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -22,12 +25,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from tasim.live.errors import LiveError
 from tasim.scenario import Scenario
@@ -98,6 +102,7 @@ class LiveStack:
     startup_timeout_s: float = 180.0
     processes: list[_Process] = field(default_factory=list)
     started_groups: list[int] = field(default_factory=list)  # every process group ever started
+    _previous_handlers: dict[int, Any] = field(default_factory=dict)
     http_port: int = 0
     status_port: int = 0
     kv_event_ports: list[int] = field(default_factory=list)
@@ -124,6 +129,7 @@ class LiveStack:
         self.stop()
 
     def start(self) -> None:
+        self._catch_termination()
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="tasim-live-")
             self.workdir = Path(self._tmp.name)
@@ -152,6 +158,17 @@ class LiveStack:
         for process in reversed(self.processes):
             self._terminate(process, grace_s)
         self.processes.clear()
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers.clear()
+
+    def _catch_termination(self) -> None:
+        """SIGTERM and SIGHUP unwind like Ctrl-C, so the ``with`` block stops the stack; only
+        the main thread may set handlers (elsewhere the caller must stop the stack)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._previous_handlers[sig] = signal.signal(sig, _exit_on_signal)
 
     def start_component(self, name: str, args: list[str]) -> None:
         """Start one more process in this stack's environment (same discovery store and
@@ -197,7 +214,8 @@ class LiveStack:
         log = self.workdir / f"{name}.log"
         with open(log, "wb") as out:
             popen = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, env=env or self._env(), cwd=self.workdir, start_new_session=True
+                args, stdout=out, stderr=subprocess.STDOUT, env=env or self._env(), cwd=self.workdir,
+                start_new_session=True, preexec_fn=_terminate_with_parent,
             )
         process = _Process(name, popen, log)
         self.processes.append(process)
@@ -262,6 +280,23 @@ class LiveStack:
         except (ProcessLookupError, PermissionError):
             pass
         process.popen.wait()
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _terminate_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies, even by SIGKILL, so no
+    stack outlives it (Linux; elsewhere only the launcher's own clean-up applies)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _post(url: str) -> None:
