@@ -101,7 +101,10 @@ def _build_parser() -> argparse.ArgumentParser:
     live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
     live.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
     live.add_argument("--engine", choices=("mocker", "vllm", "sglang"), default="mocker", help="workers: Dynamo's mocker (CPU, default) or real engines on GPUs")
-    live.add_argument("--driver", choices=("http",), default="http", help="how programs reach the stack: async clients of the frontend's OpenAI API")
+    live.add_argument(
+        "--driver", choices=("http", "verl"), default="http",
+        help="how programs reach the stack: async HTTP clients (agent workloads) or verl agent loops (rl_rollout workloads)",
+    )
     live.add_argument("--programs", type=_positive_int, help="programs to run (default: the scenario's workload.programs)")
     live.add_argument("--time-scale", type=_positive_float, default=1.0, help="run this many times faster than the scenario: divides engine step times and tool waits (mocker only)")
     live.add_argument("--prompt", choices=("tokens", "text"), default="tokens", help="send prompts as token ids (default) or as text")
@@ -241,16 +244,16 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _live(args: argparse.Namespace) -> int:
     try:
-        from tasim.live.run import SIM_DIR, finite_scenario, run_live, simulated_twin
+        from tasim.live.run import SIM_DIR, prepare_scenario, run_live, simulated_twin
     except ImportError as exc:
         raise UsageError(f"live mode needs the live extra (pip install -e '.[live]' or make install): {exc}") from None
     if args.model is not None and not (args.model / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
-    scenario = finite_scenario(_scenario_from_args(args), args.programs)
+    scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs)
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")
     out = _output_dir(args.out or Path("runs") / f"live-{scenario.name}-{scenario.policy.name}-s{scenario.seed}")
-    summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model)
+    summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model, driver=args.driver)
     if args.compare_sim:
         simulated = run_simulation(simulated_twin(scenario, args.engine), out / SIM_DIR)
         _print_unsquashed(side_by_side({"live": summary, "simulated": simulated}))

@@ -15,7 +15,8 @@ probe and watches which endpoint reports that block stored. This also refuses to
 worker publishes no KV events, the silent misconfiguration that turns a KV router into a load
 balancer. Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 ``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
-(otherwise it starts at the first request and ends at shutdown).
+(otherwise it starts at the first request and ends at shutdown); ``POST /run/mark`` logs the RL
+step boundaries a rollout driver reports.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from tasim.view import cluster_view
 logger = logging.getLogger("tasim.live.router")
 
 PROBE_TIMEOUT_S = 30.0
+MARKS = ("rollout_started", "rollout_finished", "training_finished")
 
 
 class RouterConfig(BaseModel):
@@ -88,6 +90,21 @@ class _Router:
         self.running = False
         self.ended = False
         self._tick_task: asyncio.Task[None] | None = None
+
+    def mark(self, kind: str, step: int, trajectories: int = 0) -> ev.Event:
+        """Log an RL step boundary the driver reports (``POST /run/mark``)."""
+        self.begin_run()
+        now = self._now()
+        if kind == "rollout_started":
+            event: ev.Event = ev.RolloutStarted(now, step, trajectories)
+        elif kind == "rollout_finished":
+            event = ev.RolloutFinished(now, step)
+        elif kind == "training_finished":
+            event = ev.TrainingFinished(now, step)
+        else:
+            raise ValueError(f"unknown kind {kind!r}")
+        self._emit(event)
+        return event
 
     def _emit(self, event: ev.Event) -> None:
         if self.running:  # the log holds the measured run only: RunStarted ... RunEnded
@@ -279,11 +296,20 @@ async def _status_server(router: _Router, port: int) -> web.AppRunner:
         router.end_run()
         return web.json_response({"ended": router.ended})
 
+    async def run_mark(request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            event = router.mark(str(body["kind"]), int(body["step"]), int(body.get("trajectories", 0)))
+        except (ValueError, KeyError, TypeError) as exc:
+            return web.json_response({"error": f"bad mark: {exc} (body: {{kind: {'|'.join(MARKS)}, step: int, trajectories: int}})"}, status=400)
+        return web.json_response({"t": event.t})
+
     app = web.Application()
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/run/start", run_start)
     app.router.add_post("/run/end", run_end)
+    app.router.add_post("/run/mark", run_mark)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -15,12 +15,12 @@ import asyncio
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from tasim import __version__
 from tasim import events as ev
 from tasim.eventlog import EVENTS_PLAIN, EventLogError, read_events
-from tasim.live.driver import HttpAgentDriver, PromptFormat, live_workload
+from tasim.live.driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
 from tasim.live.stack import Engine, LiveStack
 from tasim.live.tiny_model import vocab_size
 from tasim.metrics import MetricsFold
@@ -56,6 +56,23 @@ def live_summary(events_path: Path, wall_time_s: float | None) -> dict[str, Any]
     return summary
 
 
+Driver = Literal["http", "verl"]
+DRIVERS: tuple[str, ...] = ("http", "verl")
+
+
+def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None) -> Scenario:
+    """The scenario as the driver will run it: the http driver runs a finite agent workload
+    (``workload.programs``), the verl driver an ``rl_rollout`` one."""
+    if driver == "verl":
+        from tasim.live.verl.driver import rollout_workload
+
+        rollout_workload(scenario)
+        if programs is not None:
+            raise DriverError("--programs is for the http driver; an rl_rollout workload sets its own batch")
+        return scenario
+    return finite_scenario(scenario, programs)
+
+
 def run_live(
     scenario: Scenario,
     out: Path,
@@ -64,19 +81,26 @@ def run_live(
     programs: int | None = None,
     prompt_format: PromptFormat = "tokens",
     model_path: Path | None = None,
+    driver: Driver = "http",
 ) -> dict[str, Any]:
-    scenario = finite_scenario(scenario, programs)
+    scenario = prepare_scenario(scenario, driver, programs)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / (EVENTS_PLAIN + ".partial")
     started = time.perf_counter()
     with LiveStack(scenario, engine=engine, model_path=model_path, time_scale=time_scale, workdir=out / STACK_DIR, events_path=partial) as stack:
-        assert stack.model_path is not None
-        driver = HttpAgentDriver(
-            stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), time_scale,
-            prompt_format=prompt_format, model_path=stack.model_path,
-        )
-        stack.begin_run()
-        result = asyncio.run(driver.run())
+        assert stack.model_path is not None and stack.workdir is not None
+        if driver == "verl":  # it starts the run's clock itself, once verl is up
+            from tasim.live.verl.driver import run_verl_rollout
+
+            record: dict[str, Any] = asdict(run_verl_rollout(scenario, stack, time_scale, stack.workdir))
+        else:
+            http = HttpAgentDriver(
+                stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), time_scale,
+                prompt_format=prompt_format, model_path=stack.model_path,
+            )
+            stack.begin_run()
+            result = asyncio.run(http.run())
+            record = asdict(result) | {"errors": result.errors[:20], "calls": len(result.calls)}
         stack.end_run()
     wall = time.perf_counter() - started
     final = out / EVENTS_PLAIN
@@ -92,7 +116,7 @@ def run_live(
             "time_scale": time_scale,
             "events": EVENTS_PLAIN,
             "wall_time_s": wall,
-            "driver": asdict(result) | {"errors": result.errors[:20], "calls": len(result.calls)},
+            "driver": {"kind": driver, **record},
             "scenario": scenario.model_dump(mode="json"),
         },
     )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -46,38 +47,37 @@ class StackError(LiveError):
     """The stack could not start; the message names the process and its log."""
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = []
+def _ephemeral_low() -> int:
     try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind((HOST, 0))
-            sockets.append(sock)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
-def _free_port_run(count: int) -> int:
-    """The first of ``count`` consecutive free ports (the mocker binds base + worker index)."""
-    for _ in range(200):
-        base = free_ports(1)[0]
-        if base + count >= 65535:
-            continue
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
         try:
-            probes = []
-            for port in range(base, base + count):
-                sock = socket.socket()
-                probes.append(sock)
-                sock.bind((HOST, port))
-            return base
+            sock.bind((HOST, port))
         except OSError:
-            continue
-        finally:
-            for sock in probes:
-                sock.close()
-    raise StackError(f"no run of {count} consecutive free ports found")
+            return False
+    return True
+
+
+def free_ports(count: int, consecutive: bool = False) -> list[int]:
+    """Ports to listen on, drawn below the kernel's ephemeral range: a port the kernel can
+    hand to some outgoing connection between our check and the server's bind would make the
+    server fail to start (seen under load), and those come from the ephemeral range."""
+    low, high = 20000, max(20000 + 4 * count + 1000, _ephemeral_low())
+    rng = random.Random()
+    for _ in range(1000):
+        if consecutive:
+            base = rng.randrange(low, high - count)
+            ports = list(range(base, base + count))
+        else:
+            ports = rng.sample(range(low, high), count)
+        if all(_bindable(port) for port in ports):
+            return ports
+    raise StackError(f"no {count} free ports found between {low} and {high}")
 
 
 @dataclass
@@ -141,8 +141,7 @@ class LiveStack:
         self.events_path = self.events_path or self.workdir / "events.jsonl"
         backends = self.scenario.cluster.backends
         self.http_port, self.status_port = free_ports(2)
-        base = _free_port_run(backends)
-        self.kv_event_ports = list(range(base, base + backends))
+        self.kv_event_ports = free_ports(backends, consecutive=True)  # the mocker binds base + worker
         try:
             self._start_workers()
             self._start_router()
@@ -186,6 +185,10 @@ class LiveStack:
     def end_run(self) -> None:
         """End the router's measured run now; later requests are not in its log's window."""
         _post(f"{self.status_url}/run/end")
+
+    def mark(self, kind: str, step: int, trajectories: int = 0) -> None:
+        """Log an RL step boundary (rollout_started, rollout_finished, training_finished)."""
+        _post(f"{self.status_url}/run/mark", {"kind": kind, "step": step, "trajectories": trajectories})
 
     def alive(self) -> list[str]:
         return [p.name for p in self.processes if p.popen.poll() is None]
@@ -299,8 +302,9 @@ def _terminate_with_parent() -> None:
         pass
 
 
-def _post(url: str) -> None:
-    request = urllib.request.Request(url, data=b"", method="POST")
+def _post(url: str, body: dict[str, Any] | None = None) -> None:
+    data = json.dumps(body).encode() if body is not None else b""
+    request = urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as reply:
             reply.read()

@@ -1,0 +1,66 @@
+"""``tasim_agent``: a verl agent loop whose tools are simulated from the scenario.
+
+verl's machinery stays in the path: `AgentLoopManager` splits the batch over its Ray workers,
+each worker instantiates this loop per sample and awaits ``run``, and every LLM call goes through
+the worker's server client (`DynamoProgramClient`). What the loop does per turn comes from the
+row's ``extra_info["tasim"]`` (built by `tasim.live.verl.driver` from the same program plans the
+simulator draws): call the model for the turn's output tokens, wait the tool's latency (divided
+by the time scale), append the observation's token ids (masked 0, as tool output is for verl's
+trainer), and go on; the trajectory's program ends with one session-final once its last turn is
+back, on every exit path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+AGENT_NAME = "tasim_agent"
+
+
+class TasimAgentLoop(AgentLoopBase):
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        plan = kwargs["extra_info"]["tasim"]
+        program: str = plan["program"]
+        prompt_ids: list[int] = list(plan["prompt_ids"])
+        time_scale: float = plan["time_scale"]
+        context = list(prompt_ids)
+        response_ids: list[int] = []
+        response_mask: list[int] = []
+        generating = tools = 0.0
+        turns = 0
+        try:
+            for turn, (output_tokens, tool_latency_s, observation) in enumerate(plan["turns"]):
+                if turn:
+                    started = time.perf_counter()
+                    await asyncio.sleep(plan["turns"][turn - 1][1] / time_scale)
+                    tools += time.perf_counter() - started
+                started = time.perf_counter()
+                params = {**sampling_params, "max_tokens": output_tokens, "min_tokens": output_tokens, "ignore_eos": True}
+                # The call verl's own loops make, extra keyword arguments included.
+                result = await self.server_manager.generate(
+                    request_id=program, prompt_ids=context, sampling_params=params, mm_processor_output=None, priority=0
+                )
+                generating += time.perf_counter() - started
+                turns += 1
+                response_ids += result.token_ids
+                response_mask += [1] * len(result.token_ids)
+                if turn + 1 < len(plan["turns"]):  # no tool after the last call
+                    response_ids += observation
+                    response_mask += [0] * len(observation)
+                context = prompt_ids + response_ids
+        finally:
+            if turns:  # a program that never called has nothing at the router to release
+                await asyncio.shield(self.server_manager.end_program(program))
+        budget = self.rollout_config.response_length
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids,
+            response_ids=response_ids[:budget],
+            response_mask=response_mask[:budget],
+            num_turns=2 * turns,  # user + assistant messages, as verl counts them
+            metrics=AgentLoopMetrics(generate_sequences=generating, tool_calls=tools),
+            extra_fields={"tasim_program": program, "tasim_calls": turns},
+        )

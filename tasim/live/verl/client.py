@@ -1,0 +1,128 @@
+"""A verl 0.9.1 server client that sends every turn through the Dynamo frontend as part of a
+program, so the tasim router (or any program-aware Dynamo router) sees verl trajectories.
+
+It is an `LLMServerClient` (what `AgentLoopManager` hands to every agent loop) whose
+``generate(request_id, *, prompt_ids, sampling_params, ...)`` POSTs the token ids to
+``/v1/completions`` instead of calling a verl server actor. verl's ``request_id`` is stable for a
+trajectory, so it is the program id, sent as ``X-Dynamo-Session-ID`` on every turn; the output
+token ids come back in ``nvext.engine_data.tasim``. ``end_program`` sends the one
+``X-Dynamo-Session-Final: true`` request that releases the program, and fails loudly when its
+reply carries choices: then the request reached a model worker, i.e. the router was bypassed.
+Keyword arguments verl adds over time (``mm_processor_output``, ``priority``, ...) are accepted
+and dropped, unlike the recipe's client, which broke on verl 0.9.1 that way. Transport errors,
+408, 429 and 5xx are retried.
+
+The client is pickled into every verl agent-loop worker (a Ray actor); its HTTP session is made
+lazily in the process and event loop that uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Optional
+
+import aiohttp
+from omegaconf import DictConfig
+from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.replica import TokenOutput
+
+RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
+FINAL_PROMPT = [3]  # any token: the router answers a session-final without an engine
+
+
+class RouterBypassed(RuntimeError):
+    """A session-final request reached a model worker: the router is not in the path."""
+
+
+class DynamoProgramClient(LLMServerClient):
+    def __init__(
+        self,
+        config: DictConfig,
+        base_url: str,
+        model_name: str,
+        max_attempts: int = 3,
+        retry_delay_s: float = 0.1,
+        timeout_s: float = 3600.0,
+    ) -> None:
+        super().__init__(config, load_balancer_handle=None)
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model_name = model_name
+        self.max_attempts = max_attempts
+        self.retry_delay_s = retry_delay_s
+        self.timeout_s = timeout_s
+        self.global_steps = 0
+        self._session: aiohttp.ClientSession | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_session"] = None  # sessions belong to one process and event loop
+        return state
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        audio_data: Optional[list[Any]] = None,
+        mm_processor_kwargs: Optional[dict[str, Any]] = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data or video_data or audio_data:
+            raise ValueError("DynamoProgramClient sends token ids only; multimodal data is not supported")
+        body = {
+            "model": self.model_name,
+            "prompt": list(prompt_ids),
+            "max_tokens": self._max_tokens(len(prompt_ids), sampling_params),
+            "nvext": {"extra_fields": ["engine_data"]},
+        }
+        for key in ("temperature", "top_p", "min_tokens", "ignore_eos", "stop_token_ids"):
+            if sampling_params.get(key) is not None:
+                body[key] = sampling_params[key]
+        reply = await self._post(body, {"x-dynamo-session-id": str(request_id)})
+        try:
+            proof = reply["nvext"]["engine_data"]["tasim"]
+            choice = reply["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise RuntimeError(f"reply for {request_id} lacks choices or nvext.engine_data.tasim (is the tasim router in the path?)") from None
+        usage = reply.get("usage") or {}
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return TokenOutput(
+            token_ids=list(proof["output_token_ids"]),
+            stop_reason="aborted" if choice.get("finish_reason") == "abort" else "completed",
+            extra_fields={"global_steps": self.global_steps, "num_cached_tokens": int(cached), "worker": proof.get("worker")},
+        )
+
+    async def end_program(self, program_id: str) -> None:
+        """Release the program at the router; call once, after its in-flight turns drained."""
+        headers = {"x-dynamo-session-id": str(program_id), "x-dynamo-session-final": "true"}
+        reply = await self._post({"model": self.model_name, "prompt": FINAL_PROMPT, "max_tokens": 1}, headers)
+        if reply.get("choices"):
+            raise RouterBypassed(f"session-final for {program_id} reached a model worker: the router was bypassed")
+
+    def _max_tokens(self, prompt_tokens: int, sampling_params: dict[str, Any]) -> int:
+        if sampling_params.get("max_tokens"):
+            return int(sampling_params["max_tokens"])
+        # verl's servers cap a turn at the rollout's response budget left after the prompt.
+        rollout = self.config.actor_rollout_ref.rollout
+        return max(1, min(rollout.response_length, rollout.prompt_length + rollout.response_length - prompt_tokens))
+
+    async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=0))
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                async with self._session.post(self.url, json=body, headers=headers) as response:
+                    if response.status in RETRYABLE and attempt < self.max_attempts:
+                        await response.read()
+                    elif response.status != 200:
+                        raise RuntimeError(f"{self.url}: HTTP {response.status}: {(await response.text())[:300]}")
+                    else:
+                        return await response.json(content_type=None) or {}
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+                if attempt == self.max_attempts:
+                    raise
+            await asyncio.sleep(self.retry_delay_s * attempt)
+        raise AssertionError("unreachable")

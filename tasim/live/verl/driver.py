@@ -1,0 +1,176 @@
+"""``--driver verl``: GRPO rollout steps by verl's own `AgentLoopManager` through the live stack.
+
+For an ``rl_rollout`` scenario it composes verl's trainer config (rollout only: no actor, critic
+or reward workers are built), starts Ray on this machine, and runs ``steps`` rollout steps. A
+step is one ``generate_sequences`` call on a batch of ``prompts_per_step × samples_per_prompt``
+rows, one per trajectory, each carrying the plan the simulator draws for it (same seed, same
+indexes, the samples of a prompt sharing its task prompt); the rows go to the ``tasim_agent``
+loop (`tasim.live.verl.agent_loop`), whose calls reach the frontend through
+`DynamoProgramClient`. The router brackets each step in its event log (rollout started and
+finished, training finished), so the summary's ``rollout`` block reports step and rollout
+times and rollout throughput as in simulation. Between steps the driver waits the scenario's
+training time (divided by the time scale), as a weight update would.
+
+verl runs a batch's trajectories all at once (``max_concurrency`` is not applied), and the
+mocker offers no way to empty its prefix cache, so ``reset_prefix_cache`` is not applied to
+mocker workers (the simulated twin then keeps caches too). verl's workers set themselves up on
+their first batch, which takes seconds; a warm-up batch of call-less trajectories does that
+before the run's clock starts.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasim.live.errors import LiveError
+from tasim.live.verl.agent_loop import AGENT_NAME
+from tasim.live.stack import HOST, LiveStack
+from tasim.scenario import RolloutWorkload, Scenario
+from tasim.workloads import ProgramPlan, plan_program
+
+FIRST_TOKEN_ID = 3  # ids below are special in the generated tokenizer (see tasim.live.driver)
+
+
+class VerlDriverError(LiveError):
+    """The scenario cannot be run through verl; the message says why."""
+
+
+@dataclass
+class VerlResult:
+    steps: int = 0
+    trajectories: int = 0
+    calls: int = 0
+    turns_per_trajectory: list[int] = field(default_factory=list)
+    step_wall_s: list[float] = field(default_factory=list)
+
+
+def rollout_workload(scenario: Scenario) -> RolloutWorkload:
+    if not isinstance(scenario.workload, RolloutWorkload):
+        raise VerlDriverError(f"the verl driver runs rl_rollout workloads, not {scenario.workload.kind!r}")
+    return scenario.workload
+
+
+def step_plans(scenario: Scenario, step: int) -> list[ProgramPlan]:
+    """The trajectories of one step, as `tasim.sim.rollout` draws them."""
+    workload = rollout_workload(scenario)
+    plans = []
+    for prompt in range(workload.prompts_per_step):
+        group = step * workload.prompts_per_step + prompt
+        for sample in range(workload.samples_per_prompt):
+            index = group * workload.samples_per_prompt + sample
+            plans.append(
+                plan_program(workload, scenario.seed, index, scenario.max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group)
+            )
+    return plans
+
+
+class _Tokens:
+    """Token ids for plans: the shared system prompt, a task prompt per group, observations."""
+
+    def __init__(self, seed: int, vocab_size: int) -> None:
+        self.seed = seed
+        self.vocab_size = vocab_size
+
+    def draw(self, count: int, *key: int) -> list[int]:
+        rng = np.random.default_rng([self.seed, 11, *key])
+        return rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=count).tolist()
+
+    def row(self, plan: ProgramPlan, time_scale: float) -> dict[str, Any]:
+        assert plan.group is not None
+        prompt = self.draw(plan.system_tokens, 0) + self.draw(plan.task_tokens, 1, plan.group)
+        turns = [(t.output_tokens, t.tool_latency_s, self.draw(t.observation_tokens, 3, plan.index, i)) for i, t in enumerate(plan.turns)]
+        return {"program": plan.id, "prompt_ids": prompt, "turns": turns, "time_scale": time_scale}
+
+
+def _lengths(plans: list[ProgramPlan]) -> tuple[int, int]:
+    """verl pads prompts and responses to fixed lengths: the largest of the run's plans."""
+    prompt = max(p.system_tokens + p.task_tokens for p in plans)
+    response = max(sum(t.output_tokens + t.observation_tokens for t in p.turns) for p in plans)
+    return prompt, response
+
+
+def _batch(rows: list[dict[str, Any]]) -> Any:
+    from verl.protocol import DataProto
+
+    return DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": np.array([[{"role": "user", "content": row["program"]}] for row in rows], dtype=object),
+            "agent_name": np.array([AGENT_NAME] * len(rows), dtype=object),
+            "extra_info": np.array([{"tasim": row} for row in rows], dtype=object),
+            "index": np.arange(len(rows)),
+        }
+    )
+
+
+def verl_config(model_path: Path, prompt_length: int, response_length: int, workers: int, agent_loops: Path) -> Any:
+    """verl's trainer config, composed as its entry point does, for rollout only."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    import verl.trainer.config as trainer_config
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(Path(trainer_config.__file__).parent), version_base=None):
+        return compose(
+            "ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model_path}",
+                "actor_rollout_ref.rollout.name=vllm",  # the config's required server kind; no server is started
+                f"actor_rollout_ref.rollout.agent.num_workers={workers}",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops}",
+                "actor_rollout_ref.rollout.calculate_log_probs=false",
+                f"data.max_prompt_length={prompt_length}",
+                f"data.max_response_length={response_length}",
+            ],
+        )
+
+
+def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, workdir: Path, agent_workers: int = 2) -> VerlResult:
+    import ray
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+
+    from tasim.live.tiny_model import vocab_size
+    from tasim.live.verl.client import DynamoProgramClient
+
+    workload = rollout_workload(scenario)
+    assert stack.model_path is not None
+    all_plans = [step_plans(scenario, step) for step in range(workload.steps)]
+    prompt_length, response_length = _lengths([p for plans in all_plans for p in plans])
+    agent_loops = workdir / "agent_loops.yaml"
+    agent_loops.write_text(f"- name: {AGENT_NAME}\n  _target_: tasim.live.verl.agent_loop.TasimAgentLoop\n")
+    config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops)
+    tokens = _Tokens(scenario.seed, vocab_size(stack.model_path))
+    training = np.random.default_rng([scenario.seed, 4])
+    result = VerlResult()
+    # Ray on loopback only, like the rest of the stack.
+    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address=HOST)
+    try:
+        client = DynamoProgramClient(config, stack.base_url, stack.model_name)
+        manager = AgentLoopManager.create(config, llm_client=client)
+        # verl's workers set themselves up on their first batch (seconds each): do that on
+        # trajectories without calls, which never reach the router, before the run's clock starts.
+        idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale}
+        manager.generate_sequences(_batch([idle] * agent_workers))
+        stack.begin_run()
+        for step, plans in enumerate(all_plans):
+            batch = _batch([tokens.row(plan, time_scale) for plan in plans])
+            started = time.perf_counter()
+            stack.mark("rollout_started", step=step, trajectories=len(plans))
+            output = manager.generate_sequences(batch)
+            stack.mark("rollout_finished", step=step)
+            result.step_wall_s.append(time.perf_counter() - started)
+            turns = [int(calls) for calls in output.non_tensor_batch["tasim_calls"]]  # the loop's extra_fields
+            result.turns_per_trajectory += turns
+            result.calls += sum(turns)
+            result.trajectories += len(plans)
+            time.sleep(workload.training_s.sample(training) / time_scale)
+            stack.mark("training_finished", step=step)
+            result.steps += 1
+    finally:
+        ray.shutdown()
+    return result
