@@ -277,6 +277,10 @@ def test_a_client_gone_while_held_leaves_the_program_table_as_it_was(tmp_path: P
         stack.begin_run()
         statuses, table, stream_status, text = asyncio.run(session(stack))
         stack.end_run()
+        # The mocker serves no clear_kv_blocks endpoint (Dynamo's vLLM and SGLang workers do).
+        reset = stack.clear_caches()
+    assert reset["cleared"] is False and sorted(reset["workers"]) == ["w0", "w1"]
+    assert {reply["status"] for reply in reset["workers"].values()} == {"unsupported"}
     assert statuses == [200, 200]
     assert sorted(table["table"]) == ["A", "B"] and table["held"] == 0
     assert table["table"]["A"] == {"parent": None, "turn": 1, "history_tokens": 254, "in_flight": 0, "held": False}

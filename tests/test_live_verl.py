@@ -30,7 +30,10 @@ SCENARIO = ROOT / "scenarios" / "rl-live-mocker.yaml"
 
 def test_verl_rollout_steps_run_through_the_tasim_router(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    command = [sys.executable, "-m", "tasim", "live", str(SCENARIO), "--driver", "verl", "--engine", "mocker", "--time-scale", "2", "--out", str(out)]
+    command = [
+        sys.executable, "-m", "tasim", "live", str(SCENARIO), "--driver", "verl", "--engine", "mocker", "--time-scale", "2",
+        "--set", "workload.reset_prefix_cache=true", "--out", str(out),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -47,6 +50,10 @@ def test_verl_rollout_steps_run_through_the_tasim_router(tmp_path: Path) -> None
     assert summary["requests_dropped"] == 0 and summary["requests_unfinished"] == 0
     assert summary["rollout"]["steps"] == 2
     assert summary["pauses"] > 0  # the pool is sized so ThunderAgent pauses
+    # After each step's training pause the router asked every worker to empty its cache; the
+    # mocker has no such call (Dynamo's vLLM and SGLang workers do), and says so.
+    assert [sorted(reset["workers"]) for reset in driver["cache_resets"]] == [["w0", "w1"]] * 2
+    assert {w["status"] for reset in driver["cache_resets"] for w in reset["workers"].values()} == {"unsupported"}
 
     events = list(read_events(out / "events.jsonl"))
     finished = {e.program for e in events if isinstance(e, ev.ProgramFinished)}

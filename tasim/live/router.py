@@ -16,7 +16,8 @@ worker publishes no KV events, the silent misconfiguration that turns a KV route
 balancer. Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 ``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
 (otherwise it starts at the first request and ends at shutdown); ``POST /run/mark`` logs the RL
-step boundaries a rollout driver reports.
+step boundaries a rollout driver reports, and ``POST /caches/clear`` empties the workers'
+prefix caches as a weight update does.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ logger = logging.getLogger("tasim.live.router")
 
 PROBE_TIMEOUT_S = 30.0
 MARKS = ("rollout_started", "rollout_finished", "training_finished")
+CLEAR_DISCOVERY_S = 2.0  # how long to look for the workers' clear_kv_blocks endpoint
 
 
 class RouterConfig(BaseModel):
@@ -257,6 +259,25 @@ class _Router:
 
     # --- status and shutdown -------------------------------------------------------------------
 
+    async def clear_caches(self) -> dict[str, Any]:
+        """Empty every worker's prefix cache, as after a weight update, through the workers'
+        ``clear_kv_blocks`` endpoint (Dynamo's vLLM and SGLang workers serve it; the mocker
+        does not). The workers then publish the removals, which reach the policy as usual."""
+        endpoint = self.runtime.endpoint(f"{self.config.namespace}.{self.config.worker_endpoint.split('.')[0]}.clear_kv_blocks")
+        client = await endpoint.client()
+        deadline = time.monotonic() + CLEAR_DISCOVERY_S
+        while len(client.instance_ids()) < len(self.instance_of) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        served = set(client.instance_ids())
+        replies: dict[str, Any] = {}
+        for worker, instance in sorted(self.instance_of.items()):
+            if instance not in served:
+                replies[worker] = {"status": "unsupported", "message": "the worker serves no clear_kv_blocks endpoint"}
+                continue
+            async for reply in await client.direct({}, instance, annotated=False):
+                replies[worker] = reply
+        return {"cleared": all(r.get("status") == "success" for r in replies.values()), "workers": replies}
+
     def status(self) -> dict[str, Any]:
         return status_snapshot(self)
 
@@ -310,6 +331,11 @@ async def _status_server(router: _Router, port: int) -> web.AppRunner:
     app.router.add_post("/run/start", run_start)
     app.router.add_post("/run/end", run_end)
     app.router.add_post("/run/mark", run_mark)
+
+    async def clear_caches(_: web.Request) -> web.Response:
+        return web.json_response(await router.clear_caches())
+
+    app.router.add_post("/caches/clear", clear_caches)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()

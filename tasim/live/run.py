@@ -125,12 +125,15 @@ def run_live(
 
 def simulated_twin(scenario: Scenario, engine: Engine) -> Scenario:
     """What to simulate next to a live run: on the mocker, its polynomial step times, its
-    leaves-first eviction order, and no reuse of generated blocks (the mocker caches them under
-    random token ids of its own, not the ids it returns)."""
+    leaves-first eviction order, no reuse of generated blocks (the mocker caches them under
+    random token ids of its own, not the ids it returns), and no cache reset between RL steps
+    (it has no call for one)."""
     if engine != "mocker":
         return scenario
     data = scenario.model_dump(mode="json")
     data["cluster"]["perf"]["model"] = "dynamo_polynomial"
     data["cluster"]["engine"]["eviction"] = "lineage"
     data["cluster"]["engine"]["reuse_output_blocks"] = False
+    if data["workload"].get("kind") == "rl_rollout":
+        data["workload"]["reset_prefix_cache"] = False  # the mocker cannot empty its cache
     return Scenario.model_validate(data)

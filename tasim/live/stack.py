@@ -190,6 +190,10 @@ class LiveStack:
         """Log an RL step boundary (rollout_started, rollout_finished, training_finished)."""
         _post(f"{self.status_url}/run/mark", {"kind": kind, "step": step, "trajectories": trajectories})
 
+    def clear_caches(self) -> dict[str, Any]:
+        """Empty the workers' prefix caches (``{"cleared": bool, "workers": {w: reply}}``)."""
+        return _post(f"{self.status_url}/caches/clear")
+
     def alive(self) -> list[str]:
         return [p.name for p in self.processes if p.popen.poll() is None]
 
@@ -302,12 +306,12 @@ def _terminate_with_parent() -> None:
         pass
 
 
-def _post(url: str, body: dict[str, Any] | None = None) -> None:
+def _post(url: str, body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else b""
     request = urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json"})
     try:
-        with urllib.request.urlopen(request, timeout=10) as reply:
-            reply.read()
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.loads(reply.read() or b"null")
     except (urllib.error.URLError, OSError) as exc:
         raise StackError(f"router did not answer {url}: {exc}") from None
 

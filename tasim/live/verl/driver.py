@@ -11,9 +11,10 @@ finished, training finished), so the summary's ``rollout`` block reports step an
 times and rollout throughput as in simulation. Between steps the driver waits the scenario's
 training time (divided by the time scale), as a weight update would.
 
-verl runs a batch's trajectories all at once (``max_concurrency`` is not applied), and the
-mocker offers no way to empty its prefix cache, so ``reset_prefix_cache`` is not applied to
-mocker workers (the simulated twin then keeps caches too). verl's workers set themselves up on
+With ``reset_prefix_cache`` the router empties the workers' prefix caches after each training
+pause through their ``clear_kv_blocks`` endpoint; Dynamo's vLLM and SGLang workers serve it, the
+mocker does not, so the replies (recorded per step) say ``unsupported`` there and caches stay.
+verl runs a batch's trajectories all at once, so ``max_concurrency`` is not applied. verl's workers set themselves up on
 their first batch, which takes seconds; a warm-up batch of call-less trajectories does that
 before the run's clock starts.
 """
@@ -48,6 +49,7 @@ class VerlResult:
     calls: int = 0
     turns_per_trajectory: list[int] = field(default_factory=list)
     step_wall_s: list[float] = field(default_factory=list)
+    cache_resets: list[dict[str, Any]] = field(default_factory=list)  # the workers' replies, per step
 
 
 def rollout_workload(scenario: Scenario) -> RolloutWorkload:
@@ -169,6 +171,8 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
             result.calls += sum(turns)
             result.trajectories += len(plans)
             time.sleep(workload.training_s.sample(training) / time_scale)
+            if workload.reset_prefix_cache:
+                result.cache_resets.append(stack.clear_caches())
             stack.mark("training_finished", step=step)
             result.steps += 1
     finally:
