@@ -48,7 +48,10 @@ def test_generate_retries_overload_and_tolerates_verl_keyword_arguments() -> Non
         runner, url = await _serve([(503, {}), (429, {}), (200, _ok([7, 8, 9]))], seen)
         try:
             client = DynamoProgramClient(CONFIG, url, "m", retry_delay_s=0.01)
-            return await client.generate("traj-1", prompt_ids=[1, 2, 3, 4, 5], sampling_params={"temperature": 1.0}, mm_processor_output=None, priority=3, future_kwarg=1)
+            try:
+                return await client.generate("traj-1", prompt_ids=[1, 2, 3, 4, 5], sampling_params={"temperature": 1.0}, mm_processor_output=None, priority=3, future_kwarg=1)
+            finally:
+                await client.close()
         finally:
             await runner.cleanup()
 
@@ -72,6 +75,7 @@ def test_session_final_fails_loudly_when_it_reaches_a_worker() -> None:
             await client.end_program("traj-1")  # the router answered: no choices
             with pytest.raises(RouterBypassed, match="traj-2.*bypassed"):
                 await client.end_program("traj-2")  # a worker answered
+            await client.close()
         finally:
             await runner.cleanup()
 
@@ -86,6 +90,7 @@ def test_non_retryable_errors_and_exhausted_retries_raise() -> None:
             client = DynamoProgramClient(CONFIG, url, "m", max_attempts=2, retry_delay_s=0.01)
             with pytest.raises(RuntimeError) as failure:
                 await client.generate("t", prompt_ids=[1], sampling_params={"max_tokens": 4})
+            await client.close()
             return str(failure.value)
         finally:
             await runner.cleanup()

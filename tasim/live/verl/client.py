@@ -102,6 +102,11 @@ class DynamoProgramClient(LLMServerClient):
         if reply.get("choices"):
             raise RouterBypassed(f"session-final for {program_id} reached a model worker: the router was bypassed")
 
+    async def close(self) -> None:
+        """Close this process's HTTP session (verl's workers keep theirs for their lifetime)."""
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+
     def _max_tokens(self, prompt_tokens: int, sampling_params: dict[str, Any]) -> int:
         if sampling_params.get("max_tokens"):
             return int(sampling_params["max_tokens"])
