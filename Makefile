@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench validation paper-shapes clean
+.PHONY: install demo test bench baseline validation paper-shapes clean
 
 install: $(STAMP)
 
@@ -28,6 +28,10 @@ test: install
 
 bench: install
 	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-columns=mean,stddev,rounds
+
+# Record the policy regression suite's current metrics as the baseline `make bench` checks.
+baseline: install
+	$(BIN)/python -m tasim.regression --update
 
 # Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
 validation: install
