@@ -21,11 +21,10 @@ import aiohttp
 import numpy as np
 
 from tasim.live.errors import LiveError
+from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
 from tasim.scenario import AgentWorkload, Scenario
 from tasim.workloads import ProgramPlan, plan_program
 
-# Token ids 0-2 are special in the generated tokenizer; the router's probes start with id 1.
-FIRST_TOKEN_ID = 3
 REQUEST_TIMEOUT_S = 3600.0
 
 PromptFormat = Literal["tokens", "text"]
@@ -84,7 +83,7 @@ class HttpAgentDriver:
         self.model_name = model_name
         self.scenario = scenario
         self.workload, self.count = live_workload(scenario, programs)
-        self.vocab_size = vocab_size
+        self.tokens = PlanTokens(scenario.seed, vocab_size)
         self.time_scale = time_scale
         self.prompt_format = prompt_format
         self._detokenize = _detokenizer(model_path) if prompt_format == "text" else None
@@ -92,10 +91,6 @@ class HttpAgentDriver:
         self.result = DriverResult()
 
     # --- token content -------------------------------------------------------------------------
-
-    def _tokens(self, count: int, *key: int) -> list[int]:
-        rng = np.random.default_rng([self.scenario.seed, 11, *key])
-        return rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=count).tolist()
 
     def _plan(self, index: int) -> ProgramPlan:
         return plan_program(self.workload, self.scenario.seed, index, self.scenario.max_context_tokens)
@@ -134,8 +129,7 @@ class HttpAgentDriver:
         headers = {"x-dynamo-session-id": plan.id}
         if plan.group is not None:
             headers["x-dynamo-parent-session-id"] = f"group{plan.group}"
-        task_key = (1, plan.group) if plan.group is not None else (2, index)
-        context = self._tokens(plan.system_tokens, 0) + self._tokens(plan.task_tokens, *task_key)
+        context = self.tokens.prompt(plan)
         try:
             await asyncio.sleep(plan.setup_s / self.time_scale)
             for turn, step in enumerate(plan.turns):
@@ -144,7 +138,7 @@ class HttpAgentDriver:
                 output = await self._call(context, step.output_tokens, headers)
                 if output is None:
                     break
-                context = context + output + self._tokens(step.observation_tokens, 3, index, turn)
+                context = context + output + self.tokens.observation(plan, turn)
         finally:
             await self._final(headers)
 

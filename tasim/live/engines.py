@@ -54,6 +54,12 @@ def _mocker(scenario: Scenario, model_path: Path, model_name: str, kv_ports: lis
     return "workers", args, {}
 
 
+def _own_gpus(scenario: Scenario, index: int) -> dict[str, str]:
+    """Worker ``index``'s environment: its own ``cluster.tp`` GPUs."""
+    tp = scenario.cluster.tp
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(index * tp + g) for g in range(tp))}
+
+
 def _kv_events_config(port: int) -> str:
     return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{port}", "topic": ""})
 
@@ -74,8 +80,7 @@ def _vllm(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, i
     ]
     if engine.kv_blocks != "auto":
         args += ["--num-gpu-blocks-override", str(engine.kv_blocks)]
-    gpus = ",".join(str(index * scenario.cluster.tp + g) for g in range(scenario.cluster.tp))
-    return f"worker{index}", args, {"CUDA_VISIBLE_DEVICES": gpus}
+    return f"worker{index}", args, _own_gpus(scenario, index)
 
 
 def _sglang(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int) -> WorkerCommand:
@@ -91,5 +96,4 @@ def _sglang(scenario: Scenario, model_path: Path, model_name: str, kv_port: int,
         "--mem-fraction-static", repr(engine.gpu_memory_utilization),
         "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""}),
     ]
-    gpus = ",".join(str(index * scenario.cluster.tp + g) for g in range(scenario.cluster.tp))
-    return f"worker{index}", args, {"CUDA_VISIBLE_DEVICES": gpus}
+    return f"worker{index}", args, _own_gpus(scenario, index)

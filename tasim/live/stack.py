@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from tasim.live.errors import LiveError
 from tasim.scenario import Scenario
@@ -256,7 +256,7 @@ class LiveStack:
         args = [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(self.http_port), "--router-mode", "round-robin"]
         self._spawn("frontend", args)
 
-    def _wait_http(self, url: str, name: str, ok: "callable[[str], bool]") -> None:  # type: ignore[valid-type]
+    def _wait_http(self, url: str, name: str, ok: Callable[[str], bool]) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             for process in self.processes:
@@ -264,7 +264,7 @@ class LiveStack:
                     raise StackError(f"{process.name} exited with code {process.popen.returncode} during start-up; see {process.log}: {_tail(process.log)}")
             try:
                 with urllib.request.urlopen(url, timeout=2) as reply:
-                    if ok(reply.read().decode()):  # type: ignore[misc]
+                    if ok(reply.read().decode()):
                         return
             except (urllib.error.URLError, OSError, ValueError):
                 pass

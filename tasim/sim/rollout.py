@@ -16,7 +16,7 @@ import simpy
 
 from tasim import events as ev
 from tasim.scenario import RolloutWorkload
-from tasim.workloads import agent_script, plan_program
+from tasim.workloads import agent_script, rollout_step_plans
 
 if TYPE_CHECKING:
     from tasim.sim.runner import Simulation
@@ -29,17 +29,8 @@ def rollout_steps(sim: "Simulation", workload: RolloutWorkload) -> Generator[sim
     batch = workload.prompts_per_step * workload.samples_per_prompt
     for step in range(workload.steps):
         sim.emit(ev.RolloutStarted(env.now, step, batch))
-        trajectories = []
-        for prompt in range(workload.prompts_per_step):
-            group = step * workload.prompts_per_step + prompt
-            for sample in range(workload.samples_per_prompt):
-                index = group * workload.samples_per_prompt + sample
-                plan = plan_program(
-                    workload, sim.scenario.seed, index, sim.scenario.max_context_tokens,
-                    program_id=f"s{step}.{prompt}.{sample}", group=group,
-                )
-                trajectories.append(env.process(_trajectory(sim, slots, plan)))
-        yield env.all_of(trajectories)
+        plans = rollout_step_plans(workload, sim.scenario.seed, step, sim.scenario.max_context_tokens)
+        yield env.all_of([env.process(_trajectory(sim, slots, plan)) for plan in plans])
         sim.emit(ev.RolloutFinished(env.now, step))
         yield env.timeout(workload.training_s.sample(training_rng))
         if workload.reset_prefix_cache:

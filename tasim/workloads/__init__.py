@@ -5,6 +5,6 @@ request preceded by a wait (environment set-up before the first call, the tool c
 time before later ones). The simulator runs scripts; live drivers can run the same scripts.
 """
 
-from tasim.workloads.programs import ProgramPlan, Script, TurnPlan, agent_script, plan_program
+from tasim.workloads.programs import ProgramPlan, Script, TurnPlan, agent_script, plan_program, rollout_step_plans
 
-__all__ = ["ProgramPlan", "Script", "TurnPlan", "agent_script", "plan_program"]
+__all__ = ["ProgramPlan", "Script", "TurnPlan", "agent_script", "plan_program", "rollout_step_plans"]

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from tasim.model import SHARED_OWNER, RequestSpec, Segment, chained_block_hashes
-from tasim.scenario import ProgramShape
+from tasim.scenario import ProgramShape, RolloutWorkload
 
 # Owner keys (see tasim.model): 0 is the shared system prompt, prompt groups count up from 1,
 # programs from 2**20.
@@ -110,3 +110,17 @@ def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestS
         )
         history = total
         context = total + step.observation_tokens
+
+
+def rollout_step_plans(workload: RolloutWorkload, seed: int, step: int, max_context_tokens: int) -> list[ProgramPlan]:
+    """One GRPO step's trajectories, ``s<step>.<prompt>.<sample>``: the samples of a prompt form
+    a group and share its task prompt; indexes run on across steps."""
+    plans = []
+    for prompt in range(workload.prompts_per_step):
+        group = step * workload.prompts_per_step + prompt
+        for sample in range(workload.samples_per_prompt):
+            index = group * workload.samples_per_prompt + sample
+            plans.append(
+                plan_program(workload, seed, index, max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group)
+            )
+    return plans

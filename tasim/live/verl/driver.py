@@ -32,10 +32,10 @@ import numpy as np
 from tasim.live.errors import LiveError
 from tasim.live.verl.agent_loop import AGENT_NAME
 from tasim.live.stack import HOST, LiveStack
+from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
 from tasim.scenario import RolloutWorkload, Scenario
-from tasim.workloads import ProgramPlan, plan_program
+from tasim.workloads import ProgramPlan, rollout_step_plans
 
-FIRST_TOKEN_ID = 3  # ids below are special in the generated tokenizer (see tasim.live.driver)
 
 
 class VerlDriverError(LiveError):
@@ -59,35 +59,14 @@ def rollout_workload(scenario: Scenario) -> RolloutWorkload:
 
 
 def step_plans(scenario: Scenario, step: int) -> list[ProgramPlan]:
-    """The trajectories of one step, as `tasim.sim.rollout` draws them."""
-    workload = rollout_workload(scenario)
-    plans = []
-    for prompt in range(workload.prompts_per_step):
-        group = step * workload.prompts_per_step + prompt
-        for sample in range(workload.samples_per_prompt):
-            index = group * workload.samples_per_prompt + sample
-            plans.append(
-                plan_program(workload, scenario.seed, index, scenario.max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group)
-            )
-    return plans
+    """The trajectories of one step, as the simulator draws them."""
+    return rollout_step_plans(rollout_workload(scenario), scenario.seed, step, scenario.max_context_tokens)
 
 
-class _Tokens:
-    """Token ids for plans: the shared system prompt, a task prompt per group, observations."""
-
-    def __init__(self, seed: int, vocab_size: int) -> None:
-        self.seed = seed
-        self.vocab_size = vocab_size
-
-    def draw(self, count: int, *key: int) -> list[int]:
-        rng = np.random.default_rng([self.seed, 11, *key])
-        return rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=count).tolist()
-
-    def row(self, plan: ProgramPlan, time_scale: float) -> dict[str, Any]:
-        assert plan.group is not None
-        prompt = self.draw(plan.system_tokens, 0) + self.draw(plan.task_tokens, 1, plan.group)
-        turns = [(t.output_tokens, t.tool_latency_s, self.draw(t.observation_tokens, 3, plan.index, i)) for i, t in enumerate(plan.turns)]
-        return {"program": plan.id, "prompt_ids": prompt, "turns": turns, "time_scale": time_scale}
+def _row(plan: ProgramPlan, tokens: PlanTokens, time_scale: float) -> dict[str, Any]:
+    """What the tasim_agent loop needs of a trajectory (see tasim.live.verl.agent_loop)."""
+    turns = [(t.output_tokens, t.tool_latency_s, tokens.observation(plan, i)) for i, t in enumerate(plan.turns)]
+    return {"program": plan.id, "prompt_ids": tokens.prompt(plan), "turns": turns, "time_scale": time_scale}
 
 
 def _lengths(plans: list[ProgramPlan]) -> tuple[int, int]:
@@ -146,7 +125,7 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
     agent_loops = workdir / "agent_loops.yaml"
     agent_loops.write_text(f"- name: {AGENT_NAME}\n  _target_: tasim.live.verl.agent_loop.TasimAgentLoop\n")
     config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops)
-    tokens = _Tokens(scenario.seed, vocab_size(stack.model_path))
+    tokens = PlanTokens(scenario.seed, vocab_size(stack.model_path))
     training = np.random.default_rng([scenario.seed, 4])
     result = VerlResult()
     # Ray on loopback only, like the rest of the stack.
@@ -160,7 +139,7 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
         manager.generate_sequences(_batch([idle] * agent_workers))
         stack.begin_run()
         for step, plans in enumerate(all_plans):
-            batch = _batch([tokens.row(plan, time_scale) for plan in plans])
+            batch = _batch([_row(plan, tokens, time_scale) for plan in plans])
             started = time.perf_counter()
             stack.mark("rollout_started", step=step, trajectories=len(plans))
             output = manager.generate_sequences(batch)
