@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 
 @dataclass(slots=True)
 class StepShape:
@@ -41,3 +43,22 @@ class PerfModel(Protocol):
     def step_time(self, shape: StepShape) -> float:
         """Seconds the engine spends on this step."""
         ...
+
+    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
+        """Seconds for a series of pure decode steps of ``running`` requests, one per entry of
+        ``context_tokens`` (the tokens those requests have computed before the step). Bit for
+        bit what `step_time` gives the same steps, so fast-forwarding stays exact."""
+        ...
+
+
+def decode_shape(running: int, context_tokens: int, kv_capacity_tokens: int) -> StepShape:
+    """The shape of one step in which each of ``running`` decoding requests computes its one
+    pending token on top of ``context_tokens`` computed tokens in all."""
+    return StepShape(
+        scheduled_tokens=running,
+        attn_pairs=context_tokens + running / 2,
+        kv_read_tokens=context_tokens,
+        decode_seqs=running,
+        decode_kv_tokens=context_tokens + running,
+        kv_capacity_tokens=kv_capacity_tokens,
+    )

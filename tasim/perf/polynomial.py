@@ -14,6 +14,8 @@ Dynamo 1.6.1's replay: a 4 x 3,000-token burst's second step takes prefill(3,808
 
 from __future__ import annotations
 
+import numpy as np
+
 from tasim.perf.base import StepShape
 
 PREFILL_COEFFS_MS = (4.209989e-7, 1.518344e-2, 16.50142)
@@ -49,3 +51,9 @@ class DynamoPolynomial:
         if shape.decode_kv_tokens:
             ms += decode_ms(min(1.0, shape.decode_kv_tokens / shape.kv_capacity_tokens))
         return ms * self.scale
+
+    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
+        # The same operations as step_time, in the same order, on every step at once.
+        a, b, c = DECODE_COEFFS_MS
+        u = np.minimum(1.0, (context_tokens + running) / kv_capacity_tokens)
+        return np.maximum(DECODE_FLOOR_MS, a * u * u + b * u + c) * self.scale

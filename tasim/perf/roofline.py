@@ -10,6 +10,8 @@ point of continuous batching with chunked prefill.
 
 from __future__ import annotations
 
+import numpy as np
+
 from tasim.perf.base import StepShape
 from tasim.perf.specs import DTYPE_BYTES, GpuSpec, ModelSpec
 
@@ -62,3 +64,16 @@ class Roofline:
         memory_s = bytes_moved / self.bytes_per_s
         comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * tokens
         return (max(compute_s, memory_s) + comm_s + self.overhead_s) * self.scale
+
+    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
+        # The same operations as step_time, in the same order, on every step at once.
+        model = self.model
+        attn_pairs = context_tokens + running / 2
+        flops = 2.0 * model.active_params * running + self.attn_flops_per_pair * attn_pairs
+        bytes_moved = (
+            model.weights_read_params(running) * self.weight_bytes + (context_tokens + running) * self.kv_bytes_per_token
+        )
+        compute_s = flops / self.flops_per_s
+        memory_s = bytes_moved / self.bytes_per_s
+        comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * running
+        return (np.maximum(compute_s, memory_s) + comm_s + self.overhead_s) * self.scale

@@ -229,11 +229,13 @@ class KvRouter(Policy):
             if not booking.prefill_done:
                 self._prefill[w] -= booking.prefill_tokens
             active = self._active[w]
+            forget = active.pop  # dict's own: Counter's `del` is a Python-level method
             for block in booking.blocks:
-                if active[block] == 1:
-                    del active[block]
+                left = active[block] - 1
+                if left:
+                    active[block] = left
                 else:
-                    active[block] -= 1
+                    forget(block)
             self._active_sum[w] -= len(booking.blocks)
             self._requests[w] -= 1
         binding = self._bindings.get(turn.program)

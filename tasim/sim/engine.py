@@ -149,6 +149,9 @@ class Engine:
         self.pool.release(held)
         return True
 
+    def has_pin(self, program: str) -> bool:
+        return program in self._pins
+
     @property
     def pinned_blocks(self) -> int:
         return sum(len(held) for held in self._pins.values())
@@ -171,16 +174,17 @@ class Engine:
             step.shape = self._shape(step)
             step.duration = self.perf.step_time(step.shape)
         else:
-            self._publish_kv(step.stored, step.removed, now)
+            self.publish_kv(step.stored, step.removed, now)
         return step
 
     def end_step(self, step: Step, now: float) -> None:
-        # Blocks are allocated (and evicted) when the step is scheduled, but the engine reports
-        # them once the step has run, as vLLM and Dynamo's mocker do: a router deciding during
-        # the step still sees the blocks this step is about to overwrite. (Found replaying the
-        # Mooncake synthetic trace: Dynamo's router credited a prefix that the running step had
-        # already evicted.)
-        self._publish_kv(step.stored, step.removed, now)
+        """`publish_kv` then `complete_step`: the step has run."""
+        self.publish_kv(step.stored, step.removed, now)
+        self.complete_step(step, now)
+
+    def complete_step(self, step: Step, now: float) -> None:
+        """Apply the step's outcome: tokens emitted, requests finished. Its KV events are
+        published separately (`publish_kv`), at the step's end."""
         finished: list[EngineRequest] = []
         for req, n in step.scheduled:
             req.computed += n
@@ -200,11 +204,38 @@ class Engine:
     def clear_prefix_cache(self, now: float) -> None:
         """Evict every unreferenced cached block, reporting the removals."""
         self.pool.clear()
-        self._publish_kv(*self.pool.drain_events(), now)
+        self.publish_kv(*self.pool.drain_events(), now)
 
-    def _publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+    def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+        """Report blocks stored and evicted. Blocks are allocated (and evicted) when a step is
+        scheduled, but the engine reports them once the step has run, as vLLM and Dynamo's
+        mocker do: a router deciding during the step still sees the blocks this step is about
+        to overwrite. (Found replaying the Mooncake synthetic trace: Dynamo's router credited a
+        prefix that the running step had already evicted.)"""
         if stored or removed:
             self.listener.on_kv(self.worker, stored, removed, now)
+
+    def waiting_stays_blocked(self, budget: int) -> tuple[bool, frozenset[BlockHash]]:
+        """Whether decode steps that leave ``budget`` tokens and free no block can admit nobody
+        from the queue; and the head's blocks whose registration would change that (a block
+        that turns active costs the head no capacity). False when unsure."""
+        cfg = self.config
+        if not self.waiting or len(self.running) >= cfg.max_num_seqs or budget <= 0:
+            return True, frozenset()
+        if not cfg.enable_chunked_prefill:
+            return False, frozenset()  # the head's fate there also depends on its cached prefix
+        head = self.waiting[0]
+        length = head.length
+        bs = cfg.block_size
+        total_blocks = blocks_for(length, bs)
+        if total_blocks > cfg.num_blocks:
+            return False, frozenset()  # due to be dropped
+        limit = (length - 1) // bs
+        active_hits = self.pool.prefix_hits(head.spec.block_hashes, limit)[1] if cfg.enable_prefix_caching else 0
+        # Decode steps only take blocks, so a head that does not fit now fits no better later.
+        if total_blocks - active_hits > self.pool.available:
+            return True, frozenset(head.spec.block_hashes[:limit])
+        return False, frozenset()
 
     # --- scheduling ------------------------------------------------------------------------
 

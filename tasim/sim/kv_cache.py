@@ -170,8 +170,7 @@ class BlockPool:
         if self.eviction == "lru":
             self._evict_lru(need)
         else:
-            for _ in range(need):
-                self._evict_one()
+            self._evict_leaves(need)
         return True
 
     def register_run(self, hashes: Sequence[BlockHash], start: int, stop: int, held: list[BlockHash]) -> None:
@@ -197,10 +196,14 @@ class BlockPool:
         """Net KV events since the last drain: blocks now cached that were stored, and blocks
         now gone that were removed. A block evicted and stored again (or the reverse) within
         one drain is reported by its final state, so applying stored then removed is exact."""
-        cached = self._cached
-        stored = [b for b in dict.fromkeys(self.stored) if b in cached]
-        removed = [b for b in dict.fromkeys(self.removed) if b not in cached]
+        stored, removed = self.stored, self.removed
         self.stored, self.removed = [], []
+        if stored and removed and not set(stored).isdisjoint(removed):
+            # Rare (a block evicted and registered again, or the reverse, within one step):
+            # only then can a list repeat a block or name one whose final state differs.
+            cached = self._cached
+            stored = [b for b in dict.fromkeys(stored) if b in cached]
+            removed = [b for b in dict.fromkeys(removed) if b not in cached]
         return stored, removed
 
     def clear(self) -> None:
@@ -230,6 +233,40 @@ class BlockPool:
             block, _ = popitem(last=False)
             pop(block)
             removed.append(block)
+        self._inactive_count -= count
+
+    def _evict_leaves(self, count: int) -> None:
+        """Evict ``count`` leaves, oldest release first (lineage). Evicting a leaf can make its
+        parent a leaf; when the parent's tick is below every other leaf's (a sequence released
+        deepest first has consecutive ticks), it goes next without a round trip through the
+        heap, so evicting a released sequence costs no heap operation per block."""
+        cached = self._cached
+        heap = self._leaf_heap
+        removed = self.removed
+        evicted = 0
+        while evicted < count:
+            tick, block = heapq.heappop(heap)
+            entry = cached.get(block)
+            if entry is None or entry.refs or entry.children or entry.tick != tick:
+                continue  # stale: re-acquired, re-released or evicted since it was pushed
+            floor = tick  # every other leaf's tick is above this
+            while True:
+                del cached[block]
+                removed.append(block)
+                evicted += 1
+                parent_block = entry.parent
+                if parent_block is None:
+                    break
+                parent = cached[parent_block]  # lineage never evicts a block that has children
+                parent.children -= 1
+                if parent.children or parent.refs:
+                    break
+                if evicted == count or parent.tick > floor + 1:
+                    heapq.heappush(heap, (parent.tick, parent_block))
+                    break
+                # Ticks are unique and every other leaf's is above floor: the parent is next.
+                floor = max(floor, parent.tick)
+                block, entry = parent_block, parent
         self._inactive_count -= count
 
     def _evict_one(self) -> None:

@@ -9,6 +9,7 @@ number of RL steps) has completed; requests still in flight then are counted as 
 from __future__ import annotations
 
 from dataclasses import replace
+from operator import itemgetter
 from typing import Callable, Generator, Sequence
 
 import numpy as np
@@ -20,8 +21,10 @@ from tasim.perf import make_perf_model
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.base import ProgramDecision
 from tasim.scenario import Scenario
+from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
 from tasim.sim.drivers import start_workload
 from tasim.sim.engine import Engine, EngineConfig
+from tasim.sim.runs import Run
 from tasim.view import cluster_view
 from tasim.workloads import Script
 
@@ -33,12 +36,14 @@ Progress = Callable[[float], None]
 
 class Simulation:
     """``policy`` overrides the scenario's policy with a ready object (e.g. one not in the
-    registry); it must have been built for this simulation's `view`."""
+    registry); it must have been built for this simulation's `view`. ``fast_forward=False``
+    simulates every decode step on its own (same outcome, much slower; for checking)."""
 
-    def __init__(self, scenario: Scenario, emit: Emit, policy: Policy | None = None) -> None:
+    def __init__(self, scenario: Scenario, emit: Emit, policy: Policy | None = None, fast_forward: bool = True) -> None:
         self.scenario = scenario
         self.emit = emit
-        self.env = simpy.Environment(initial_time=0.0)
+        self.env = Clock(self._catch_up)
+        self._fast_forward = fast_forward
         cluster = scenario.cluster
         engine_cfg = cluster.engine
         self.block_size = engine_cfg.block_size
@@ -62,6 +67,8 @@ class Simulation:
         )
         self.engines = {w.id: Engine(w.id, config, perf, self) for w in self.view.workers}
         self._wake: dict[str, simpy.Event | None] = {w: None for w in self.engines}
+        self._runs: dict[str, Run | None] = {w: None for w in self.engines}  # what each worker sleeps through
+        self._workers: dict[str, simpy.Process] = {}
         self._waiters: dict[str, simpy.Event] = {}
         self._held: dict[str, RequestSpec] = {}
         self._last_request: dict[str, RequestSpec] = {}  # per program, for pins
@@ -81,8 +88,8 @@ class Simulation:
                 self.block_size, self.view.workers[0].kv_blocks, s.metrics.warmup_s,
             )
         )
-        for engine in self.engines.values():
-            env.process(self._worker(engine))
+        for index, engine in enumerate(self.engines.values()):
+            self._workers[engine.worker] = env.process(self._worker(engine, index))
         workload_done = start_workload(self)
         if self.policy.tick_interval_s:
             env.process(self._ticks(self.policy.tick_interval_s))
@@ -92,27 +99,60 @@ class Simulation:
         deadline = env.timeout(s.duration_s)
         env.run(until=deadline if workload_done is None else env.any_of([workload_done, deadline]))
         iterations = sum(e.iterations for e in self.engines.values())
+        iterations += sum(run.started(env.now) - 1 for run in self._runs.values() if run is not None)
         self.emit(ev.RunEnded(env.now, iterations, len(self._waiters)))
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _worker(self, engine: Engine) -> Generator[simpy.Event, object, None]:
+    def _worker(self, engine: Engine, index: int) -> Generator[simpy.Event, object, None]:
+        """Run the engine one `Run` at a time (see `tasim.sim.clock` for the order of
+        simultaneous events)."""
         env = self.env
+        worker = engine.worker
         while True:
             if not engine.has_work:
-                wake = self._wake[engine.worker] = env.event()
+                wake = self._wake[worker] = env.event()
                 yield wake
+            yield Alarm(env, env.now, STEP_START_PRIORITY + index)
             step = engine.begin_step(env.now)
             if not step.scheduled:
                 if step.preempted:
                     continue  # everything runnable was preempted; the next step re-admits
                 # The queue head cannot be admitted until something frees blocks (a pin expires,
                 # a new request arrives): sleep until woken rather than spin at this instant.
-                wake = self._wake[engine.worker] = env.event()
+                wake = self._wake[worker] = env.event()
                 yield wake
                 continue
-            yield env.timeout(step.duration)
-            engine.end_step(step, env.now)
+            run = self._runs[worker] = Run(engine, step)
+            if self._fast_forward:
+                run.extend()
+            while True:
+                try:
+                    yield Alarm(env, run.end, STEP_END_PRIORITY + index)
+                    break
+                except simpy.Interrupt:
+                    pass  # cut short: sleep until its new end
+            self._runs[worker] = None
+            run.complete(env.now)
+
+    def _catch_up(self, t: float) -> None:
+        """Before anything happens at ``t``: bring folded steps up to ``t`` and publish the KV
+        events of every step that has ended, in time order (then worker order)."""
+        due = []
+        for index, (worker, run) in enumerate(self._runs.items()):
+            if run is not None and run.next_due <= t:
+                due += [(end, index, worker, stored, removed) for end, stored, removed in run.catch_up(t)]
+        if len(due) > 1:
+            due.sort(key=itemgetter(0, 1))
+        for end, _, worker, stored, removed in due:
+            self.engines[worker].publish_kv(stored, removed, end)
+
+    def _changing(self, worker: str) -> None:
+        """Something outside is about to change the engine: its run keeps only the steps already
+        started (the next step must see the change)."""
+        run = self._runs[worker]
+        if run is not None and run.cut(self.env.now):
+            self._workers[worker].interrupt()
 
     def run_program(self, script: Script) -> Generator[simpy.Event, object, None]:
         """Run one program: each call waits its gap (set-up, tool or think time), is routed by
@@ -153,6 +193,7 @@ class Simulation:
     def clear_prefix_caches(self) -> None:
         """Drop every worker's cached KV (after a weight update); policies see the removals."""
         for engine in self.engines.values():
+            self._changing(engine.worker)
             engine.clear_prefix_cache(self.env.now)
 
     def _ticks(self, interval: float) -> Generator[simpy.Event, object, None]:
@@ -196,6 +237,7 @@ class Simulation:
         if engine is None:
             raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
         self.emit(ev.RequestRouted(self.env.now, spec.id, worker))
+        self._changing(worker)
         engine.submit(spec if self._reuse_output else self._private_output(spec))
         self._wake_worker(worker)
 
@@ -233,6 +275,7 @@ class Simulation:
         if spec is None or engine is None:
             raise ValueError(f"policy {self.policy.name} pinned {pin.program!r} on {pin.worker!r}, which has no request there")
         self._unpin_everywhere(pin.program)  # a program holds at most one pin
+        self._changing(pin.worker)
         blocks = engine.pin(pin.program, spec.block_hashes)
         serial = self._pin_serial[pin.program] = self._pin_serial.get(pin.program, 0) + 1
         self.emit(ev.ProgramPinned(self.env.now, pin.program, pin.worker, blocks, pin.ttl_s))
@@ -248,7 +291,9 @@ class Simulation:
             self._unpin(engine, program)
 
     def _unpin(self, engine: Engine, program: str) -> None:
-        if engine.unpin(program):
+        if engine.has_pin(program):
+            self._changing(engine.worker)
+            engine.unpin(program)
             self._wake_worker(engine.worker)  # freed blocks may let its queue head in
 
     # --- engine listener ---------------------------------------------------------------------
