@@ -30,14 +30,12 @@ from tasim.model import BlockHash
 Eviction = Literal["lru", "lineage"]
 
 
-class _Cached:
-    __slots__ = ("refs", "parent", "children", "tick")
-
-    def __init__(self, parent: BlockHash | None) -> None:
-        self.refs = 1
-        self.parent = parent
-        self.children = 0
-        self.tick = 0
+# A cached block's state is a list [refs, parent, children, tick], indexed by these names:
+# references (running requests and pins), the parent's hash (lineage; None for a root or a
+# block registered after a private duplicate), resident children (lineage), and the release
+# tick while unreferenced. A list costs a third of a slotted object to create, and a pool
+# registers millions of blocks.
+REFS, PARENT, CHILDREN, TICK = range(4)
 
 
 class BlockPool:
@@ -47,7 +45,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.eviction = eviction
         self.free = num_blocks
-        self._cached: dict[BlockHash, _Cached] = {}
+        self._cached: dict[BlockHash, list] = {}
         self._inactive_lru: OrderedDict[BlockHash, None] = OrderedDict()
         self._inactive_count = 0
         self._leaf_heap: list[tuple[int, BlockHash]] = []
@@ -80,7 +78,7 @@ class BlockPool:
 
     def refs(self, block: BlockHash) -> int:
         entry = self._cached.get(block)
-        return entry.refs if entry else 0
+        return entry[REFS] if entry else 0
 
     def prefix_hits(self, hashes: Sequence[BlockHash], limit: int) -> tuple[int, int]:
         """Leading blocks of ``hashes[:limit]`` resident in the cache, and how many of those are
@@ -92,7 +90,7 @@ class BlockPool:
             if entry is None:
                 break
             hits += 1
-            if entry.refs:
+            if entry[REFS]:
                 active += 1
         return hits, active
 
@@ -101,18 +99,18 @@ class BlockPool:
         if self.eviction == "lru":
             return list(self._inactive_lru)
         order: list[BlockHash] = []
-        children = {h: e.children for h, e in self._cached.items()}
-        heap = [(e.tick, h) for h, e in self._cached.items() if e.refs == 0 and e.children == 0]
+        children = {h: e[CHILDREN] for h, e in self._cached.items()}
+        heap = [(e[TICK], h) for h, e in self._cached.items() if e[REFS] == 0 and e[CHILDREN] == 0]
         heapq.heapify(heap)
         while heap:
             _, block = heapq.heappop(heap)
             order.append(block)
-            parent = self._cached[block].parent
+            parent = self._cached[block][PARENT]
             if parent is not None and parent in children:
                 children[parent] -= 1
                 entry = self._cached[parent]
-                if children[parent] == 0 and entry.refs == 0:
-                    heapq.heappush(heap, (entry.tick, parent))
+                if children[parent] == 0 and entry[REFS] == 0:
+                    heapq.heappush(heap, (entry[TICK], parent))
         return order
 
     # --- reference counting ----------------------------------------------------------------
@@ -124,12 +122,12 @@ class BlockPool:
         reactivated = 0
         for block in blocks:
             entry = cached[block]
-            if entry.refs == 0:
+            if entry[REFS] == 0:
                 reactivated += 1
                 if lru is not None:
                     del lru[block]
                 # lineage: the leaf-heap entry goes stale and is skipped when popped
-            entry.refs += 1
+            entry[REFS] += 1
         self._inactive_count -= reactivated
 
     def release(self, blocks: Sequence[BlockHash]) -> None:
@@ -140,13 +138,13 @@ class BlockPool:
         tick = self._tick
         for block in reversed(blocks):
             entry = cached[block]
-            entry.refs -= 1
-            if entry.refs == 0:
+            entry[REFS] -= 1
+            if entry[REFS] == 0:
                 tick += 1
-                entry.tick = tick
+                entry[TICK] = tick
                 if lru is not None:
                     lru[block] = None
-                elif entry.children == 0:
+                elif entry[CHILDREN] == 0:
                     heapq.heappush(heap, (tick, block))
         self._inactive_count += tick - self._tick
         self._tick = tick
@@ -178,16 +176,32 @@ class BlockPool:
         those it now references to ``held``. A block whose parent the request does not hold
         (it holds a private duplicate) is registered without a parent link."""
         cached = self._cached
-        stored = self.stored
         lineage = self.eviction == "lineage"
+        blocks = hashes[start:stop]
+        if not blocks:
+            return
+        if cached.keys().isdisjoint(blocks):
+            # The usual case, all new: a chain, each block the parent of the next.
+            parent = hashes[start - 1] if lineage and start and held and held[-1] == hashes[start - 1] else None
+            if parent is not None:
+                cached[parent][CHILDREN] += 1
+            if lineage:
+                cached.update(zip(blocks, [[1, parent, 1, 0]] + [[1, previous, 1, 0] for previous in blocks[:-1]]))
+                cached[blocks[-1]][CHILDREN] = 0
+            else:
+                cached.update(zip(blocks, [[1, None, 0, 0] for _ in blocks]))
+            self.stored += blocks
+            held += blocks
+            return
+        stored = self.stored
         for j in range(start, stop):
             block = hashes[j]
             if block in cached:
                 continue  # another copy is resident: ours stays a private duplicate
-            entry = _Cached(None)
+            entry = [1, None, 0, 0]
             if lineage and j and held and held[-1] == hashes[j - 1]:
-                entry.parent = hashes[j - 1]
-                cached[entry.parent].children += 1
+                entry[PARENT] = hashes[j - 1]
+                cached[entry[PARENT]][CHILDREN] += 1
             cached[block] = entry
             stored.append(block)
             held.append(block)
@@ -221,7 +235,7 @@ class BlockPool:
         self._leaf_heap = [
             (tick, block)
             for tick, block in self._leaf_heap
-            if (entry := cached.get(block)) is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick
+            if (entry := cached.get(block)) is not None and entry[REFS] == 0 and entry[CHILDREN] == 0 and entry[TICK] == tick
         ]
         heapq.heapify(self._leaf_heap)
 
@@ -247,25 +261,25 @@ class BlockPool:
         while evicted < count:
             tick, block = heapq.heappop(heap)
             entry = cached.get(block)
-            if entry is None or entry.refs or entry.children or entry.tick != tick:
+            if entry is None or entry[REFS] or entry[CHILDREN] or entry[TICK] != tick:
                 continue  # stale: re-acquired, re-released or evicted since it was pushed
             floor = tick  # every other leaf's tick is above this
             while True:
                 del cached[block]
                 removed.append(block)
                 evicted += 1
-                parent_block = entry.parent
+                parent_block = entry[PARENT]
                 if parent_block is None:
                     break
                 parent = cached[parent_block]  # lineage never evicts a block that has children
-                parent.children -= 1
-                if parent.children or parent.refs:
+                parent[CHILDREN] -= 1
+                if parent[CHILDREN] or parent[REFS]:
                     break
-                if evicted == count or parent.tick > floor + 1:
-                    heapq.heappush(heap, (parent.tick, parent_block))
+                if evicted == count or parent[TICK] > floor + 1:
+                    heapq.heappush(heap, (parent[TICK], parent_block))
                     break
                 # Ticks are unique and every other leaf's is above floor: the parent is next.
-                floor = max(floor, parent.tick)
+                floor = max(floor, parent[TICK])
                 block, entry = parent_block, parent
         self._inactive_count -= count
 
@@ -276,13 +290,13 @@ class BlockPool:
             while True:
                 tick, block = heapq.heappop(self._leaf_heap)
                 entry = self._cached.get(block)
-                if entry is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick:
+                if entry is not None and entry[REFS] == 0 and entry[CHILDREN] == 0 and entry[TICK] == tick:
                     break
         entry = self._cached.pop(block)
         self._inactive_count -= 1
         self.removed.append(block)
-        if entry.parent is not None:
-            parent = self._cached[entry.parent]  # lineage never evicts a block that has children
-            parent.children -= 1
-            if parent.children == 0 and parent.refs == 0:
-                heapq.heappush(self._leaf_heap, (parent.tick, entry.parent))
+        if entry[PARENT] is not None:
+            parent = self._cached[entry[PARENT]]  # lineage never evicts a block that has children
+            parent[CHILDREN] -= 1
+            if parent[CHILDREN] == 0 and parent[REFS] == 0:
+                heapq.heappush(self._leaf_heap, (parent[TICK], entry[PARENT]))

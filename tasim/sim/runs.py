@@ -24,6 +24,7 @@ time; tests compare the two event logs byte for byte.
 from __future__ import annotations
 
 import bisect
+from operator import itemgetter
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from tasim.sim.engine import Engine, EngineRequest, Step
 
 # The longest run planned at once: runs are cut by arrivals, so planning far ahead is wasted.
 MAX_RUN_STEPS = 1024
+_TOUCH_ORDER = itemgetter(0, 1, 2)  # step, running position, allocation before registration
 
 
 class _Boundary:
@@ -155,47 +157,64 @@ class Run:
         last = min(MAX_RUN_STEPS, min(req.target - req.generated for req, _ in first.scheduled))
         if last < 2:
             return
-        last, boundaries = self._plan_boundaries(last, head_blocks)
-        if last < 2:
+        planned = self._plan_boundaries(last, head_blocks)
+        if planned is None:
             return
+        last, boundaries = planned
         context = sum(req.computed for req, _ in first.scheduled)  # before the first step
         contexts = np.arange(1, last, dtype=np.int64) * count + context
-        durations = engine.perf.decode_step_times(count, contexts, engine.config.num_blocks * engine.config.block_size)
-        self.ends = np.cumsum(np.concatenate(([first.end], durations))).tolist()
+        cfg = engine.config
+        ends = np.empty(last)
+        ends[0] = first.end
+        ends[1:] = engine.perf.decode_step_times(count, contexts, cfg.num_blocks * cfg.block_size)
+        self.ends = np.cumsum(ends, out=ends).tolist()  # sequential sums: each end = start + duration
         self.steps = last
-        for index, actions in boundaries:
-            self._boundaries.append(_Boundary(index, self.ends[index - 2], self.ends[index - 1], actions))
+        for boundary in boundaries:
+            boundary.start = self.ends[boundary.index - 2]
+            boundary.end = self.ends[boundary.index - 1]
+        self._boundaries = boundaries
 
-    def _plan_boundaries(
-        self, last: int, head_blocks: frozenset[BlockHash]
-    ) -> tuple[int, list[tuple[int, list[tuple[EngineRequest, bool, bool]]]]]:
-        """The steps 2..``last`` that allocate or register blocks, with their actions; ``last``
-        lowered where the run must stop early."""
+    def _plan_boundaries(self, last: int, head_blocks: frozenset[BlockHash]) -> tuple[int, list[_Boundary]] | None:
+        """The steps 2..``last`` that allocate or register blocks, with their actions, and
+        ``last`` lowered where the run must stop early; None when no step can be folded."""
         engine = self.engine
         bs = engine.config.block_size
         caching = engine.config.enable_prefix_caching
-        # step -> running position -> [request, allocates, hash it registers or None]
-        by_step: dict[int, dict[int, list]] = {}
+        # (step, running position, 0 = allocate | 1 = register, request, block registered)
+        touches: list[tuple[int, int, int, EngineRequest, BlockHash]] = []
         for order, (req, _) in enumerate(self.first.scheduled):
             c = req.computed  # before the first step; step k computes token c + k
             # The first step reserved through token c + 1; later steps need a block when their
             # token passes the blocks held, and complete one when it fills the next block.
-            for k in range(req.phys * bs - c + 1, last + 1, bs):
-                by_step.setdefault(k, {}).setdefault(order, [req, False, None])[1] = True
+            touches += [(k, order, 0, req, 0) for k in range(req.phys * bs - c + 1, last + 1, bs)]
             if caching:
+                hashes = req.spec.block_hashes
                 first_full = (req.full_done + 1) * bs - c
-                for k in range(first_full, last + 1, bs):
-                    block = req.spec.block_hashes[req.full_done + (k - first_full) // bs]
-                    by_step.setdefault(k, {}).setdefault(order, [req, False, None])[2] = block
+                touches += [
+                    (k, order, 1, req, hashes[block])
+                    for block, k in enumerate(range(first_full, last + 1, bs), req.full_done)
+                ]
+        touches.sort(key=_TOUCH_ORDER)
         available = engine.pool.available
-        taken = 0
-        planned: list[tuple[int, list[tuple[EngineRequest, bool, bool]]]] = []
-        for k in sorted(by_step):
-            actions = [by_step[k][order] for order in sorted(by_step[k])]
-            taken += sum(1 for _, allocates, _ in actions if allocates)
-            if taken > available:
-                return k - 1, planned  # step k would preempt: it is scheduled on its own
-            planned.append((k, [(req, allocates, block is not None) for req, allocates, block in actions]))
-            if head_blocks and any(block in head_blocks for _, _, block in actions):
-                return k, planned  # the queue's head may fit after this step
-        return last, planned
+        boundaries: list[_Boundary] = []
+        for k, _, kind, req, block in touches:
+            if k > last:
+                break
+            if not boundaries or boundaries[-1].index != k:
+                boundaries.append(_Boundary(k, 0.0, 0.0, []))
+            actions = boundaries[-1].actions
+            if kind == 0:
+                available -= 1
+                if available < 0:  # step k would preempt: it is scheduled on its own
+                    boundaries.pop()
+                    last = k - 1
+                    break
+                actions.append((req, True, False))
+            else:
+                if actions and actions[-1][0] is req:  # it allocated in this step too
+                    actions[-1] = (req, True, True)
+                else:
+                    actions.append((req, False, True))
+                if block in head_blocks:
+                    last = k  # the queue's head may fit after this step
+        return (last, boundaries) if last >= 2 else None
