@@ -14,6 +14,7 @@ alarm. At any instant ``t`` the order is:
 
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Callable
 
@@ -27,38 +28,32 @@ STEP_START_PRIORITY = 1 << 20
 
 class Alarm(simpy.Event):
     """An event that fires at absolute time ``at`` with ``priority``. The time is exact: a step
-    that ends at ``start + duration`` is observed at that float, however it was reached."""
+    that ends at ``start + duration`` is observed at that float, however long ago it was
+    planned (``now + (at - now)`` can miss ``at``, and no delay may hit it exactly)."""
 
-    def __init__(self, env: simpy.Environment, at: float, priority: int) -> None:
+    def __init__(self, env: "Clock", at: float, priority: int) -> None:
         # As simpy's Timeout initialises itself: an event already successful, merely scheduled.
         self.env = env
         self.callbacks: list = []
         self._value = None
         self._ok = True
-        env.schedule(self, priority, delay_to(env.now, at))  # type: ignore[arg-type]
-
-
-def delay_to(now: float, at: float) -> float:
-    """The delay ``d`` for which ``now + d == at`` in floating point (``at - now`` can be off by
-    one unit in the last place)."""
-    if at < now:
-        raise ValueError(f"alarm at {at} is before now ({now})")
-    delay = at - now
-    while now + delay < at:
-        delay = math.nextafter(delay, math.inf)
-    while now + delay > at and delay > 0:
-        delay = math.nextafter(delay, -math.inf)
-    return delay
+        env.schedule_at(self, priority, at)
 
 
 class Clock(simpy.Environment):
     """A simpy environment that calls ``before(t)`` once before processing the first event at
-    each new time ``t``."""
+    each new time ``t``, and schedules events at absolute times."""
 
     def __init__(self, before: Callable[[float], None]) -> None:
         super().__init__(initial_time=0.0)
         self._before = before
         self._synced = -math.inf
+
+    def schedule_at(self, event: simpy.Event, priority: int, at: float) -> None:
+        if at < self._now:
+            raise ValueError(f"cannot schedule at {at}, before now ({self._now})")
+        # simpy's own schedule() takes a delay; its queue holds (time, priority, id, event).
+        heapq.heappush(self._queue, (at, priority, next(self._eid), event))
 
     def step(self) -> None:
         t = self.peek()

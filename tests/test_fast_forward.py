@@ -1,0 +1,159 @@
+"""Fast-forwarding decode steps (tasim.sim.runs) changes nothing but speed: the event log,
+KV events included, is identical to simulating every step on its own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tasim import events as ev
+from tasim.perf import make_perf_model
+from tasim.perf.base import decode_shape
+from tasim.scenario import Scenario, load_scenario
+from tasim.sim import runs
+from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
+from tasim.sim.runner import Simulation
+
+PRESETS = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+def _log(scenario: Scenario, fast_forward: bool) -> tuple[list[ev.Event], int]:
+    """The event log, and how many steps the simulation folded into runs."""
+    log: list[ev.Event] = []
+    folded = 0
+    complete = runs.Run.complete
+
+    def counting(run: runs.Run, now: float) -> None:
+        nonlocal folded
+        folded += run.steps - 1
+        complete(run, now)
+
+    runs.Run.complete = counting  # type: ignore[method-assign]
+    try:
+        Simulation(scenario, log.append, fast_forward=fast_forward).run()
+    finally:
+        runs.Run.complete = complete  # type: ignore[method-assign]
+    return log, folded
+
+
+def _kv_logged(scenario: Scenario) -> Scenario:
+    return scenario.model_copy(update={"metrics": scenario.metrics.model_copy(update={"log_kv_events": True})})
+
+
+def _agents(policy: str, **engine: object) -> Scenario:
+    """Two small workers under pressure: preemptions, evictions, a queue that waits."""
+    return Scenario.model_validate(
+        {
+            "seed": 3,
+            "duration_s": 240,
+            "cluster": {
+                "backends": 2,
+                "engine": {"block_size": 16, "kv_blocks": 600, "max_num_seqs": 12, "max_num_batched_tokens": 1024, **engine},
+                "perf": {"model": "dynamo_polynomial"},
+            },
+            "workload": {
+                "concurrency": 24, "system_prompt_tokens": 200, "task_prompt_tokens": {"kind": "uniform", "low": 100, "high": 900},
+                "turns": {"kind": "uniform", "low": 2, "high": 6}, "output_tokens": {"kind": "uniform", "low": 20, "high": 300},
+                "observation_tokens": {"kind": "uniform", "low": 30, "high": 400},
+                "tool_latency_s": {"kind": "lognormal", "median": 0.5, "sigma": 0.6},
+            },
+            "policy": {"name": policy},
+            "metrics": {"sample_interval_s": 5, "log_kv_events": True},
+        }
+    )
+
+
+CASES = {
+    "round_robin lru": _agents("round_robin"),
+    "kv_router lineage": _agents("kv_router", eviction="lineage"),
+    "thunderagent pauses": _agents("thunderagent", eviction="lineage", reuse_output_blocks=False),
+    "continuum pins": _agents("continuum"),
+    "least_loaded oldest-first preemption": _agents("least_loaded", preemption="oldest_first"),
+    "no prefix caching": _agents("round_robin", enable_prefix_caching=False),
+    "no chunked prefill": _agents("kv_router", enable_chunked_prefill=False, max_num_batched_tokens=4096),
+    "block size 1": _agents("round_robin", block_size=1, kv_blocks=9000),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_fast_forward_leaves_the_event_log_unchanged(case: str) -> None:
+    scenario = CASES[case]
+    fast, folded = _log(scenario, fast_forward=True)
+    slow, not_folded = _log(scenario, fast_forward=False)
+    assert not_folded == 0
+    assert folded > 100  # the fast run really skipped steps
+    if scenario.cluster.engine.enable_prefix_caching:
+        assert any(isinstance(e, ev.KvRemoved) for e in slow)  # the pool was under pressure
+    assert fast == slow
+
+
+@pytest.mark.parametrize("preset", ["live-mocker.yaml", "rl-live-mocker.yaml"])
+def test_fast_forward_on_presets(preset: str) -> None:
+    scenario = _kv_logged(load_scenario(PRESETS / preset))
+    fast, folded = _log(scenario, fast_forward=True)
+    slow, _ = _log(scenario, fast_forward=False)
+    assert folded > 0
+    assert fast == slow
+
+
+def test_roofline_preset_with_preemption() -> None:
+    scenario = _kv_logged(load_scenario(PRESETS / "swe-agent.yaml", ["workload.concurrency=96", "duration_s=300", "metrics.warmup_s=0"]))
+    fast, folded = _log(scenario, fast_forward=True)
+    slow, _ = _log(scenario, fast_forward=False)
+    assert folded > 0
+    assert any(isinstance(e, ev.RequestPreempted) for e in slow)
+    assert fast == slow
+
+
+@pytest.mark.parametrize("preset", ["multiturn-validation.yaml", "swe-agent.yaml", "rl-rollout.yaml"])
+def test_decode_step_times_match_single_steps_bit_for_bit(preset: str) -> None:
+    cluster = load_scenario(PRESETS / preset).cluster
+    perf = make_perf_model(cluster)
+    capacity = cluster.kv_blocks_per_worker() * cluster.engine.block_size
+    rng = np.random.default_rng(0)
+    for running in (1, 3, 17, 256):
+        contexts = np.sort(rng.integers(0, capacity * 2, 400)).astype(np.int64)
+        series = perf.decode_step_times(running, contexts, capacity)
+        singles = [perf.step_time(decode_shape(running, int(c), capacity)) for c in contexts]
+        assert series.tolist() == singles
+
+
+def test_alarms_fire_at_their_exact_time() -> None:
+    # 0.357... + (1.467... - 0.357...) misses 1.467... by one unit in the last place, and no
+    # delay added to 0.357... lands on it: alarms are scheduled at absolute times.
+    fired: list[float] = []
+    clock = Clock(lambda t: None)
+
+    def sleeper():  # type: ignore[no-untyped-def]
+        yield clock.timeout(0.3572143756209726)
+        yield Alarm(clock, 1.4671021216854256, STEP_END_PRIORITY)
+        fired.append(clock.now)
+
+    clock.process(sleeper())
+    clock.run()
+    assert fired == [1.4671021216854256]
+    with pytest.raises(ValueError):
+        Alarm(clock, 1.0, STEP_END_PRIORITY)
+
+
+def test_simultaneous_events_in_the_documented_order() -> None:
+    seen: list[str] = []
+    clock = Clock(lambda t: seen.append(f"catch up {t}"))
+
+    def at_two(name: str, priority: int):  # type: ignore[no-untyped-def]
+        yield Alarm(clock, 2.0, priority)
+        seen.append(name)
+
+    def timeout_two():  # type: ignore[no-untyped-def]
+        yield clock.timeout(2.0)
+        seen.append("arrival")
+
+    clock.process(at_two("start w1", STEP_START_PRIORITY + 1))
+    clock.process(at_two("start w0", STEP_START_PRIORITY))
+    clock.process(timeout_two())
+    clock.process(at_two("end w1", STEP_END_PRIORITY + 1))
+    clock.process(at_two("end w0", STEP_END_PRIORITY))
+    clock.run()
+    assert seen == ["catch up 0.0", "catch up 2.0", "end w0", "end w1", "arrival", "start w0", "start w1"]
