@@ -1,0 +1,74 @@
+"""Issue 8's speed and memory targets. Each run is the main job (`run_simulation`: event log
+written to disk, metrics folded) in a fresh process, so its peak RSS is its own."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RESULTS
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = ROOT / "scenarios"
+
+_CHILD = """
+import json, resource, sys, time
+from pathlib import Path
+from tasim.rundir import run_simulation
+from tasim.scenario import load_scenario
+scenario = load_scenario(Path(sys.argv[1]), sys.argv[3:])
+started = time.perf_counter()
+summary = run_simulation(scenario, Path(sys.argv[2]))
+print(json.dumps({
+    "wall_s": time.perf_counter() - started,
+    "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "requests_completed": summary["requests_completed"],
+    "sim_time_s": summary["sim_time_s"],
+    "engine_iterations": summary["engine_iterations"],
+}))
+"""
+
+
+def _measure(preset: str, overrides: list[str], out: Path) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(PRESETS / preset), str(out), *overrides],
+        capture_output=True, text=True, cwd=ROOT, check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+TARGETS = {
+    # name: (preset, overrides, wall-time limit in seconds or None)
+    "swe-agent, 96 programs, one simulated hour": (
+        "swe-agent.yaml", ["workload.concurrency=96", "duration_s=3600"], 20.0,
+    ),
+    "rl-rollout, concurrency 512, 2 replicas, one simulated hour": (
+        "rl-rollout.yaml", ["workload.max_concurrency=512", "cluster.backends=2", "duration_s=3600"], 60.0,
+    ),
+    # 10,000 ten-turn programs on 8 mocker-sized workers: 100,000 requests.
+    "100k requests": (
+        "multiturn-validation.yaml",
+        ["workload.programs=10000", "workload.turns=10", "workload.concurrency=512", "cluster.backends=8",
+         "duration_s=1000000"],
+        None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(TARGETS))
+def test_speed_and_memory_targets(benchmark, name: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    preset, overrides, wall_limit = TARGETS[name]
+    runs: list[dict] = []
+    benchmark.pedantic(lambda: runs.append(_measure(preset, overrides, tmp_path / "run")), rounds=1, iterations=1)
+    figures = runs[0]
+    benchmark.extra_info.update(figures)
+    RESULTS.append((name, figures))
+    assert figures["peak_rss_mib"] < 1024
+    if name == "100k requests":
+        assert figures["requests_completed"] == 100_000
+    if wall_limit is not None:
+        assert figures["wall_s"] < wall_limit, f"{name}: {figures['wall_s']:.1f} s wall, target < {wall_limit:.0f} s"
