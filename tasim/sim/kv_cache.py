@@ -22,7 +22,8 @@ Eviction order of inactive blocks:
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
+from itertools import islice
 from typing import Literal, Sequence
 
 from tasim.model import BlockHash
@@ -133,19 +134,24 @@ class BlockPool:
     def release(self, blocks: Sequence[BlockHash]) -> None:
         """Drop one reference from each block, deepest first, as requests free their blocks."""
         cached = self._cached
-        lru = self._inactive_lru if self.eviction == "lru" else None
+        lineage = self.eviction == "lineage"
         heap = self._leaf_heap
         tick = self._tick
-        for block in reversed(blocks):
-            entry = cached[block]
-            entry[REFS] -= 1
-            if entry[REFS] == 0:
+        released: list[BlockHash] = []
+        deepest_first = blocks[::-1]
+        for block, entry in zip(deepest_first, map(cached.__getitem__, deepest_first)):
+            if entry[REFS] == 1:
+                entry[REFS] = 0
                 tick += 1
                 entry[TICK] = tick
-                if lru is not None:
-                    lru[block] = None
-                elif entry[CHILDREN] == 0:
+                if not lineage:
+                    released.append(block)
+                elif not entry[CHILDREN]:
                     heapq.heappush(heap, (tick, block))
+            else:
+                entry[REFS] -= 1
+        if released:
+            self._inactive_lru.update(dict.fromkeys(released))
         self._inactive_count += tick - self._tick
         self._tick = tick
         if len(heap) > 2 * self._inactive_count + 64:
@@ -240,13 +246,12 @@ class BlockPool:
         heapq.heapify(self._leaf_heap)
 
     def _evict_lru(self, count: int) -> None:
-        popitem = self._inactive_lru.popitem
-        pop = self._cached.pop
-        removed = self.removed
-        for _ in range(count):
-            block, _ = popitem(last=False)
-            pop(block)
-            removed.append(block)
+        lru = self._inactive_lru
+        victims = list(islice(lru, count))  # least recently released first
+        # Delete through C-level iteration: pools evict millions of blocks.
+        deque(map(lru.__delitem__, victims), maxlen=0)
+        deque(map(self._cached.__delitem__, victims), maxlen=0)
+        self.removed += victims
         self._inactive_count -= count
 
     def _evict_leaves(self, count: int) -> None:
@@ -275,11 +280,13 @@ class BlockPool:
                 parent[CHILDREN] -= 1
                 if parent[CHILDREN] or parent[REFS]:
                     break
-                if evicted == count or parent[TICK] > floor + 1:
-                    heapq.heappush(heap, (parent[TICK], parent_block))
+                parent_tick = parent[TICK]
+                if evicted == count or parent_tick > floor + 1:
+                    heapq.heappush(heap, (parent_tick, parent_block))
                     break
                 # Ticks are unique and every other leaf's is above floor: the parent is next.
-                floor = max(floor, parent[TICK])
+                if parent_tick > floor:
+                    floor = parent_tick
                 block, entry = parent_block, parent
         self._inactive_count -= count
 
