@@ -242,12 +242,20 @@ class Engine:
     def _schedule_running(self, step: Step, budget: int, now: float) -> tuple[int, bool]:
         preempted = False
         running = self.running
+        scheduled = step.scheduled
+        bs = self.config.block_size
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.length - req.computed, budget)
+            n = min(req.prompt + req.generated - req.computed, budget)
+            upto = req.computed + n
+            if upto <= req.phys * bs and upto // bs <= req.full_done:  # no block to take or fill
+                scheduled.append((req, n))
+                budget -= n
+                i += 1
+                continue
             victim_was_self = False
-            while not self._reserve(req, req.computed + n):
+            while not self._reserve(req, upto):
                 victim = running[-1] if self._lifo else running[0]
                 budget += self._preempt(victim, step, now)
                 preempted = True
@@ -354,19 +362,25 @@ class Engine:
         req.phys = req.full_done = 0
 
     def _shape(self, step: Step) -> StepShape:
-        shape = StepShape(kv_capacity_tokens=self.config.num_blocks * self.config.block_size)
+        # Sums kept in locals: this runs once per engine iteration over the whole batch.
+        scheduled_tokens = kv_read = prefill_seqs = prefill_prompt = prefill_prefix = decode_seqs = decode_kv = 0
+        attn_pairs = 0.0
         for req, n in step.scheduled:
             c = req.computed
-            shape.scheduled_tokens += n
-            shape.attn_pairs += n * (c + n / 2)
-            shape.kv_read_tokens += c
+            length = req.prompt + req.generated
+            scheduled_tokens += n
+            attn_pairs += n * (c + n / 2)
+            kv_read += c
             prompt_chunk = min(c + n, req.prompt) - c
             if prompt_chunk > 0:
-                shape.prefill_seqs += 1
-                shape.prefill_prompt_tokens += prompt_chunk
-                shape.prefill_prefix_tokens += c
-            if c + n == req.length:
-                shape.decode_seqs += 1
+                prefill_seqs += 1
+                prefill_prompt += prompt_chunk
+                prefill_prefix += c
+            if c + n == length:
+                decode_seqs += 1
             if req.generated:  # decoding, or recomputing after preemption: the mocker counts both
-                shape.decode_kv_tokens += req.length
-        return shape
+                decode_kv += length
+        return StepShape(
+            scheduled_tokens, attn_pairs, kv_read, prefill_seqs, prefill_prompt, prefill_prefix, decode_seqs, decode_kv,
+            self.config.num_blocks * self.config.block_size,
+        )
