@@ -134,24 +134,21 @@ class BlockPool:
     def release(self, blocks: Sequence[BlockHash]) -> None:
         """Drop one reference from each block, deepest first, as requests free their blocks."""
         cached = self._cached
-        lineage = self.eviction == "lineage"
+        lru = self._inactive_lru if self.eviction == "lru" else None
         heap = self._leaf_heap
         tick = self._tick
-        released: list[BlockHash] = []
         deepest_first = blocks[::-1]
         for block, entry in zip(deepest_first, map(cached.__getitem__, deepest_first)):
             if entry[REFS] == 1:
                 entry[REFS] = 0
                 tick += 1
                 entry[TICK] = tick
-                if not lineage:
-                    released.append(block)
+                if lru is not None:
+                    lru[block] = None  # (OrderedDict.update is slower than item by item)
                 elif not entry[CHILDREN]:
                     heapq.heappush(heap, (tick, block))
             else:
                 entry[REFS] -= 1
-        if released:
-            self._inactive_lru.update(dict.fromkeys(released))
         self._inactive_count += tick - self._tick
         self._tick = tick
         if len(heap) > 2 * self._inactive_count + 64:
