@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict, deque
-from itertools import islice
+from itertools import islice, takewhile
+from operator import attrgetter
 from typing import Literal, Sequence
 
 from tasim.model import BlockHash
@@ -31,12 +32,22 @@ from tasim.model import BlockHash
 Eviction = Literal["lru", "lineage"]
 
 
-# A cached block's state is a list [refs, parent, children, tick], indexed by these names:
-# references (running requests and pins), the parent's hash (lineage; None for a root or a
-# block registered after a private duplicate), resident children (lineage), and the release
-# tick while unreferenced. A list costs a third of a slotted object to create, and a pool
-# registers millions of blocks.
-REFS, PARENT, CHILDREN, TICK = range(4)
+_refs = attrgetter("refs")
+
+
+class _Cached:
+    """A cached block: references (running requests and pins), the parent's hash (lineage;
+    None for a root or after a private duplicate), resident children (lineage), and the
+    release tick while unreferenced. A slotted object, not a list: one indirection fewer on
+    every access, which shows once the pools outgrow the CPU caches."""
+
+    __slots__ = ("refs", "parent", "children", "tick")
+
+    def __init__(self, parent: BlockHash | None) -> None:
+        self.refs = 1
+        self.parent = parent
+        self.children = 0
+        self.tick = 0
 
 
 class BlockPool:
@@ -46,7 +57,7 @@ class BlockPool:
         self.num_blocks = num_blocks
         self.eviction = eviction
         self.free = num_blocks
-        self._cached: dict[BlockHash, list] = {}
+        self._cached: dict[BlockHash, _Cached] = {}
         self._inactive_lru: OrderedDict[BlockHash, None] = OrderedDict()
         self._inactive_count = 0
         self._leaf_heap: list[tuple[int, BlockHash]] = []
@@ -79,39 +90,34 @@ class BlockPool:
 
     def refs(self, block: BlockHash) -> int:
         entry = self._cached.get(block)
-        return entry[REFS] if entry else 0
+        return entry.refs if entry else 0
 
     def prefix_hits(self, hashes: Sequence[BlockHash], limit: int) -> tuple[int, int]:
         """Leading blocks of ``hashes[:limit]`` resident in the cache, and how many of those are
         active (already referenced, so a new reference costs no capacity)."""
-        hits = active = 0
+        # C-level iteration: admission re-checks a blocked queue head's whole prefix each step.
         cached = self._cached
-        for block in hashes[:limit]:
-            entry = cached.get(block)
-            if entry is None:
-                break
-            hits += 1
-            if entry[REFS]:
-                active += 1
-        return hits, active
+        resident = list(takewhile(cached.__contains__, hashes[:limit]))
+        active = len(resident) - list(map(_refs, map(cached.__getitem__, resident))).count(0)
+        return len(resident), active
 
     def inactive_order(self) -> list[BlockHash]:
         """Inactive blocks in the order they would be evicted (for tests and debugging)."""
         if self.eviction == "lru":
             return list(self._inactive_lru)
         order: list[BlockHash] = []
-        children = {h: e[CHILDREN] for h, e in self._cached.items()}
-        heap = [(e[TICK], h) for h, e in self._cached.items() if e[REFS] == 0 and e[CHILDREN] == 0]
+        children = {h: e.children for h, e in self._cached.items()}
+        heap = [(e.tick, h) for h, e in self._cached.items() if e.refs == 0 and e.children == 0]
         heapq.heapify(heap)
         while heap:
             _, block = heapq.heappop(heap)
             order.append(block)
-            parent = self._cached[block][PARENT]
+            parent = self._cached[block].parent
             if parent is not None and parent in children:
                 children[parent] -= 1
                 entry = self._cached[parent]
-                if children[parent] == 0 and entry[REFS] == 0:
-                    heapq.heappush(heap, (entry[TICK], parent))
+                if children[parent] == 0 and entry.refs == 0:
+                    heapq.heappush(heap, (entry.tick, parent))
         return order
 
     # --- reference counting ----------------------------------------------------------------
@@ -123,12 +129,12 @@ class BlockPool:
         reactivated = 0
         for block in blocks:
             entry = cached[block]
-            if entry[REFS] == 0:
+            if entry.refs == 0:
                 reactivated += 1
                 if lru is not None:
                     del lru[block]
                 # lineage: the leaf-heap entry goes stale and is skipped when popped
-            entry[REFS] += 1
+            entry.refs += 1
         self._inactive_count -= reactivated
 
     def release(self, blocks: Sequence[BlockHash]) -> None:
@@ -137,18 +143,16 @@ class BlockPool:
         lru = self._inactive_lru if self.eviction == "lru" else None
         heap = self._leaf_heap
         tick = self._tick
-        deepest_first = blocks[::-1]
-        for block, entry in zip(deepest_first, map(cached.__getitem__, deepest_first)):
-            if entry[REFS] == 1:
-                entry[REFS] = 0
+        for block in reversed(blocks):
+            entry = cached[block]
+            entry.refs -= 1
+            if entry.refs == 0:
                 tick += 1
-                entry[TICK] = tick
+                entry.tick = tick
                 if lru is not None:
-                    lru[block] = None  # (OrderedDict.update is slower than item by item)
-                elif not entry[CHILDREN]:
+                    lru[block] = None
+                elif entry.children == 0:
                     heapq.heappush(heap, (tick, block))
-            else:
-                entry[REFS] -= 1
         self._inactive_count += tick - self._tick
         self._tick = tick
         if len(heap) > 2 * self._inactive_count + 64:
@@ -179,32 +183,16 @@ class BlockPool:
         those it now references to ``held``. A block whose parent the request does not hold
         (it holds a private duplicate) is registered without a parent link."""
         cached = self._cached
-        lineage = self.eviction == "lineage"
-        blocks = hashes[start:stop]
-        if not blocks:
-            return
-        if cached.keys().isdisjoint(blocks):
-            # The usual case, all new: a chain, each block the parent of the next.
-            parent = hashes[start - 1] if lineage and start and held and held[-1] == hashes[start - 1] else None
-            if parent is not None:
-                cached[parent][CHILDREN] += 1
-            if lineage:
-                cached.update(zip(blocks, [[1, parent, 1, 0]] + [[1, previous, 1, 0] for previous in blocks[:-1]]))
-                cached[blocks[-1]][CHILDREN] = 0
-            else:
-                cached.update(zip(blocks, [[1, None, 0, 0] for _ in blocks]))
-            self.stored += blocks
-            held += blocks
-            return
         stored = self.stored
+        lineage = self.eviction == "lineage"
         for j in range(start, stop):
             block = hashes[j]
             if block in cached:
                 continue  # another copy is resident: ours stays a private duplicate
-            entry = [1, None, 0, 0]
+            entry = _Cached(None)
             if lineage and j and held and held[-1] == hashes[j - 1]:
-                entry[PARENT] = hashes[j - 1]
-                cached[entry[PARENT]][CHILDREN] += 1
+                entry.parent = hashes[j - 1]
+                cached[entry.parent].children += 1
             cached[block] = entry
             stored.append(block)
             held.append(block)
@@ -238,14 +226,14 @@ class BlockPool:
         self._leaf_heap = [
             (tick, block)
             for tick, block in self._leaf_heap
-            if (entry := cached.get(block)) is not None and entry[REFS] == 0 and entry[CHILDREN] == 0 and entry[TICK] == tick
+            if (entry := cached.get(block)) is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick
         ]
         heapq.heapify(self._leaf_heap)
 
     def _evict_lru(self, count: int) -> None:
         lru = self._inactive_lru
         victims = list(islice(lru, count))  # least recently released first
-        # Delete through C-level iteration: pools evict millions of blocks.
+        # Delete through C-level iteration (popitem(last=False) costs ~1.5 us a block).
         deque(map(lru.__delitem__, victims), maxlen=0)
         deque(map(self._cached.__delitem__, victims), maxlen=0)
         self.removed += victims
@@ -263,21 +251,21 @@ class BlockPool:
         while evicted < count:
             tick, block = heapq.heappop(heap)
             entry = cached.get(block)
-            if entry is None or entry[REFS] or entry[CHILDREN] or entry[TICK] != tick:
+            if entry is None or entry.refs or entry.children or entry.tick != tick:
                 continue  # stale: re-acquired, re-released or evicted since it was pushed
             floor = tick  # every other leaf's tick is above this
             while True:
                 del cached[block]
                 removed.append(block)
                 evicted += 1
-                parent_block = entry[PARENT]
+                parent_block = entry.parent
                 if parent_block is None:
                     break
                 parent = cached[parent_block]  # lineage never evicts a block that has children
-                parent[CHILDREN] -= 1
-                if parent[CHILDREN] or parent[REFS]:
+                parent.children -= 1
+                if parent.children or parent.refs:
                     break
-                parent_tick = parent[TICK]
+                parent_tick = parent.tick
                 if evicted == count or parent_tick > floor + 1:
                     heapq.heappush(heap, (parent_tick, parent_block))
                     break
@@ -294,13 +282,13 @@ class BlockPool:
             while True:
                 tick, block = heapq.heappop(self._leaf_heap)
                 entry = self._cached.get(block)
-                if entry is not None and entry[REFS] == 0 and entry[CHILDREN] == 0 and entry[TICK] == tick:
+                if entry is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick:
                     break
         entry = self._cached.pop(block)
         self._inactive_count -= 1
         self.removed.append(block)
-        if entry[PARENT] is not None:
-            parent = self._cached[entry[PARENT]]  # lineage never evicts a block that has children
-            parent[CHILDREN] -= 1
-            if parent[CHILDREN] == 0 and parent[REFS] == 0:
-                heapq.heappush(self._leaf_heap, (parent[TICK], entry[PARENT]))
+        if entry.parent is not None:
+            parent = self._cached[entry.parent]  # lineage never evicts a block that has children
+            parent.children -= 1
+            if parent.children == 0 and parent.refs == 0:
+                heapq.heappush(self._leaf_heap, (parent.tick, entry.parent))
