@@ -14,7 +14,7 @@ from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 from tasim.scenario import load_scenario
 from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import validate
-from tasim.validation.measures import METRICS
+from tasim.validation.measures import METRICS, differences
 
 SMALL_AGENTS = ["workload.concurrency=24", "workload.turns={kind: uniform, low: 3, high: 8}"]
 MOONCAKE_SLICE = ["workload.max_requests=300", "cluster.backends=2", "cluster.engine.kv_blocks=2048",
@@ -99,3 +99,26 @@ def test_a_failing_dynamo_replay_is_reported_not_raised(tmp_path: Path, monkeypa
     scenario = load_scenario(SCENARIOS / "multiturn-validation.yaml", SMALL_AGENTS)
     with pytest.raises(ValidationUnavailable, match=r"^Dynamo's replay failed \(kv_router\): replay invariant violated"):
         validate(scenario, tmp_path, ["kv_router"])
+
+
+def test_randomized_runs_are_compared_with_their_noise() -> None:
+    keys = [m.key for m in METRICS]
+
+    def runs(reuse: list[float]) -> list[dict[str, float]]:
+        return [{**{k: 100.0 for k in keys}, "prefix_reuse": r} for r in reuse]
+
+    def mean(rs: list[dict[str, float]]) -> dict[str, float]:
+        return {k: sum(r[k] for r in rs) / len(rs) for k in keys}
+
+    dynamo, tasim_ = runs([0.60, 0.62, 0.64]), runs([0.57, 0.58, 0.59])
+    by_key = {d.metric.key: d for d in differences(mean(dynamo), mean(tasim_), dynamo, tasim_)}
+    reuse = by_key["prefix_reuse"]
+    # 2 * sqrt(0.02**2 / 3 + 0.01**2 / 3): two standard errors of the difference of the means
+    assert reuse.noise == pytest.approx(2 * (0.0005 / 3) ** 0.5)
+    assert reuse.value == pytest.approx(-0.04)
+    assert reuse.within  # 4 pp apart, but the tolerance (2 pp) plus 2.58 pp of noise covers it
+    assert reuse.shown() == "-4.00 ± 2.58 pp"
+    assert by_key["output_tok_s"].noise == 0.0  # identical runs: nothing to allow for
+    # Single runs (deterministic routers) get no allowance.
+    single = {d.metric.key: d for d in differences(mean(dynamo), mean(tasim_))}["prefix_reuse"]
+    assert single.noise == 0.0 and single.within is False

@@ -43,7 +43,7 @@ class RouterResult:
 
     @property
     def differences(self) -> list[Difference]:
-        return differences(self.dynamo, self.tasim)
+        return differences(self.dynamo, self.tasim, self.dynamo_runs, self.tasim_runs)
 
 
 def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:

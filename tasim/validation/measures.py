@@ -3,6 +3,8 @@ the fidelity target (output throughput 3 %, prefix reuse 2 pp, mean TTFT 10 %, m
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -79,9 +81,13 @@ def summarize(records: Sequence[RequestRecord], wall_s: float) -> dict[str, floa
 
 @dataclass(frozen=True, slots=True)
 class Difference:
+    """``noise``: what run-to-run randomness alone can put between the two sides' means, in the
+    units of `value` (two standard errors of the difference of means; 0 for single runs)."""
+
     metric: Metric
     dynamo: float
     tasim: float
+    noise: float = 0.0
 
     @property
     def value(self) -> float:
@@ -94,18 +100,43 @@ class Difference:
 
     @property
     def within(self) -> bool | None:
-        """Whether the difference is inside the metric's tolerance (None: no tolerance set)."""
+        """Whether the difference is inside the metric's tolerance, widened by the noise of
+        randomized runs (None: no tolerance set)."""
         tolerance = self.metric.tolerance
-        return None if tolerance is None else abs(self.value) <= tolerance + 1e-12
+        return None if tolerance is None else abs(self.value) <= tolerance + self.noise + 1e-12
 
     def shown(self) -> str:
-        if self.metric.absolute:
-            return f"{self.value * 100:+.2f} pp"
-        return f"{self.value * 100:+.1f} %"
+        unit, scale, digits = ("pp", 100, 2) if self.metric.absolute else ("%", 100, 1)
+        noise = f" ± {self.noise * scale:.{digits}f}" if self.noise else ""
+        return f"{self.value * scale:+.{digits}f}{noise} {unit}"
 
 
-def differences(dynamo: dict[str, float], tasim: dict[str, float]) -> list[Difference]:
-    return [Difference(metric, dynamo[metric.key], tasim[metric.key]) for metric in METRICS]
+def differences(
+    dynamo: dict[str, float], tasim: dict[str, float],
+    dynamo_runs: Sequence[dict[str, float]] = (), tasim_runs: Sequence[dict[str, float]] = (),
+) -> list[Difference]:
+    """Per metric, tasim − Dynamo on the means; given each side's runs, with the noise
+    allowance of randomized runs (tie-breaks at random: Dynamo's are unseeded, tasim's seeded
+    per run), so that a comparison of means is not failed by the luck of the draw."""
+    return [
+        Difference(metric, dynamo[metric.key], tasim[metric.key], _noise(metric, dynamo, dynamo_runs, tasim_runs))
+        for metric in METRICS
+    ]
+
+
+def _noise(
+    metric: Metric, dynamo: dict[str, float], dynamo_runs: Sequence[dict[str, float]], tasim_runs: Sequence[dict[str, float]]
+) -> float:
+    if len(dynamo_runs) < 2 or len(tasim_runs) < 2:
+        return 0.0
+    variance = sum(
+        statistics.variance([run[metric.key] for run in runs]) / len(runs) for runs in (dynamo_runs, tasim_runs)
+    )
+    spread = 2.0 * math.sqrt(variance)
+    if metric.absolute:
+        return spread
+    scale = abs(dynamo[metric.key])
+    return spread / scale if scale else 0.0
 
 
 def all_within(diffs: Iterable[Difference]) -> bool:
