@@ -225,17 +225,24 @@ class Engine:
         if not cfg.enable_chunked_prefill:
             return False, frozenset()  # the head's fate there also depends on its cached prefix
         head = self.waiting[0]
-        length = head.length
-        bs = cfg.block_size
-        total_blocks = blocks_for(length, bs)
+        total_blocks = blocks_for(head.length, cfg.block_size)
         if total_blocks > cfg.num_blocks:
             return False, frozenset()  # due to be dropped
-        limit = (length - 1) // bs
-        active_hits = self.pool.prefix_hits(head.spec.block_hashes, limit)[1] if cfg.enable_prefix_caching else 0
         # Decode steps only take blocks, so a head that does not fit now fits no better later.
-        if total_blocks - active_hits > self.pool.available:
-            return True, frozenset(head.spec.block_hashes[:limit])
+        if total_blocks - self._cached_prefix(head)[1] > self.pool.available:
+            return True, frozenset(head.spec.block_hashes[: self._cacheable_blocks(head)])
         return False, frozenset()
+
+    def _cacheable_blocks(self, req: EngineRequest) -> int:
+        """Leading full blocks a prefix hit may cover: at least one token is always computed,
+        as vLLM does for a fully cached prompt."""
+        return (req.length - 1) // self.config.block_size
+
+    def _cached_prefix(self, req: EngineRequest) -> tuple[int, int]:
+        """The request's leading blocks in the cache, and how many of those are active."""
+        if not self.config.enable_prefix_caching:
+            return 0, 0
+        return self.pool.prefix_hits(req.spec.block_hashes, self._cacheable_blocks(req))
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -266,7 +273,7 @@ class Engine:
                     i -= 1
             if victim_was_self:
                 continue
-            step.scheduled.append((req, n))
+            scheduled.append((req, n))
             budget -= n
             i += 1
         return budget, preempted
@@ -285,10 +292,7 @@ class Engine:
                     self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now
                 )
                 continue
-            hits = active_hits = 0
-            if cfg.enable_prefix_caching:
-                # Leave at least one token to compute, as vLLM does for a fully cached prompt.
-                hits, active_hits = pool.prefix_hits(req.spec.block_hashes, (length - 1) // bs)
+            hits, active_hits = self._cached_prefix(req)
             if total_blocks - active_hits > pool.available:
                 break
             cached = hits * bs

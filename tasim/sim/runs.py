@@ -117,15 +117,14 @@ class Run:
         """The last step has ended (its KV events are out): advance the requests through the
         folded steps and apply the last one's outcome."""
         engine = self.engine
-        if self.steps == 1:
-            engine.complete_step(self.first, now)
-            return
         folded = self.steps - 1
-        engine.iterations += folded
-        for req, _ in self.first.scheduled:
-            req.computed += folded
-            req.generated += folded
-        engine.complete_step(Step(start=self.ends[self.steps - 2], duration=0.0, scheduled=self.first.scheduled), now)
+        if folded:
+            engine.iterations += folded
+            for req, _ in self.first.scheduled:
+                req.computed += folded
+                req.generated += folded
+        # A folded run's last step scheduled the same one token per request as its first.
+        engine.complete_step(self.first, now)
 
     def _apply(self, boundary: _Boundary) -> None:
         pool = self.engine.pool
