@@ -13,7 +13,7 @@ from tasim.rundir import run_simulation
 from tasim.scenario import parse_scenario
 from tasim.sim.drivers import WorkloadError
 from tasim.sim.engine import Engine, EngineConfig
-from tasim.sim.kv_cache import BlockPool
+from tasim.sim.kv_cache import BlockPool, Hold
 from tasim.sim.runner import Simulation
 
 
@@ -71,11 +71,12 @@ def test_dropped_programs_are_not_completed(tmp_path: Path) -> None:
 def test_net_kv_events_when_a_block_is_evicted_and_stored_again() -> None:
     pool = BlockPool(2)
     assert pool.allocate(2)
-    pool.register_run([1, 2], 0, 2, [])
+    hold = Hold([1, 2])
+    pool.register_run(hold, 0, 2)
     pool.drain_events()
-    pool.release([1, 2])
+    pool.release(hold)
     assert pool.allocate(1)  # evicts 2 (deepest first)
-    pool.register_run([2], 0, 1, [])  # ... and the same content is stored again
+    pool.register_run(pool.acquire([1, 2], 1), 1, 2)  # ... and the same content is stored again
     assert pool.drain_events() == ([2], [])  # the index must end up holding block 2
 
 

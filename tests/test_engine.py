@@ -35,12 +35,12 @@ def check_conservation(engine: Engine) -> None:
     # referenced exactly as many times as running requests hold it.
     refs: dict[int, int] = {}
     private = 0
-    for held in engine._pins.values():
-        for block in held:
+    for hold in engine._pins.values():
+        for block in hold.block_hashes():
             refs[block] = refs.get(block, 0) + 1
     for req in engine.running:
-        private += req.phys - len(req.held)
-        for block in req.held:
+        private += req.phys - req.hold.blocks
+        for block in req.hold.block_hashes():
             refs[block] = refs.get(block, 0) + 1
     assert pool.active == private + len(refs)
     for block, count in refs.items():

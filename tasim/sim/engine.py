@@ -29,7 +29,7 @@ from typing import Literal, Protocol
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
 from tasim.perf.base import PerfModel, StepShape
-from tasim.sim.kv_cache import BlockPool, Eviction
+from tasim.sim.kv_cache import BlockPool, Eviction, Hold
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +67,7 @@ class EngineRequest:
     """Engine-side state of one request."""
 
     __slots__ = (
-        "spec", "prompt", "target", "generated", "computed", "held", "phys", "full_done", "cached_tokens", "admissions",
+        "spec", "prompt", "target", "generated", "computed", "hold", "phys", "full_done", "cached_tokens", "admissions",
         "lost",
     )
 
@@ -77,7 +77,7 @@ class EngineRequest:
         self.target = spec.output_tokens
         self.generated = 0
         self.computed = 0
-        self.held: list[BlockHash] = []  # registered blocks referenced, in prefix order
+        self.hold = Hold(spec.block_hashes)  # the cached blocks it references
         self.phys = 0  # physical blocks this request occupies (held + private copies + tail)
         self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
         self.cached_tokens = 0  # prefix-cache hit at first admission
@@ -117,7 +117,7 @@ class Engine:
         self.running: list[EngineRequest] = []
         self.iterations = 0
         self._lifo = config.preemption == "newest_first"
-        self._pins: dict[str, list[BlockHash]] = {}  # program -> blocks kept referenced
+        self._pins: dict[str, Hold] = {}  # program -> blocks kept referenced
 
     # --- public API ------------------------------------------------------------------------
 
@@ -136,17 +136,15 @@ class Engine:
         returns how many. Replaces an earlier pin of the program."""
         self.unpin(program)
         hits, _ = self.pool.prefix_hits(hashes, len(hashes))
-        held = list(hashes[:hits])
-        self.pool.acquire(held)
-        self._pins[program] = held
+        self._pins[program] = self.pool.acquire(hashes, hits)
         return hits
 
     def unpin(self, program: str) -> bool:
         """Release the program's pin here; returns whether it had one."""
-        held = self._pins.pop(program, None)
-        if held is None:
+        hold = self._pins.pop(program, None)
+        if hold is None:
             return False
-        self.pool.release(held)
+        self.pool.release(hold)
         return True
 
     def has_pin(self, program: str) -> bool:
@@ -154,7 +152,7 @@ class Engine:
 
     @property
     def pinned_blocks(self) -> int:
-        return sum(len(held) for held in self._pins.values())
+        return sum(hold.blocks for hold in self._pins.values())
 
     @property
     def has_work(self) -> bool:
@@ -307,9 +305,7 @@ class Engine:
                     continue
                 break
             self.waiting.popleft()
-            hashes = req.spec.block_hashes
-            req.held = list(hashes[:hits])
-            pool.acquire(req.held)
+            req.hold = pool.acquire(req.spec.block_hashes, hits)
             self.unpin(req.spec.program)  # the request now holds what the pin kept
             req.phys = req.full_done = hits
             req.computed = cached
@@ -335,7 +331,7 @@ class Engine:
             req.phys += need
         full = upto_tokens // bs
         if full > req.full_done and self.config.enable_prefix_caching:
-            self.pool.register_run(req.spec.block_hashes, req.full_done, full, req.held)
+            self.pool.register_run(req.hold, req.full_done, full)
         req.full_done = max(req.full_done, full)
         return True
 
@@ -360,9 +356,8 @@ class Engine:
         return refund
 
     def _release(self, req: EngineRequest) -> None:
-        self.pool.release(req.held)
-        self.pool.release_private(req.phys - len(req.held))
-        req.held = []
+        self.pool.release_private(req.phys - req.hold.blocks)
+        self.pool.release(req.hold)
         req.phys = req.full_done = 0
 
     def _shape(self, step: Step) -> StepShape:

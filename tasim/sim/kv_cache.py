@@ -3,7 +3,7 @@
 Every physical block is in exactly one of three states:
 
 * **free**: holds nothing reusable (never used, a partial tail block, a duplicate copy);
-* **active**: referenced by at least one running request (``refs > 0``);
+* **active**: referenced by at least one holder (a running request or a pin);
 * **inactive**: cached and unreferenced; reusable by a prefix hit until evicted.
 
 ``free + active + inactive == num_blocks`` at all times. A full block is registered under its
@@ -11,20 +11,32 @@ chained hash when the step that computes its last token is scheduled; only hashe
 resident emit a *stored* event, and only evicting the last copy emits *removed*. Allocation uses
 free blocks first and evicts inactive ones only when none are free.
 
-Eviction order of inactive blocks:
+Eviction order of inactive blocks, by *release tick* (each block that loses its last reference
+gets the next tick; a holder releases its blocks deepest first):
 
-* ``lru``: least recently released first. Requests release their blocks tail-first, so a
-  sequence's deepest blocks go before its prefix (vLLM's free-queue order).
-* ``lineage``: only leaves (no resident child) are evictable, oldest release first; a parent that
-  becomes a leaf again keeps its original release tick (Dynamo mocker's default).
+* ``lru``: lowest tick first, so a sequence's deepest blocks go before its prefix (vLLM's
+  free-queue order).
+* ``lineage``: only leaves (no resident child) are evictable, lowest tick first; a parent that
+  becomes a leaf again keeps its original tick (Dynamo mocker's default).
+
+Representation. Block hashes are chained, so a hash has one depth: block ``j`` of every chain
+that contains it. Python bookkeeping per block costs about a microsecond and a long-context
+replay moves millions of blocks, so the pool keeps *extents* instead: runs of consecutive
+blocks of one chain that share their state (the same references and, once unreferenced,
+consecutive ticks). Holders reference whole extents: an extent splits where a new holder's
+prefix ends inside it, and the only holder of an extent with nothing hanging off its tail grows
+it in place as it completes blocks. Per block there is only C-level work left: the hash-to-extent
+map and the KV event lists. Evicting follows the per-block rules exactly: within an extent the
+ticks are consecutive, so once its tail is the oldest candidate the whole extent goes next.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
-from collections import OrderedDict, deque
-from itertools import islice, takewhile
-from operator import attrgetter
+from bisect import bisect_left
+from collections import deque
+from itertools import count, repeat, takewhile
 from typing import Literal, Sequence
 
 from tasim.model import BlockHash
@@ -32,22 +44,41 @@ from tasim.model import BlockHash
 Eviction = Literal["lru", "lineage"]
 
 
-_refs = attrgetter("refs")
+class _Extent:
+    """Blocks ``hashes[start:stop]`` of one chain (``hashes`` is any chain that contains them).
 
+    ``tick`` is the release tick of the deepest block while unreferenced (the block at depth
+    ``d`` has ``tick + stop - 1 - d``). ``linked``: the first block's parent is the block before
+    it (lineage: false for a root, or after a private duplicate). ``children`` counts linked
+    extents hanging off the last block (lineage only). Empty once evicted."""
 
-class _Cached:
-    """A cached block: references (running requests and pins), the parent's hash (lineage;
-    None for a root or after a private duplicate), resident children (lineage), and the
-    release tick while unreferenced. A slotted object, not a list: one indirection fewer on
-    every access, which shows once the pools outgrow the CPU caches."""
+    __slots__ = ("hashes", "start", "stop", "refs", "linked", "children", "tick", "serial")
 
-    __slots__ = ("refs", "parent", "children", "tick")
-
-    def __init__(self, parent: BlockHash | None) -> None:
+    def __init__(self, hashes: Sequence[BlockHash], start: int, stop: int, linked: bool, serial: int) -> None:
+        self.hashes = hashes
+        self.start = start
+        self.stop = stop
         self.refs = 1
-        self.parent = parent
+        self.linked = linked
         self.children = 0
         self.tick = 0
+        self.serial = serial  # breaks tick ties between heap entries of different extents
+
+
+class Hold:
+    """The cached blocks one holder references: depth ranges ``[start, stop)`` of its chain
+    ``hashes``. A new range starts after a gap, a block the holder computed as a private copy
+    because another copy was already cached."""
+
+    __slots__ = ("hashes", "ranges", "blocks")
+
+    def __init__(self, hashes: Sequence[BlockHash]) -> None:
+        self.hashes = hashes
+        self.ranges: list[list[int]] = []
+        self.blocks = 0
+
+    def block_hashes(self) -> list[BlockHash]:
+        return [block for start, stop in self.ranges for block in self.hashes[start:stop]]
 
 
 class BlockPool:
@@ -56,12 +87,15 @@ class BlockPool:
             raise ValueError("num_blocks must be positive")
         self.num_blocks = num_blocks
         self.eviction = eviction
+        self._lineage = eviction == "lineage"
         self.free = num_blocks
-        self._cached: dict[BlockHash, _Cached] = {}
-        self._inactive_lru: OrderedDict[BlockHash, None] = OrderedDict()
+        self._where: dict[BlockHash, _Extent] = {}
         self._inactive_count = 0
-        self._leaf_heap: list[tuple[int, BlockHash]] = []
+        # (tick, serial, extent) for every extent whose deepest block may be next to evict;
+        # entries go stale when the extent changes and are skipped when popped.
+        self._candidates: list[tuple[int, int, _Extent]] = []
         self._tick = 0
+        self._serials = count()
         # KV events since the last drain, in the order they happened.
         self.stored: list[BlockHash] = []
         self.removed: list[BlockHash] = []
@@ -83,80 +117,82 @@ class BlockPool:
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._cached)
+        return len(self._where)
 
     def is_cached(self, block: BlockHash) -> bool:
-        return block in self._cached
+        return block in self._where
 
     def refs(self, block: BlockHash) -> int:
-        entry = self._cached.get(block)
-        return entry.refs if entry else 0
+        extent = self._where.get(block)
+        return extent.refs if extent else 0
 
     def prefix_hits(self, hashes: Sequence[BlockHash], limit: int) -> tuple[int, int]:
         """Leading blocks of ``hashes[:limit]`` resident in the cache, and how many of those are
         active (already referenced, so a new reference costs no capacity)."""
+        where = self._where
         # C-level iteration: admission re-checks a blocked queue head's whole prefix each step.
-        cached = self._cached
-        resident = list(takewhile(cached.__contains__, hashes[:limit]))
-        active = len(resident) - list(map(_refs, map(cached.__getitem__, resident))).count(0)
-        return len(resident), active
+        resident = len(list(takewhile(where.__contains__, hashes[:limit])))
+        active = depth = 0
+        while depth < resident:
+            extent = where[hashes[depth]]
+            end = _shared_end(extent, hashes, depth, resident)
+            if extent.refs:
+                active += end - depth
+            depth = end
+        return resident, active
 
     def inactive_order(self) -> list[BlockHash]:
         """Inactive blocks in the order they would be evicted (for tests and debugging)."""
-        if self.eviction == "lru":
-            return list(self._inactive_lru)
-        order: list[BlockHash] = []
-        children = {h: e.children for h, e in self._cached.items()}
-        heap = [(e.tick, h) for h, e in self._cached.items() if e.refs == 0 and e.children == 0]
-        heapq.heapify(heap)
-        while heap:
-            _, block = heapq.heappop(heap)
-            order.append(block)
-            parent = self._cached[block].parent
-            if parent is not None and parent in children:
-                children[parent] -= 1
-                entry = self._cached[parent]
-                if children[parent] == 0 and entry.refs == 0:
-                    heapq.heappush(heap, (entry.tick, parent))
-        return order
+        clone = copy.deepcopy(self)
+        clone.removed = []
+        clone._evict(clone._inactive_count)
+        return clone.removed
 
-    # --- reference counting ----------------------------------------------------------------
+    # --- references ------------------------------------------------------------------------
 
-    def acquire(self, blocks: Sequence[BlockHash]) -> None:
-        """Reference resident blocks (a prefix hit)."""
-        cached = self._cached
-        lru = self._inactive_lru if self.eviction == "lru" else None
-        reactivated = 0
-        for block in blocks:
-            entry = cached[block]
-            if entry.refs == 0:
-                reactivated += 1
-                if lru is not None:
-                    del lru[block]
-                # lineage: the leaf-heap entry goes stale and is skipped when popped
-            entry.refs += 1
-        self._inactive_count -= reactivated
+    def acquire(self, hashes: Sequence[BlockHash], blocks: int) -> Hold:
+        """Reference ``hashes[:blocks]``, all resident (a prefix hit), for a new holder."""
+        hold = Hold(hashes)
+        if blocks:
+            hold.ranges.append([0, blocks])
+            hold.blocks = blocks
+        where = self._where
+        depth = 0
+        while depth < blocks:
+            extent = where[hashes[depth]]
+            end = _shared_end(extent, hashes, depth, blocks)
+            if end < extent.stop:
+                extent = self._split(extent, end)
+            if extent.refs == 0:
+                self._inactive_count -= end - depth  # its candidate entry goes stale
+            extent.refs += 1
+            depth = end
+        return hold
 
-    def release(self, blocks: Sequence[BlockHash]) -> None:
-        """Drop one reference from each block, deepest first, as requests free their blocks."""
-        cached = self._cached
-        lru = self._inactive_lru if self.eviction == "lru" else None
-        heap = self._leaf_heap
+    def release(self, hold: Hold) -> None:
+        """Drop the holder's references, deepest block first, as a finished request frees them."""
+        hashes = hold.hashes
+        where = self._where
+        candidates = self._candidates
+        lineage = self._lineage
         tick = self._tick
-        for block in reversed(blocks):
-            entry = cached[block]
-            entry.refs -= 1
-            if entry.refs == 0:
-                tick += 1
-                entry.tick = tick
-                if lru is not None:
-                    lru[block] = None
-                elif entry.children == 0:
-                    heapq.heappush(heap, (tick, block))
+        for start, stop in reversed(hold.ranges):
+            depth = stop
+            while depth > start:
+                extent = where[hashes[depth - 1]]
+                extent.refs -= 1
+                if extent.refs == 0:
+                    extent.tick = tick + 1
+                    tick += extent.stop - extent.start
+                    if not (lineage and extent.children):
+                        heapq.heappush(candidates, (extent.tick, extent.serial, extent))
+                depth = extent.start
+        hold.ranges = []
+        hold.blocks = 0
         self._inactive_count += tick - self._tick
         self._tick = tick
-        if len(heap) > 2 * self._inactive_count + 64:
-            self._compact_leaf_heap()
+        if len(candidates) > 2 * self._inactive_count + 64:
+            self._compact_candidates()
 
     def release_private(self, count: int) -> None:
         self.free += count
@@ -172,30 +208,28 @@ class BlockPool:
             return False
         need = count - self.free
         self.free = 0
-        if self.eviction == "lru":
-            self._evict_lru(need)
-        else:
-            self._evict_leaves(need)
+        self._evict(need)
         return True
 
-    def register_run(self, hashes: Sequence[BlockHash], start: int, stop: int, held: list[BlockHash]) -> None:
-        """Register ``hashes[start:stop]``, the blocks one request just completed, appending
-        those it now references to ``held``. A block whose parent the request does not hold
-        (it holds a private duplicate) is registered without a parent link."""
-        cached = self._cached
-        stored = self.stored
-        lineage = self.eviction == "lineage"
-        for j in range(start, stop):
-            block = hashes[j]
-            if block in cached:
-                continue  # another copy is resident: ours stays a private duplicate
-            entry = _Cached(None)
-            if lineage and j and held and held[-1] == hashes[j - 1]:
-                entry.parent = hashes[j - 1]
-                cached[entry.parent].children += 1
-            cached[block] = entry
-            stored.append(block)
-            held.append(block)
+    def register_run(self, hold: Hold, start: int, stop: int) -> None:
+        """Register blocks ``start`` to ``stop`` of the holder's chain, which its request just
+        completed, and reference them. A block already cached stays a private copy of the
+        request's, and the block after it starts a new range without a parent link."""
+        hashes = hold.hashes
+        where = self._where
+        if not any(map(where.__contains__, hashes[start:stop])):
+            self._register(hold, start, stop)
+            return
+        depth = start
+        while depth < stop:
+            if hashes[depth] in where:
+                depth += 1
+                continue
+            end = depth + 1
+            while end < stop and hashes[end] not in where:
+                end += 1
+            self._register(hold, depth, end)
+            depth = end
 
     def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Net KV events since the last drain: blocks now cached that were stored, and blocks
@@ -206,89 +240,128 @@ class BlockPool:
         if stored and removed and not set(stored).isdisjoint(removed):
             # Rare (a block evicted and registered again, or the reverse, within one step):
             # only then can a list repeat a block or name one whose final state differs.
-            cached = self._cached
-            stored = [b for b in dict.fromkeys(stored) if b in cached]
-            removed = [b for b in dict.fromkeys(removed) if b not in cached]
+            where = self._where
+            stored = [b for b in dict.fromkeys(stored) if b in where]
+            removed = [b for b in dict.fromkeys(removed) if b not in where]
         return stored, removed
 
     def clear(self) -> None:
         """Drop every inactive block (as after a weight update); active blocks stay."""
-        while self._inactive_count:
-            self._evict_one()
-            self.free += 1
+        inactive = self._inactive_count
+        if inactive:
+            self._evict(inactive)
+            self.free += inactive
 
     # --- internals -------------------------------------------------------------------------
 
-    def _compact_leaf_heap(self) -> None:
-        """Drop stale entries (blocks re-acquired or evicted since they were pushed) so the heap
-        stays proportional to the inactive pool on a pool that rarely fills."""
-        cached = self._cached
-        self._leaf_heap = [
-            (tick, block)
-            for tick, block in self._leaf_heap
-            if (entry := cached.get(block)) is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick
-        ]
-        heapq.heapify(self._leaf_heap)
+    def _register(self, hold: Hold, start: int, stop: int) -> None:
+        """Register blocks ``start`` to ``stop`` of the holder's chain, none of them cached."""
+        hashes = hold.hashes
+        ranges = hold.ranges
+        if ranges and ranges[-1][1] == start:  # the holder has the parent block
+            ranges[-1][1] = stop
+            parent = self._where[hashes[start - 1]]
+            if parent.refs == 1 and not parent.children:  # its only holder: grow it in place
+                parent.hashes = hashes  # same blocks up to the old end (chained hashes)
+                parent.stop = stop
+                extent = parent
+            else:
+                extent = _Extent(hashes, start, stop, True, next(self._serials))
+                if self._lineage:
+                    parent.children += 1
+        else:
+            ranges.append([start, stop])
+            extent = _Extent(hashes, start, stop, False, next(self._serials))
+        hold.blocks += stop - start
+        blocks = hashes[start:stop]
+        self._where.update(zip(blocks, repeat(extent)))
+        self.stored += blocks
 
-    def _evict_lru(self, count: int) -> None:
-        lru = self._inactive_lru
-        victims = list(islice(lru, count))  # least recently released first
-        # Delete through C-level iteration (popitem(last=False) costs ~1.5 us a block).
-        deque(map(lru.__delitem__, victims), maxlen=0)
-        deque(map(self._cached.__delitem__, victims), maxlen=0)
-        self.removed += victims
-        self._inactive_count -= count
+    def _split(self, extent: _Extent, at: int) -> _Extent:
+        """Cut ``extent`` before depth ``at``; returns the part above (the one about to be
+        referenced). The shorter part becomes the new object, so the remap is the cheaper one."""
+        where = self._where
+        serial = next(self._serials)
+        if at - extent.start <= extent.stop - at:
+            head = _Extent(extent.hashes, extent.start, at, extent.linked, serial)
+            head.refs = extent.refs
+            head.tick = extent.tick + extent.stop - at
+            head.children = 1 if self._lineage else 0
+            extent.start = at
+            extent.linked = True
+            where.update(zip(extent.hashes[head.start:at], repeat(head)))
+            return head
+        tail = _Extent(extent.hashes, at, extent.stop, True, serial)
+        tail.refs = extent.refs
+        tail.tick = extent.tick
+        tail.children = extent.children
+        extent.stop = at
+        extent.children = 1 if self._lineage else 0
+        extent.tick = tail.tick + tail.stop - at  # the extent's old candidate entry goes stale
+        where.update(zip(extent.hashes[at:tail.stop], repeat(tail)))
+        if tail.refs == 0 and not (self._lineage and tail.children):
+            heapq.heappush(self._candidates, (tail.tick, tail.serial, tail))
+        return extent
 
-    def _evict_leaves(self, count: int) -> None:
-        """Evict ``count`` leaves, oldest release first (lineage). Evicting a leaf can make its
-        parent a leaf; when the parent's tick is below every other leaf's (a sequence released
-        deepest first has consecutive ticks), it goes next without a round trip through the
-        heap, so evicting a released sequence costs no heap operation per block."""
-        cached = self._cached
-        heap = self._leaf_heap
+    def _evict(self, count: int) -> None:
+        """Evict ``count`` inactive blocks, lowest tick first (lineage: leaves only). Evicting
+        an extent's deepest block makes the next one up the lowest-tick candidate, and (lineage)
+        evicting an extent's first block can make its parent a leaf whose tick is next too, so a
+        released sequence goes without a heap operation per extent."""
+        where = self._where
+        candidates = self._candidates
         removed = self.removed
+        lineage = self._lineage
         evicted = 0
         while evicted < count:
-            tick, block = heapq.heappop(heap)
-            entry = cached.get(block)
-            if entry is None or entry.refs or entry.children or entry.tick != tick:
-                continue  # stale: re-acquired, re-released or evicted since it was pushed
-            floor = tick  # every other leaf's tick is above this
+            tick, _, extent = heapq.heappop(candidates)
+            if extent.refs or extent.tick != tick or extent.start == extent.stop or (lineage and extent.children):
+                continue  # stale: referenced, released again, evicted or split since it was pushed
+            floor = tick  # every other candidate's tick is above this
             while True:
-                del cached[block]
-                removed.append(block)
-                evicted += 1
-                parent_block = entry.parent
-                if parent_block is None:
+                take = min(extent.stop - extent.start, count - evicted)
+                cut = extent.stop - take
+                victims = extent.hashes[cut:extent.stop]
+                removed += reversed(victims)
+                deque(map(where.__delitem__, victims), maxlen=0)
+                evicted += take
+                floor = max(floor, extent.tick + take - 1)
+                extent.stop = cut
+                if cut > extent.start:  # enough evicted; the rest waits under its next tick
+                    extent.tick += take
+                    heapq.heappush(candidates, (extent.tick, extent.serial, extent))
                     break
-                parent = cached[parent_block]  # lineage never evicts a block that has children
+                if not (lineage and extent.linked):
+                    break
+                parent = where[extent.hashes[cut - 1]]  # lineage never evicts a block with children
                 parent.children -= 1
                 if parent.children or parent.refs:
                     break
-                parent_tick = parent.tick
-                if evicted == count or parent_tick > floor + 1:
-                    heapq.heappush(heap, (parent_tick, parent_block))
+                if evicted == count or parent.tick > floor + 1:
+                    heapq.heappush(candidates, (parent.tick, parent.serial, parent))
                     break
-                # Ticks are unique and every other leaf's is above floor: the parent is next.
-                if parent_tick > floor:
-                    floor = parent_tick
-                block, entry = parent_block, parent
+                extent = parent  # ticks are unique and every other candidate's is above floor
         self._inactive_count -= count
 
-    def _evict_one(self) -> None:
-        if self.eviction == "lru":
-            block, _ = self._inactive_lru.popitem(last=False)
-        else:
-            while True:
-                tick, block = heapq.heappop(self._leaf_heap)
-                entry = self._cached.get(block)
-                if entry is not None and entry.refs == 0 and entry.children == 0 and entry.tick == tick:
-                    break
-        entry = self._cached.pop(block)
-        self._inactive_count -= 1
-        self.removed.append(block)
-        if entry.parent is not None:
-            parent = self._cached[entry.parent]  # lineage never evicts a block that has children
-            parent.children -= 1
-            if parent.children == 0 and parent.refs == 0:
-                heapq.heappush(self._leaf_heap, (parent.tick, entry.parent))
+    def _compact_candidates(self) -> None:
+        """Drop stale entries so the heap stays proportional to the inactive pool on a pool that
+        rarely fills."""
+        lineage = self._lineage
+        self._candidates = [
+            (tick, serial, extent)
+            for tick, serial, extent in self._candidates
+            if extent.refs == 0 and extent.tick == tick and extent.start < extent.stop
+            and not (lineage and extent.children)
+        ]
+        heapq.heapify(self._candidates)
+
+
+def _shared_end(extent: _Extent, hashes: Sequence[BlockHash], depth: int, limit: int) -> int:
+    """Where ``hashes`` (which has ``extent``'s block at ``depth``) leaves ``extent``, at most
+    ``limit``. Chained hashes agree on a prefix and differ after it, so one comparison settles
+    the common case and a binary search finds a divergence inside the extent."""
+    end = min(extent.stop, limit)
+    theirs = extent.hashes
+    if theirs is hashes or theirs[end - 1] == hashes[end - 1]:
+        return end
+    return bisect_left(range(depth + 1, end), True, key=lambda d: theirs[d] != hashes[d]) + depth + 1

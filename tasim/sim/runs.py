@@ -134,7 +134,7 @@ class Run:
                     raise AssertionError(f"{self.engine.worker}: fast-forwarded allocation failed")
                 req.phys += 1
             if register:
-                pool.register_run(req.spec.block_hashes, req.full_done, req.full_done + 1, req.held)
+                pool.register_run(req.hold, req.full_done, req.full_done + 1)
                 req.full_done += 1
         boundary.stored, boundary.removed = pool.drain_events()
 
