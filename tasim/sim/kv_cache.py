@@ -35,8 +35,7 @@ from __future__ import annotations
 import copy
 import heapq
 from bisect import bisect_left
-from collections import deque
-from itertools import count, repeat, takewhile
+from itertools import count
 from typing import Literal, Sequence
 
 from tasim.model import BlockHash
@@ -48,18 +47,19 @@ class _Extent:
     """Blocks ``hashes[start:stop]`` of one chain (``hashes`` is any chain that contains them).
 
     ``tick`` is the release tick of the deepest block while unreferenced (the block at depth
-    ``d`` has ``tick + stop - 1 - d``). ``linked``: the first block's parent is the block before
-    it (lineage: false for a root, or after a private duplicate). ``children`` counts linked
-    extents hanging off the last block (lineage only). Empty once evicted."""
+    ``d`` has ``tick + stop - 1 - d``). Lineage only: ``parent`` is the extent holding the block
+    before the first, when that block is its parent (None for a root, or after a private
+    duplicate), and ``children`` counts the extents whose parent this one is; they all hang off
+    its last block. Empty once evicted."""
 
-    __slots__ = ("hashes", "start", "stop", "refs", "linked", "children", "tick", "serial")
+    __slots__ = ("hashes", "start", "stop", "refs", "parent", "children", "tick", "serial")
 
-    def __init__(self, hashes: Sequence[BlockHash], start: int, stop: int, linked: bool, serial: int) -> None:
+    def __init__(self, hashes: Sequence[BlockHash], start: int, stop: int, parent: _Extent | None, serial: int) -> None:
         self.hashes = hashes
         self.start = start
         self.stop = stop
         self.refs = 1
-        self.linked = linked
+        self.parent = parent
         self.children = 0
         self.tick = 0
         self.serial = serial  # breaks tick ties between heap entries of different extents
@@ -68,14 +68,15 @@ class _Extent:
 class Hold:
     """The cached blocks one holder references: depth ranges ``[start, stop)`` of its chain
     ``hashes``. A new range starts after a gap, a block the holder computed as a private copy
-    because another copy was already cached."""
+    because another copy was already cached. ``last`` is the extent holding its deepest block."""
 
-    __slots__ = ("hashes", "ranges", "blocks")
+    __slots__ = ("hashes", "ranges", "blocks", "last")
 
     def __init__(self, hashes: Sequence[BlockHash]) -> None:
         self.hashes = hashes
         self.ranges: list[list[int]] = []
         self.blocks = 0
+        self.last: _Extent | None = None
 
     def block_hashes(self) -> list[BlockHash]:
         return [block for start, stop in self.ranges for block in self.hashes[start:stop]]
@@ -89,16 +90,22 @@ class BlockPool:
         self.eviction = eviction
         self._lineage = eviction == "lineage"
         self.free = num_blocks
-        self._where: dict[BlockHash, _Extent] = {}
+        # Extents by their first block's hash. A chain that holds a resident block at depth d
+        # holds the one before it in the same extent or in one ending at d (chained hashes), so
+        # walking a chain from its root meets every resident block at an extent's start.
+        self._heads: dict[BlockHash, _Extent] = {}
+        self._cached = 0
         self._inactive_count = 0
         # (tick, serial, extent) for every extent whose deepest block may be next to evict;
         # entries go stale when the extent changes and are skipped when popped.
         self._candidates: list[tuple[int, int, _Extent]] = []
         self._tick = 0
         self._serials = count()
-        # KV events since the last drain, in the order they happened.
+        # KV events since the last drain, in the order they happened, and the order of the
+        # batches they were appended in: (stored?, end index) per batch.
         self.stored: list[BlockHash] = []
         self.removed: list[BlockHash] = []
+        self._batches: list[tuple[bool, int]] = []
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -117,28 +124,30 @@ class BlockPool:
 
     @property
     def cached_blocks(self) -> int:
-        return len(self._where)
+        return self._cached
 
     def is_cached(self, block: BlockHash) -> bool:
-        return block in self._where
+        """Whether ``block`` is resident (a scan of every extent: for tests and debugging)."""
+        return self._extent_of(block) is not None
 
     def refs(self, block: BlockHash) -> int:
-        extent = self._where.get(block)
+        """References to ``block`` (a scan of every extent: for tests and debugging)."""
+        extent = self._extent_of(block)
         return extent.refs if extent else 0
 
     def prefix_hits(self, hashes: Sequence[BlockHash], limit: int) -> tuple[int, int]:
         """Leading blocks of ``hashes[:limit]`` resident in the cache, and how many of those are
         active (already referenced, so a new reference costs no capacity)."""
-        where = self._where
-        # C-level iteration: admission re-checks a blocked queue head's whole prefix each step.
-        resident = len(list(takewhile(where.__contains__, hashes[:limit])))
-        active = depth = 0
-        while depth < resident:
-            extent = where[hashes[depth]]
-            end = _shared_end(extent, hashes, depth, resident)
+        heads = self._heads
+        resident = active = 0
+        while resident < limit:
+            extent = heads.get(hashes[resident])
+            if extent is None:
+                break
+            end = _shared_end(extent, hashes, resident, limit)
             if extent.refs:
-                active += end - depth
-            depth = end
+                active += end - resident
+            resident = end
         return resident, active
 
     def inactive_order(self) -> list[BlockHash]:
@@ -153,13 +162,14 @@ class BlockPool:
     def acquire(self, hashes: Sequence[BlockHash], blocks: int) -> Hold:
         """Reference ``hashes[:blocks]``, all resident (a prefix hit), for a new holder."""
         hold = Hold(hashes)
-        if blocks:
-            hold.ranges.append([0, blocks])
-            hold.blocks = blocks
-        where = self._where
+        if not blocks:
+            return hold
+        hold.ranges.append([0, blocks])
+        hold.blocks = blocks
+        heads = self._heads
         depth = 0
         while depth < blocks:
-            extent = where[hashes[depth]]
+            extent = heads[hashes[depth]]
             end = _shared_end(extent, hashes, depth, blocks)
             if end < extent.stop:
                 extent = self._split(extent, end)
@@ -167,28 +177,33 @@ class BlockPool:
                 self._inactive_count -= end - depth  # its candidate entry goes stale
             extent.refs += 1
             depth = end
+        hold.last = extent
         return hold
 
     def release(self, hold: Hold) -> None:
         """Drop the holder's references, deepest block first, as a finished request frees them."""
         hashes = hold.hashes
-        where = self._where
+        heads = self._heads
         candidates = self._candidates
         lineage = self._lineage
         tick = self._tick
         for start, stop in reversed(hold.ranges):
-            depth = stop
-            while depth > start:
-                extent = where[hashes[depth - 1]]
+            path = []
+            depth = start
+            while depth < stop:
+                extent = heads[hashes[depth]]
+                path.append(extent)
+                depth = extent.stop
+            for extent in reversed(path):
                 extent.refs -= 1
                 if extent.refs == 0:
                     extent.tick = tick + 1
                     tick += extent.stop - extent.start
                     if not (lineage and extent.children):
                         heapq.heappush(candidates, (extent.tick, extent.serial, extent))
-                depth = extent.start
         hold.ranges = []
         hold.blocks = 0
+        hold.last = None
         self._inactive_count += tick - self._tick
         self._tick = tick
         if len(candidates) > 2 * self._inactive_count + 64:
@@ -213,36 +228,53 @@ class BlockPool:
 
     def register_run(self, hold: Hold, start: int, stop: int) -> None:
         """Register blocks ``start`` to ``stop`` of the holder's chain, which its request just
-        completed, and reference them. A block already cached stays a private copy of the
-        request's, and the block after it starts a new range without a parent link."""
+        completed, and reference them. A block cached since the request's prefix hit (another
+        request registered it) stays a private copy, and the block after it starts a new range
+        without a parent link."""
         hashes = hold.hashes
-        where = self._where
-        if not any(map(where.__contains__, hashes[start:stop])):
-            self._register(hold, start, stop)
-            return
+        heads = self._heads
+        ranges = hold.ranges
         depth = start
+        if depth and not (ranges and ranges[-1][1] == depth):
+            # The block before is a private copy, so this one may sit inside the extent that
+            # holds the cached copy.
+            extent = self._extent_at(hashes, depth)
+            if extent is not None:
+                depth = _shared_end(extent, hashes, depth, stop)
+        # From here the block before ``depth`` is either ours or in an extent ending at or
+        # diverging from our chain at ``depth``, so a cached block at ``depth`` starts an extent.
         while depth < stop:
-            if hashes[depth] in where:
-                depth += 1
+            extent = heads.get(hashes[depth])
+            if extent is not None:
+                depth = _shared_end(extent, hashes, depth, stop)
                 continue
             end = depth + 1
-            while end < stop and hashes[end] not in where:
+            while end < stop and hashes[end] not in heads:
                 end += 1
-            self._register(hold, depth, end)
+            self._register_new(hold, depth, end)
             depth = end
 
     def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Net KV events since the last drain: blocks now cached that were stored, and blocks
         now gone that were removed. A block evicted and stored again (or the reverse) within
         one drain is reported by its final state, so applying stored then removed is exact."""
-        stored, removed = self.stored, self.removed
-        self.stored, self.removed = [], []
-        if stored and removed and not set(stored).isdisjoint(removed):
-            # Rare (a block evicted and registered again, or the reverse, within one step):
-            # only then can a list repeat a block or name one whose final state differs.
-            where = self._where
-            stored = [b for b in dict.fromkeys(stored) if b in where]
-            removed = [b for b in dict.fromkeys(removed) if b not in where]
+        stored, removed, batches = self.stored, self.removed, self._batches
+        self.stored, self.removed, self._batches = [], [], []
+        if stored and removed:
+            both = set(stored).intersection(removed)
+            if both:
+                # Rare (a block evicted and registered again, or the reverse, within one
+                # step): a block's final state is that of the last batch that named it.
+                final: dict[BlockHash, bool] = {}
+                begin = {True: 0, False: 0}
+                for was_stored, end in batches:
+                    events = stored if was_stored else removed
+                    for block in events[begin[was_stored]:end]:
+                        if block in both:
+                            final[block] = was_stored
+                    begin[was_stored] = end
+                stored = [b for b in dict.fromkeys(stored) if final.get(b, True)]
+                removed = [b for b in dict.fromkeys(removed) if not final.get(b, False)]
         return stored, removed
 
     def clear(self) -> None:
@@ -254,63 +286,56 @@ class BlockPool:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _register(self, hold: Hold, start: int, stop: int) -> None:
+    def _register_new(self, hold: Hold, start: int, stop: int) -> None:
         """Register blocks ``start`` to ``stop`` of the holder's chain, none of them cached."""
         hashes = hold.hashes
         ranges = hold.ranges
-        if ranges and ranges[-1][1] == start:  # the holder has the parent block
+        parent = hold.last
+        if ranges and ranges[-1][1] == start:  # the holder has the block before
             ranges[-1][1] = stop
-            parent = self._where[hashes[start - 1]]
             if parent.refs == 1 and not parent.children:  # its only holder: grow it in place
                 parent.hashes = hashes  # same blocks up to the old end (chained hashes)
                 parent.stop = stop
                 extent = parent
             else:
-                extent = _Extent(hashes, start, stop, True, next(self._serials))
+                extent = _Extent(hashes, start, stop, parent if self._lineage else None, next(self._serials))
                 if self._lineage:
                     parent.children += 1
+                self._heads[hashes[start]] = extent
         else:
             ranges.append([start, stop])
-            extent = _Extent(hashes, start, stop, False, next(self._serials))
+            extent = _Extent(hashes, start, stop, None, next(self._serials))
+            self._heads[hashes[start]] = extent
+        hold.last = extent
         hold.blocks += stop - start
-        blocks = hashes[start:stop]
-        self._where.update(zip(blocks, repeat(extent)))
-        self.stored += blocks
+        self._cached += stop - start
+        self.stored += hashes[start:stop]
+        self._batches.append((True, len(self.stored)))
 
     def _split(self, extent: _Extent, at: int) -> _Extent:
-        """Cut ``extent`` before depth ``at``; returns the part above (the one about to be
-        referenced). The shorter part becomes the new object, so the remap is the cheaper one."""
-        where = self._where
-        serial = next(self._serials)
-        if at - extent.start <= extent.stop - at:
-            head = _Extent(extent.hashes, extent.start, at, extent.linked, serial)
-            head.refs = extent.refs
-            head.tick = extent.tick + extent.stop - at
-            head.children = 1 if self._lineage else 0
-            extent.start = at
-            extent.linked = True
-            where.update(zip(extent.hashes[head.start:at], repeat(head)))
-            return head
-        tail = _Extent(extent.hashes, at, extent.stop, True, serial)
-        tail.refs = extent.refs
-        tail.tick = extent.tick
-        tail.children = extent.children
-        extent.stop = at
-        extent.children = 1 if self._lineage else 0
-        extent.tick = tail.tick + tail.stop - at  # the extent's old candidate entry goes stale
-        where.update(zip(extent.hashes[at:tail.stop], repeat(tail)))
-        if tail.refs == 0 and not (self._lineage and tail.children):
-            heapq.heappush(self._candidates, (tail.tick, tail.serial, tail))
-        return extent
+        """Cut ``extent`` before depth ``at``; returns the new extent above the cut. The part
+        below keeps the object, so whatever names it (candidate entries, holders' deepest
+        extents, children's parent) stays right."""
+        head = _Extent(extent.hashes, extent.start, at, extent.parent, next(self._serials))
+        head.refs = extent.refs
+        head.tick = extent.tick + extent.stop - at
+        if self._lineage:
+            head.children = 1
+            extent.parent = head
+        extent.start = at
+        self._heads[head.hashes[head.start]] = head
+        self._heads[extent.hashes[at]] = extent
+        return head
 
     def _evict(self, count: int) -> None:
         """Evict ``count`` inactive blocks, lowest tick first (lineage: leaves only). Evicting
         an extent's deepest block makes the next one up the lowest-tick candidate, and (lineage)
         evicting an extent's first block can make its parent a leaf whose tick is next too, so a
         released sequence goes without a heap operation per extent."""
-        where = self._where
+        heads = self._heads
         candidates = self._candidates
         removed = self.removed
+        batches = self._batches
         lineage = self._lineage
         evicted = 0
         while evicted < count:
@@ -321,9 +346,8 @@ class BlockPool:
             while True:
                 take = min(extent.stop - extent.start, count - evicted)
                 cut = extent.stop - take
-                victims = extent.hashes[cut:extent.stop]
-                removed += reversed(victims)
-                deque(map(where.__delitem__, victims), maxlen=0)
+                removed += reversed(extent.hashes[cut:extent.stop])
+                batches.append((False, len(removed)))
                 evicted += take
                 floor = max(floor, extent.tick + take - 1)
                 extent.stop = cut
@@ -331,16 +355,18 @@ class BlockPool:
                     extent.tick += take
                     heapq.heappush(candidates, (extent.tick, extent.serial, extent))
                     break
-                if not (lineage and extent.linked):
+                del heads[extent.hashes[cut]]
+                parent = extent.parent
+                if parent is None:
                     break
-                parent = where[extent.hashes[cut - 1]]  # lineage never evicts a block with children
-                parent.children -= 1
+                parent.children -= 1  # lineage never evicts an extent with children
                 if parent.children or parent.refs:
                     break
                 if evicted == count or parent.tick > floor + 1:
                     heapq.heappush(candidates, (parent.tick, parent.serial, parent))
                     break
                 extent = parent  # ticks are unique and every other candidate's is above floor
+        self._cached -= count
         self._inactive_count -= count
 
     def _compact_candidates(self) -> None:
@@ -354,6 +380,23 @@ class BlockPool:
             and not (lineage and extent.children)
         ]
         heapq.heapify(self._candidates)
+
+    def _extent_at(self, hashes: Sequence[BlockHash], depth: int) -> _Extent | None:
+        """The extent holding block ``depth`` of chain ``hashes``, if it is cached: the one
+        starting at the deepest of the chain's blocks up to ``depth`` that starts an extent
+        (one starting further up cannot reach past it)."""
+        heads = self._heads
+        for start in range(depth, -1, -1):
+            extent = heads.get(hashes[start])
+            if extent is not None:
+                return extent if extent.stop > depth and extent.hashes[depth] == hashes[depth] else None
+        return None
+
+    def _extent_of(self, block: BlockHash) -> _Extent | None:
+        for extent in self._heads.values():
+            if block in extent.hashes[extent.start:extent.stop]:
+                return extent
+        return None
 
 
 def _shared_end(extent: _Extent, hashes: Sequence[BlockHash], depth: int, limit: int) -> int:
