@@ -18,8 +18,10 @@ their credits are zero. Defaults are Dynamo's.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
+from itertools import repeat
+from operator import sub
 from typing import ClassVar, Literal, Sequence
 
 import numpy as np
@@ -106,6 +108,22 @@ def _booked_prefix(active: Counter[int], hashes: Sequence[int]) -> int:
         else:
             high = middle
     return low
+
+
+def _unbook(active: Counter[int], hashes: Sequence[int]) -> None:
+    """Take one booking of the prompt ``hashes`` off ``active``. Every booking is a prompt from
+    block 0 on, so a block is booked at least as often as the one after it: the blocks booked
+    once are a suffix, found by bisection, and both parts change in C-level bulk operations."""
+    low, high = 0, len(hashes)  # hashes[:low] are booked more than once; hashes[high:] once
+    while low < high:
+        middle = (low + high) // 2
+        if active[hashes[middle]] > 1:
+            low = middle + 1
+        else:
+            high = middle
+    shared = hashes[:low]
+    dict.update(active, zip(shared, map(sub, map(active.__getitem__, shared), repeat(1))))
+    deque(map(active.pop, hashes[low:]), maxlen=0)
 
 
 class KvRouter(Policy):
@@ -228,14 +246,7 @@ class KvRouter(Policy):
             w = booking.worker
             if not booking.prefill_done:
                 self._prefill[w] -= booking.prefill_tokens
-            active = self._active[w]
-            forget = active.pop  # dict's own: Counter's `del` is a Python-level method
-            for block in booking.blocks:
-                left = active[block] - 1
-                if left:
-                    active[block] = left
-                else:
-                    forget(block)
+            _unbook(self._active[w], booking.blocks)
             self._active_sum[w] -= len(booking.blocks)
             self._requests[w] -= 1
         binding = self._bindings.get(turn.program)
