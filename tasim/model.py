@@ -13,6 +13,7 @@ is also what live mode feeds them (Dynamo's XXH3 block hashes).
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -53,6 +54,16 @@ def with_private_tail(prompt_hashes: Sequence[BlockHash], total_tokens: int, own
     start = len(prompt_hashes)
     tail = [index * _OWNER_SPACE + owner for index in range(start, total_tokens // block_size)]
     return tuple(prompt_hashes) + tuple(tail)
+
+
+def shared_prefix_end(theirs: Sequence[BlockHash], ours: Sequence[BlockHash], depth: int, limit: int) -> int:
+    """How far two chains that hold the same block at ``depth`` go on agreeing, up to ``limit``
+    (at most both lengths): the first depth where they differ, or ``limit``. Chained hashes
+    agree on a prefix and differ after it, so one comparison settles the common case and a
+    binary search finds the divergence otherwise."""
+    if theirs is ours or theirs[limit - 1] == ours[limit - 1]:
+        return limit
+    return bisect_left(range(depth + 1, limit), True, key=lambda d: theirs[d] != ours[d]) + depth + 1
 
 
 def blocks_for(tokens: int, block_size: int) -> int:

@@ -62,14 +62,14 @@ def test_bookings_track_prefill_until_first_token_and_blocks_until_end() -> None
     router = _router()
     first = _request("a", 160, base=0)
     worker = router.on_request(first, now=0.0).worker
-    assert router._prefill[worker] == 160 and len(router._active[worker]) == 10
+    assert router._prefill[worker] == 160 and router._active[worker].distinct == 10
     # a second request sharing 5 blocks: X counts only its 5 new blocks on that worker
     costs, _ = router.costs(RequestSpec("b", "q", 0, 160, 10, 0, tuple(range(5)) + tuple(range(500, 505))), now=0.0)
     assert costs[worker] == pytest.approx((160 + 160) / 16 + 10 + 5)
     router.on_first_token("a", worker, now=0.5)
-    assert router._prefill[worker] == 0 and len(router._active[worker]) == 10
+    assert router._prefill[worker] == 0 and router._active[worker].distinct == 10
     router.on_turn_end(TurnEnd("p", "a", worker, 160, 10, 0), now=1.0)
-    assert len(router._active[worker]) == 0 and router._requests[worker] == 0
+    assert router._active[worker].distinct == 0 and router._requests[worker] == 0
 
 
 def test_ties_broken_by_seeded_rng() -> None:
@@ -159,13 +159,13 @@ def test_soft_affinity_leaves_a_busy_worker() -> None:
     assert router.on_request(_request("b", 64, program="s"), 1.0).worker != first
 
 
-def test_booked_prefix_bisection_counts_every_booked_block() -> None:
-    """The cost's new-block count bisects for the booked prefix of a prompt; with chained hashes
-    that prefix holds every booked block of the prompt, so it equals a full membership count."""
+def test_booked_blocks_match_a_count_per_block() -> None:
+    """The router's booked prompts kept as runs of blocks agree with a plain count per block on
+    distinct blocks and booked prefixes, whatever the prompts share or where they diverge."""
     from collections import Counter
 
     from tasim.model import Segment, chained_block_hashes
-    from tasim.policies.kv_router import _booked_prefix
+    from tasim.policies.booked_blocks import BookedBlocks
 
     rng = np.random.default_rng(7)
     bs = 16
@@ -174,16 +174,25 @@ def test_booked_prefix_bisection_counts_every_booked_block() -> None:
 
     tails = iter(range(100, 1 << 30))  # each private tail has an owner of its own
 
-    def prompt() -> list[int]:
+    def prompt() -> tuple[int, ...]:
         # the shared system prompt, one of 5 task prompts, then a private tail of random length
         task = int(rng.integers(5))
         end = system + task_lengths[task]
         segments = [Segment(system, 0), Segment(end, 1 + task), Segment(end + int(rng.integers(0, 300)), next(tails))]
-        return chained_block_hashes(segments, bs)
+        return tuple(chained_block_hashes(segments, bs)[: int(rng.integers(0, 40))])
 
-    for _ in range(200):
-        active: Counter[int] = Counter()
-        for _ in range(int(rng.integers(0, 12))):
-            active.update(prompt())
-        hashes = prompt()
-        assert _booked_prefix(active, hashes) == sum(h in active for h in hashes)
+    for _ in range(100):
+        booked, counts, prompts = BookedBlocks(), Counter[int](), []
+        for _ in range(int(rng.integers(0, 30))):
+            if prompts and rng.random() < 0.4:
+                gone = prompts.pop(int(rng.integers(len(prompts))))
+                booked.unbook(gone)
+                counts.subtract(gone)
+                counts = +counts
+            else:
+                prompts.append(prompt())
+                booked.book(prompts[-1])
+                counts.update(prompts[-1])
+            assert booked.distinct == len(counts)
+            probe = prompt()
+            assert booked.prefix(probe) == sum(h in counts for h in probe)

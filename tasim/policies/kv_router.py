@@ -18,10 +18,7 @@ their credits are zero. Defaults are Dynamo's.
 
 from __future__ import annotations
 
-from collections import Counter, deque
 from dataclasses import dataclass
-from itertools import repeat
-from operator import sub
 from typing import ClassVar, Literal, Sequence
 
 import numpy as np
@@ -29,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasim.model import RequestSpec
 from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
+from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.prefix_index import ApproxIndex, EventIndex
 from tasim.view import ClusterView
 
@@ -96,36 +94,6 @@ def worker_cost(
     )
 
 
-def _booked_prefix(active: Counter[int], hashes: Sequence[int]) -> int:
-    """How many leading blocks of ``hashes`` are booked, by bisection: every booking is a
-    request's prompt blocks from block 0 on, and a chained hash stands for its whole prefix, so
-    the booked blocks of any one prompt are a prefix of it."""
-    low, high = 0, len(hashes)  # hashes[:low] are booked; hashes[high:] are not
-    while low < high:
-        middle = (low + high) // 2
-        if hashes[middle] in active:
-            low = middle + 1
-        else:
-            high = middle
-    return low
-
-
-def _unbook(active: Counter[int], hashes: Sequence[int]) -> None:
-    """Take one booking of the prompt ``hashes`` off ``active``. Every booking is a prompt from
-    block 0 on, so a block is booked at least as often as the one after it: the blocks booked
-    once are a suffix, found by bisection, and both parts change in C-level bulk operations."""
-    low, high = 0, len(hashes)  # hashes[:low] are booked more than once; hashes[high:] once
-    while low < high:
-        middle = (low + high) // 2
-        if active[hashes[middle]] > 1:
-            low = middle + 1
-        else:
-            high = middle
-    shared = hashes[:low]
-    dict.update(active, zip(shared, map(sub, map(active.__getitem__, shared), repeat(1))))
-    deque(map(active.pop, hashes[low:]), maxlen=0)
-
-
 class KvRouter(Policy):
     name: ClassVar[str] = "kv_router"
     summary: ClassVar[str] = "Dynamo 1.6.1 KV-aware router: prefix overlap vs. booked load, per request"
@@ -146,7 +114,7 @@ class KvRouter(Policy):
             )
         self.wants_kv_events = self.index is not None and p.use_kv_events
         self._prefill = {w: 0 for w in workers}
-        self._active = {w: Counter() for w in workers}  # type: dict[str, Counter[int]]
+        self._active = {w: BookedBlocks() for w in workers}
         self._active_sum = {w: 0 for w in workers}
         self._requests = {w: 0 for w in workers}
         self._bookings: dict[str, _Booking] = {}
@@ -167,10 +135,10 @@ class KvRouter(Policy):
         reuse = self.p.router_assume_kv_reuse
         costs = {}
         for w in eligible:
-            active = self._active[w]
             if reuse:
-                active_blocks = len(active)
-                new_blocks = len(hashes) - _booked_prefix(active, hashes)
+                active = self._active[w]
+                active_blocks = active.distinct
+                new_blocks = len(hashes) - active.prefix(hashes)
             else:
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)
@@ -194,7 +162,7 @@ class KvRouter(Policy):
         workers = list(self._prefill)
         if threshold is None:
             return workers
-        idle = [w for w in workers if len(self._active[w]) <= threshold * self._kv_blocks[w]]
+        idle = [w for w in workers if self._active[w].distinct <= threshold * self._kv_blocks[w]]
         # Dynamo answers "all workers overloaded" with an error; tasim does not model rejection
         # yet, so it falls back to every worker.
         return idle or workers
@@ -228,7 +196,7 @@ class KvRouter(Policy):
         prefill = max(0, request.prompt_tokens - overlap * self.block_size)
         self._bookings[request.id] = _Booking(worker, prefill, hashes)
         self._prefill[worker] += prefill
-        self._active[worker].update(hashes)
+        self._active[worker].book(hashes)
         self._active_sum[worker] += len(hashes)
         self._requests[worker] += 1
         if self.index is not None:
@@ -246,7 +214,7 @@ class KvRouter(Policy):
             w = booking.worker
             if not booking.prefill_done:
                 self._prefill[w] -= booking.prefill_tokens
-            _unbook(self._active[w], booking.blocks)
+            self._active[w].unbook(booking.blocks)
             self._active_sum[w] -= len(booking.blocks)
             self._requests[w] -= 1
         binding = self._bindings.get(turn.program)

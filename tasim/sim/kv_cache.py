@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import copy
 import heapq
-from bisect import bisect_left
 from itertools import count
 from typing import Literal, Sequence
 
-from tasim.model import BlockHash
+from tasim.model import BlockHash, shared_prefix_end
 
 Eviction = Literal["lru", "lineage"]
 
@@ -144,7 +143,7 @@ class BlockPool:
             extent = heads.get(hashes[resident])
             if extent is None:
                 break
-            end = _shared_end(extent, hashes, resident, limit)
+            end = shared_prefix_end(extent.hashes, hashes, resident, min(extent.stop, limit))
             if extent.refs:
                 active += end - resident
             resident = end
@@ -170,7 +169,7 @@ class BlockPool:
         depth = 0
         while depth < blocks:
             extent = heads[hashes[depth]]
-            end = _shared_end(extent, hashes, depth, blocks)
+            end = shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, blocks))
             if end < extent.stop:
                 extent = self._split(extent, end)
             if extent.refs == 0:
@@ -240,13 +239,13 @@ class BlockPool:
             # holds the cached copy.
             extent = self._extent_at(hashes, depth)
             if extent is not None:
-                depth = _shared_end(extent, hashes, depth, stop)
+                depth = shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop))
         # From here the block before ``depth`` is either ours or in an extent ending at or
         # diverging from our chain at ``depth``, so a cached block at ``depth`` starts an extent.
         while depth < stop:
             extent = heads.get(hashes[depth])
             if extent is not None:
-                depth = _shared_end(extent, hashes, depth, stop)
+                depth = shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop))
                 continue
             end = depth + 1
             while end < stop and hashes[end] not in heads:
@@ -397,14 +396,3 @@ class BlockPool:
             if block in extent.hashes[extent.start:extent.stop]:
                 return extent
         return None
-
-
-def _shared_end(extent: _Extent, hashes: Sequence[BlockHash], depth: int, limit: int) -> int:
-    """Where ``hashes`` (which has ``extent``'s block at ``depth``) leaves ``extent``, at most
-    ``limit``. Chained hashes agree on a prefix and differ after it, so one comparison settles
-    the common case and a binary search finds a divergence inside the extent."""
-    end = min(extent.stop, limit)
-    theirs = extent.hashes
-    if theirs is hashes or theirs[end - 1] == hashes[end - 1]:
-        return end
-    return bisect_left(range(depth + 1, end), True, key=lambda d: theirs[d] != hashes[d]) + depth + 1
