@@ -19,6 +19,10 @@ gets the next tick; a holder releases its blocks deepest first):
 * ``lineage``: only leaves (no resident child) are evictable, lowest tick first; a parent that
   becomes a leaf again keeps its original tick (Dynamo mocker's default).
 
+With the engine's holders (each references its chain from block 0, so whoever references a
+block references its parent) a parent's tick always exceeds its children's: the lowest tick is
+always a leaf, and the two orders evict alike.
+
 Representation. Block hashes are chained, so a hash has one depth: block ``j`` of every chain
 that contains it. Python bookkeeping per block costs about a microsecond and a long-context
 replay moves millions of blocks, so the pool keeps *extents* instead: runs of consecutive
