@@ -21,12 +21,14 @@ from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.render import param_rows, print_summary, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.scenario import Scenario, ScenarioError, load_scenario
+from tasim.sim.checks import InvariantViolation
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
 from tasim.validation import ValidationUnavailable
 from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
 
 EXIT_USAGE = 2
+EXIT_INVARIANT = 3  # `simulate --check` found a bug in tasim itself
 
 
 class UsageError(Exception):
@@ -54,6 +56,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     simulate.add_argument("--gzip", action="store_true", help=f"write {EVENTS_GZIP} instead of {EVENTS_PLAIN}")
     simulate.add_argument("--quiet", action="store_true", help="no progress bar and no table")
+    simulate.add_argument(
+        "--check", action="store_true",
+        help=f"check the simulator's invariants as it runs (slower); a broken one exits {EXIT_INVARIANT}",
+    )
 
     report = commands.add_parser("report", help="recompute a run's summary from its event log")
     report.add_argument("run_dir", type=Path, help="directory written by simulate (or live)")
@@ -165,7 +171,7 @@ def _simulate(args: argparse.Namespace) -> int:
     scenario = _scenario_from_args(args)
     out = _output_dir(args.out or _default_out(scenario))
     interactive = not args.quiet and sys.stderr.isatty()
-    summary = run_simulation(scenario, out, gzip=args.gzip, progress=interactive)
+    summary = run_simulation(scenario, out, gzip=args.gzip, progress=interactive, check=args.check)
     if not args.quiet:
         print_summary(summary)
         Console().print(f"wrote {out}/{SUMMARY_FILE} and the event log")
@@ -315,6 +321,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError, ValidationUnavailable, LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except InvariantViolation as exc:
+        print(f"invariant violated (a bug in tasim; the log so far is kept as .partial): {exc}", file=sys.stderr)
+        return EXIT_INVARIANT
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -30,8 +30,12 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
-def run_simulation(scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False) -> dict[str, Any]:
-    """Simulate ``scenario``, write the event log, summary and run metadata under ``out``."""
+def run_simulation(
+    scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False, check: bool = False
+) -> dict[str, Any]:
+    """Simulate ``scenario``, write the event log, summary and run metadata under ``out``.
+    ``check``: check the simulator's invariants as it runs (`tasim.sim.checks`); a broken one
+    raises `InvariantViolation` and leaves the log written so far as ``<log>.partial``."""
     from tasim.sim.runner import Simulation  # keeps `tasim schema` and `report` light
 
     out.mkdir(parents=True, exist_ok=True)
@@ -47,7 +51,7 @@ def run_simulation(scenario: Scenario, out: Path, gzip: bool = False, progress: 
 
     started = time.perf_counter()
     try:
-        simulation = Simulation(scenario, emit)
+        simulation = Simulation(scenario, emit, check=check)
         if progress:
             _run_with_progress(simulation, scenario.duration_s)
         else:

@@ -154,6 +154,22 @@ class Engine:
     def pinned_blocks(self) -> int:
         return sum(hold.blocks for hold in self._pins.values())
 
+    def audit(self, every_block: bool = False) -> str | None:
+        """The first broken invariant of the engine's state, or None (``tasim simulate --check``;
+        ``every_block``: see `BlockPool.audit`)."""
+        if len(self.running) > self.config.max_num_seqs:
+            return f"{len(self.running)} requests running, max_num_seqs is {self.config.max_num_seqs}"
+        for req in self.waiting:
+            if req.phys or req.hold.blocks:
+                return f"queued request {req.spec.id} occupies {req.phys} blocks"
+        private = 0
+        for req in self.running:
+            if req.phys < req.hold.blocks or req.computed > req.length:
+                return f"request {req.spec.id}: {req.phys} blocks for {req.hold.blocks} held, {req.computed} of {req.length} tokens computed"
+            private += req.phys - req.hold.blocks
+        holds = [req.hold for req in self.running] + list(self._pins.values())
+        return self.pool.audit(holds, private, every_block)
+
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)

@@ -153,6 +153,63 @@ class BlockPool:
             resident = end
         return resident, active
 
+    def audit(self, holds: Sequence[Hold], private: int, every_block: bool = False) -> str | None:
+        """The first broken invariant of the bookkeeping, or None (``tasim simulate --check``).
+        ``holds``: every holder's references; ``private``: blocks the holders' requests occupy
+        outside the cache (partial tails, private copies). The checks cost O(extents), except
+        ``every_block``: no block is cached twice, O(cached blocks)."""
+        if min(self.free, self.active, self._inactive_count) < 0:
+            return f"negative block count (free {self.free}, active {self.active}, inactive {self._inactive_count})"
+        lineage = self._lineage
+        live = {id(extent) for extent in self._heads.values()}
+        seen: set[BlockHash] = set()
+        cached = inactive = 0
+        children: dict[int, int] = {}
+        for head, extent in self._heads.items():
+            if not extent.start < extent.stop or extent.hashes[extent.start] != head:
+                return f"extent indexed under block {head} does not start with it"
+            if extent.refs < 0:
+                return f"negative reference count {extent.refs} on block {head}"
+            if every_block:
+                blocks = extent.hashes[extent.start:extent.stop]
+                if not seen.isdisjoint(blocks):
+                    return f"a block of extent {head} is cached twice"
+                seen.update(blocks)
+            cached += extent.stop - extent.start
+            inactive += extent.stop - extent.start if extent.refs == 0 else 0
+            parent = extent.parent
+            if parent is not None:
+                if id(parent) not in live or parent.stop != extent.start:
+                    return f"extent {head} hangs off a block that is not cached"
+                children[id(parent)] = children.get(id(parent), 0) + 1
+        if (cached, inactive) != (self._cached, self._inactive_count):
+            return f"counted {cached} cached, {inactive} inactive; the pool says {self._cached}, {self._inactive_count}"
+        referenced: dict[int, int] = {}
+        for hold in holds:
+            for start, stop in hold.ranges:
+                depth = start
+                while depth < stop:
+                    extent = self._heads.get(hold.hashes[depth])
+                    if (extent is None or extent.start != depth or extent.stop > stop
+                            or extent.hashes[extent.stop - 1] != hold.hashes[extent.stop - 1]):
+                        return f"a holder's block {hold.hashes[depth]} is not the start of a cached extent inside its range"
+                    referenced[id(extent)] = referenced.get(id(extent), 0) + 1
+                    depth = extent.stop
+        active_cached = 0
+        for head, extent in self._heads.items():
+            if extent.refs != referenced.get(id(extent), 0):
+                return f"block {head} has {extent.refs} references but {referenced.get(id(extent), 0)} holders"
+            active_cached += extent.stop - extent.start if extent.refs else 0
+            if lineage and extent.children != children.get(id(extent), 0):
+                return f"extent {head} counts {extent.children} children, {children.get(id(extent), 0)} hang off it"
+        if self.active != active_cached + private:
+            return f"{self.active} active blocks, but holders reference {active_cached} and occupy {private} privately"
+        reachable = {id(extent) for tick, _, extent in self._candidates if extent.tick == tick}
+        for head, extent in self._heads.items():
+            if extent.refs == 0 and not (lineage and extent.children) and id(extent) not in reachable:
+                return f"unreferenced block {head} cannot be evicted (no candidate entry)"
+        return None
+
     def inactive_order(self) -> list[BlockHash]:
         """Inactive blocks in the order they would be evicted (for tests and debugging)."""
         clone = copy.deepcopy(self)

@@ -21,6 +21,7 @@ from tasim.perf import make_perf_model
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.base import ProgramDecision
 from tasim.scenario import Scenario
+from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
 from tasim.sim.drivers import start_workload
 from tasim.sim.engine import Engine, EngineConfig
@@ -37,11 +38,16 @@ Progress = Callable[[float], None]
 class Simulation:
     """``policy`` overrides the scenario's policy with a ready object (e.g. one not in the
     registry); it must have been built for this simulation's `view`. ``fast_forward=False``
-    simulates every decode step on its own (same outcome, much slower; for checking)."""
+    simulates every decode step on its own (same outcome, much slower; for checking).
+    ``check=True`` checks the invariants of `tasim.sim.checks` as it runs and raises
+    `InvariantViolation` at the first broken one."""
 
-    def __init__(self, scenario: Scenario, emit: Emit, policy: Policy | None = None, fast_forward: bool = True) -> None:
+    def __init__(
+        self, scenario: Scenario, emit: Emit, policy: Policy | None = None, fast_forward: bool = True, check: bool = False
+    ) -> None:
         self.scenario = scenario
-        self.emit = emit
+        self.emit = EventChecks(emit) if check else emit
+        self._check = check
         self.env = Clock(self._catch_up)
         self._fast_forward = fast_forward
         cluster = scenario.cluster
@@ -100,7 +106,15 @@ class Simulation:
         env.run(until=deadline if workload_done is None else env.any_of([workload_done, deadline]))
         iterations = sum(e.iterations for e in self.engines.values())
         iterations += sum(run.started(env.now) - 1 for run in self._runs.values() if run is not None)
+        if self._check:
+            for engine in self.engines.values():
+                self._audit(engine, every_block=True)
         self.emit(ev.RunEnded(env.now, iterations, len(self._waiters)))
+
+    def _audit(self, engine: Engine, every_block: bool = False) -> None:
+        problem = engine.audit(every_block)
+        if problem is not None:
+            raise InvariantViolation(f"t={self.env.now:.6f} {engine.worker}: {problem}")
 
     # --- processes ---------------------------------------------------------------------------
 
@@ -134,6 +148,8 @@ class Simulation:
                     pass  # cut short: sleep until its new end
             self._runs[worker] = None
             run.complete(env.now)
+            if self._check:
+                self._audit(engine)
 
     def _catch_up(self, t: float) -> None:
         """Before anything happens at ``t``: bring folded steps up to ``t`` and publish the KV
