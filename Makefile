@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench baseline validation paper-shapes clean
+.PHONY: install demo test bench baseline validation reliability paper-shapes clean
 
 install: $(STAMP)
 
@@ -32,6 +32,10 @@ bench: install
 # Record the policy regression suite's current metrics as the baseline `make bench` checks.
 baseline: install
 	$(BIN)/python -m tasim.regression --update
+
+# Load held, faults injected and outcomes: rewrites the table in docs/reliability.md (~4 min).
+reliability: install
+	$(BIN)/python -m tasim.reliability
 
 # Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
 validation: install

@@ -14,6 +14,7 @@ from conftest import REPO
 from tasim import events as ev
 from tasim.cli import EXIT_INVARIANT, main
 from tasim.policies import POLICIES
+from tasim.reliability import SMALL_RUNS
 from tasim.scenario import ScenarioError, load_scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.drivers import WorkloadError
@@ -23,30 +24,18 @@ from tasim.sim.runner import Simulation
 
 PRESETS = REPO / "scenarios"
 
-# Per preset: overrides that keep a run well under a second.
-SMALL = {
-    "swe-agent.yaml": ["workload.concurrency=6", "duration_s=400", "metrics.warmup_s=0"],
-    "multiturn-validation.yaml": ["workload.concurrency=8", "workload.programs=12", "duration_s=300"],
-    "rl-rollout.yaml": [
-        "workload.prompts_per_step=3", "workload.samples_per_prompt=2", "workload.steps=2", "workload.max_concurrency=4",
-        "duration_s=2000", "workload.training_s=20",
-    ],
-    "toolorchestra.yaml": ["workload.concurrency=4", "duration_s=300", "metrics.warmup_s=0"],
-}
-
-
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, list[str], bool]:
-    preset = draw(st.sampled_from(sorted(SMALL)))
+    preset = draw(st.sampled_from(sorted(SMALL_RUNS)))
     block_size = draw(st.sampled_from([16, 64]))
-    overrides = SMALL[preset] + [
+    overrides = SMALL_RUNS[preset] + [
         f"policy.name={draw(st.sampled_from(sorted(POLICIES)))}",
         "policy.params={}",
         f"seed={draw(st.integers(0, 1000))}",
         f"cluster.backends={draw(st.integers(1, 3))}",
         f"cluster.engine.block_size={block_size}",
         # Small pools force eviction, preemption and requests too big to ever run.
-        f"cluster.engine.kv_blocks={draw(st.integers(64, 4096)) * 16 // block_size}",
+        f"cluster.engine.kv_blocks={draw(st.integers(256, 8192)) * 16 // block_size}",
         f"cluster.engine.max_num_seqs={draw(st.integers(1, 64))}",
         f"cluster.engine.max_num_batched_tokens={draw(st.sampled_from([512, 2048, 8192]))}",
         f"cluster.engine.eviction={draw(st.sampled_from(['lru', 'lineage']))}",
@@ -198,10 +187,10 @@ def test_a_broken_pool_stops_a_checked_run_and_the_cli_keeps_the_partial_log(
     monkeypatch.setattr(BlockPool, "release", leaky_release)
     scenario = PRESETS / "swe-agent.yaml"
     with pytest.raises(InvariantViolation, match=r"^t=\d+\.\d{6} w\d: block \d+ has (\d+) references but (?!\1)\d+ holders$"):
-        Simulation(load_scenario(scenario, SMALL["swe-agent.yaml"]), lambda event: None, check=True).run()
+        Simulation(load_scenario(scenario, SMALL_RUNS["swe-agent.yaml"]), lambda event: None, check=True).run()
     out = tmp_path / "run"
     calls = iter(range(1, 1 << 30))  # the CLI run leaks at its own third release
-    status = main(["simulate", str(scenario), "--check", "--quiet", "--out", str(out), *sum((["--set", o] for o in SMALL["swe-agent.yaml"]), [])])
+    status = main(["simulate", str(scenario), "--check", "--quiet", "--out", str(out), *sum((["--set", o] for o in SMALL_RUNS["swe-agent.yaml"]), [])])
     assert status == EXIT_INVARIANT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("invariant violated (a bug in tasim") and "Traceback" not in err
