@@ -233,6 +233,14 @@ class MetricsConfig(_Strict):
     )
 
 
+class LiveConfig(_Strict):
+    """Settings only live mode reads (the simulator's programs always end)."""
+
+    program_idle_ttl_s: PositiveFloat | None = Field(
+        600.0, le=10_000_000, description="the live router ends a program idle this long (scenario seconds); null: never"
+    )
+
+
 class Scenario(_Strict):
     name: str = "scenario"
     description: str = ""
@@ -242,6 +250,7 @@ class Scenario(_Strict):
     workload: Workload = AgentWorkload()
     policy: PolicyConfig = PolicyConfig()
     metrics: MetricsConfig = MetricsConfig()
+    live: LiveConfig = LiveConfig()
 
     @model_validator(mode="after")
     def _window(self) -> "Scenario":

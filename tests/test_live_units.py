@@ -247,9 +247,11 @@ def test_finish_then_end_program() -> None:
 
 def test_program_without_completed_turn_ends_not_completed() -> None:
     host, _, events = _host()
-    asyncio.run(host.admit("p", _tokens(20), 5))
-    assert host.end_program("p") is True
-    assert events[-1] == ev.ProgramFinished(0.0, "p", 20, False)
+    host.fail(asyncio.run(host.admit("p", _tokens(20), 5)), "engine error")  # forgets p: its call never happened
+    host.finish(asyncio.run(host.admit("q", _tokens(20), 5)), 20, 5, 0)
+    host.fail(asyncio.run(host.admit("q", _tokens(40), 5)), "engine error")
+    assert host.end_program("q") is True
+    assert [e for e in events if isinstance(e, ev.ProgramFinished)] == [ev.ProgramFinished(0.0, "p", 0, False), ev.ProgramFinished(0.0, "q", 25, False)]
 
 
 def test_one_off_call_is_a_program_that_ends_itself() -> None:
@@ -356,21 +358,25 @@ def test_failing_first_call_forgets_the_program() -> None:
         ]
         assert policy.turn_ends == [TurnEnd("q", "q.0", "w0", 20, 0, 0, ok=False)]
         assert host.in_flight == 0 and host.failed == 1
-        # the program id can start again from turn 0, under a request id of its own
+        # the program id starts again from turn 0: a new program, whose ids start again too
         again = await host.admit("q", _tokens(20), 4)
-        assert again.spec.id == "q.0r2" and again.spec.history_tokens == 0
+        assert again.spec.id == "q.0" and again.spec.history_tokens == 0 and again.created
 
     asyncio.run(go())
 
 
-def test_fail_after_program_ended_only_counts() -> None:
+def test_ending_a_program_with_a_call_in_flight_waits_for_the_call() -> None:
     async def go() -> None:
-        host, _, events = _host()
-        call = await host.admit("p", _tokens(20), 4)
-        host.end_program("p")
-        n = len(events)
+        host, clock, events, policy = _recording_host()
+        host.finish(await host.admit("p", _tokens(20), 4), 20, 4, 0)
+        call = await host.admit("p", _tokens(40), 4)
+        assert host.end_program("p") is True
+        assert "p" in host.programs and not any(isinstance(e, ev.ProgramFinished) for e in events)
+        clock.t = 1.0
         host.fail(call, "late")
-        assert host.in_flight == 0 and host.failed == 0 and len(events) == n
+        assert events[-2:] == [ev.RequestDropped(1.0, "p.1", "p", "w1", "late"), ev.ProgramFinished(1.0, "p", 24, False)]
+        assert policy.turn_ends[-1] == TurnEnd("p", "p.1", "w1", 40, 0, 0, ok=False)  # heard before the end
+        assert host.programs == {} and host.in_flight == 0 and host.failed == 1
 
     asyncio.run(go())
 
@@ -397,7 +403,7 @@ async def _two_placed_and_one_held() -> tuple[PolicyHost, FakeClock, list[ev.Eve
         ev.RequestHeld(1.0, "C.0", "C"),
         ev.ProgramPaused(1.0, "C"),
     ]
-    assert host.programs["C"].held is not None and host.pauses == 1
+    assert len(host.programs["C"].held) == 1 and host.pauses == 1
     assert list(host.policy.queue) == ["C"]
     return host, clock, events, task, [a, b]
 
@@ -436,7 +442,7 @@ def test_thunderagent_held_new_program_resumes_when_room_frees() -> None:
             ev.ProgramResumed(6.0, "C", "w0", False),
             ev.RequestRouted(6.0, "C.0", "w0"),
         ]
-        assert host.programs["C"].held is None and host.resumes == 1
+        assert host.programs["C"].held == [] and host.resumes == 1
         assert host.routed == {"w0": 2, "w1": 1}
 
     asyncio.run(go())
@@ -580,6 +586,8 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "tasim_router_pauses_total 0",
         "tasim_router_resumes_total 0",
         "tasim_router_session_finals_total 3",
+        "tasim_router_session_finals_unknown_total 0",
+        "tasim_router_programs_expired_total 0",
         'tasim_router_cached_blocks{worker="w0"} 1',
         'tasim_router_cached_blocks{worker="w1"} 3',
         'tasim_router_kv_event_gaps_total{worker="w0"} 1',
@@ -600,7 +608,7 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "policy": "round_robin",
         "time_s": 12.5,
         "workers": {"w0": {"instance_id": 101, "routed": 1, "cached_blocks": 1}, "w1": {"instance_id": 102, "routed": 1, "cached_blocks": 3}},
-        "programs": {"live": 1, "held": 0, "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
+        "programs": {"live": 1, "held": 0, "expired": 0, "unknown_finals": 0, "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
         "requests": {"in_flight": 1, "finished": 1, "failed": 0, "session_finals": 3},
         "pauses": 0,
         "resumes": 0,

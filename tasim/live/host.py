@@ -11,6 +11,21 @@ and benchmarked on its own.
 Failure semantics: a call that fails or is cancelled leaves the program table as it was before
 the call (its turn number and history are unchanged, and a program that this call created is
 forgotten again); the policy hears ``TurnEnd(ok=False)`` for it, as it would in simulation.
+
+Program ends: a session-final ends its program; one for a program the table does not hold (never
+seen, already ended, expired) is an idempotent success, only counted. A session-final that comes
+while a call of the program is in flight ends the program when its last call has ended, so the
+policy hears that turn end before the program end and the log keeps its order. A program with no
+call in flight or held, idle longer than ``idle_ttl_s``, is ended as if its session-final had
+come: clients that never send one (ThunderAgent upstream has no such TTL; Dynamo's port expires
+after 600 s) would otherwise grow the table, and the policy's capacity accounting, without bound.
+Idle programs are kept in the order they went idle, so expiry, checked at every call and policy
+tick, costs one step per expired program.
+
+A resumed call is routed (in flight, logged) in the same step as the policy's `Resume`, not when
+its waiting task next runs, so no tick or program end can come between a resume and the routing
+(ThunderAgent's upstream race: a pause between the paused check and backend resolution left a
+request without a backend, HTTP 500).
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -35,8 +50,17 @@ Clock = Callable[[], float]
 Emit = Callable[[ev.Event], None]
 
 
+# Session ids are kept in the program table and written in every event of the log; real ones
+# are UUIDs or short names, so a longer one is refused rather than stored.
+MAX_PROGRAM_ID_CHARS = 256
+
+
 class ProgramHeldTooLong(RuntimeError):
     """A held call was not resumed within the host's hold limit."""
+
+
+class InvalidProgramId(ValueError):
+    """A session (or parent session) id the router refuses; the call changed nothing."""
 
 
 @dataclass(slots=True)
@@ -45,11 +69,13 @@ class _Program:
     one_off: bool
     parent: str | None = None  # x-dynamo-parent-session-id: e.g. the prompt group of a rollout
     turn: int = 0  # completed turns
+    turn_calls: int = 0  # calls of this turn so far, so a retried or concurrent call gets an id of its own
     history_tokens: int = 0  # prompt + output of the last completed turn
     context_tokens: int = 0
     failed: bool = False  # its latest call failed
+    ending: bool = False  # a session-final came while a call was in flight
     in_flight: int = 0
-    held: "asyncio.Future[str] | None" = None
+    held: "list[Held]" = field(default_factory=list)  # calls waiting for a resume (concurrent calls: several)
     hash_tokens: list[int] = field(default_factory=list)  # tokens behind `hashes` (full blocks)
     hashes: list[BlockHash] = field(default_factory=list)
 
@@ -69,19 +95,26 @@ class Held:
     """A call the policy holds until it resumes the program; `PolicyHost.wait` for it."""
 
     spec: RequestSpec
-    future: "asyncio.Future[str]"
+    future: "asyncio.Future[Call]"  # the call, routed when the policy resumed its program
     created: bool  # this call created its program
     since: float
 
 
 class PolicyHost:
-    def __init__(self, policy: Policy, clock: Clock, emit: Emit, block_size: int, log_kv_events: bool = False) -> None:
+    """``idle_ttl_s``: end programs idle longer than this (seconds of ``clock``); None: never."""
+
+    def __init__(
+        self, policy: Policy, clock: Clock, emit: Emit, block_size: int, log_kv_events: bool = False, idle_ttl_s: float | None = None
+    ) -> None:
         self.policy = policy
         self.clock = clock
         self.emit = emit
         self.block_size = block_size
         self.log_kv_events = log_kv_events
+        self.idle_ttl_s = idle_ttl_s
         self.programs: dict[str, _Program] = {}
+        # Programs with no call in flight or held, oldest first, with the time they went idle.
+        self._idle: OrderedDict[str, float] = OrderedDict()
         self.routed: dict[str, int] = {w: 0 for w in policy.view.worker_ids}
         self.in_flight = 0
         self.finished = 0
@@ -89,11 +122,10 @@ class PolicyHost:
         self.pauses = 0
         self.resumes = 0
         self.ignored_pins = 0
+        self.expired = 0  # programs ended by the idle TTL
+        self.unknown_finals = 0  # session-finals for programs not in the table
         self.decision_seconds: deque[float] = deque(maxlen=100_000)  # policy + hashing time per decision
         self._one_offs = 0
-        # Calls per "program.turn", so a retried or concurrent call gets an id of its own; an
-        # entry goes when its turn completes.
-        self._calls: dict[str, int] = {}
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in policy.view.worker_ids}
 
     # --- calls ---------------------------------------------------------------------------------
@@ -107,13 +139,17 @@ class PolicyHost:
     def decide(self, program_id: str | None, token_ids: list[int], max_tokens: int, parent: str | None = None) -> Call | Held:
         """The policy's decision for one call, without waiting: a routed `Call`, or a `Held`
         call to `wait` for (the common case costs no task switch)."""
+        for name, value in (("session", program_id), ("parent session", parent)):
+            if value is not None and len(value) > MAX_PROGRAM_ID_CHARS:
+                raise InvalidProgramId(f"{name} id of {len(value)} characters; at most {MAX_PROGRAM_ID_CHARS} are allowed")
         started = time.perf_counter()
         now = self.clock()
+        self._expire_idle(now)
         program, created = self._program(program_id, now, parent)
         base = f"{program.id}.{program.turn}"
-        calls = self._calls[base] = self._calls.get(base, 0) + 1
+        program.turn_calls += 1
         spec = RequestSpec(
-            id=base if calls == 1 else f"{base}r{calls}",
+            id=base if program.turn_calls == 1 else f"{base}r{program.turn_calls}",
             program=program.id,
             turn=program.turn,
             prompt_tokens=len(token_ids),
@@ -133,26 +169,29 @@ class PolicyHost:
         if decision.pause:
             self.pauses += 1
             self.emit(ev.ProgramPaused(now, program.id))
-        program.held = asyncio.get_running_loop().create_future()
-        return Held(spec, program.held, created, now)
+        held = Held(spec, asyncio.get_running_loop().create_future(), created, now)
+        program.held.append(held)
+        return held
 
     async def wait(self, held: Held) -> Call:
         """Wait for the policy to resume a held call; cancelling the wait rolls the call back
         (unless the program itself ended meanwhile, which cancels the wait)."""
         try:
-            worker = await held.future
+            return await held.future
         except BaseException:
+            if held.future.done() and not held.future.cancelled():
+                # Resumed and routed, but the waiter was cancelled before it could take the call.
+                self.fail(held.future.result(), "cancelled while held")
+                raise
             program = self.programs.get(held.spec.program)
             if program is None:  # the program ended while its call waited
                 self.failed += 1
                 self.emit(ev.RequestDropped(self.clock(), held.spec.id, held.spec.program, "", "cancelled while held"))
             else:
-                if program.held is held.future:
-                    program.held = None
+                if held in program.held:
+                    program.held.remove(held)
                 self._roll_back(program, held.spec, held.created, "cancelled while held")
             raise
-        program = self.programs[held.spec.program]
-        return self._routed(program, held.spec, worker, self.clock() - held.since, held.created)
 
     def first_token(self, call: Call) -> None:
         now = self.clock()
@@ -167,32 +206,41 @@ class PolicyHost:
         program.in_flight -= 1
         self.in_flight -= 1
         self.finished += 1
-        self._calls.pop(f"{program.id}.{program.turn}", None)
         program.turn += 1
+        program.turn_calls = 0
         program.failed = False
         program.history_tokens = program.context_tokens = prompt_tokens + output_tokens
         self.emit(ev.RequestFinished(now, spec.id, spec.program, call.worker, prompt_tokens, output_tokens, cached_tokens))
         self._apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, call.worker, prompt_tokens, output_tokens, cached_tokens), now))
-        if program.one_off:
-            self.end_program(program.id)
+        self._settle(program)
 
     def fail(self, call: Call, reason: str) -> None:
         """The call failed or was cancelled after it was routed."""
-        program = self.programs.get(call.spec.program)
+        program = self.programs[call.spec.program]  # a program with a call in flight does not end
         self.in_flight -= 1
-        if program is None:
-            return
         program.in_flight -= 1
         self._roll_back(program, call.spec, call.created, reason, call.worker)
 
+    def session_final(self, program_id: str) -> bool:
+        """A client's session-final (``x-dynamo-session-final``). For a program not in the
+        table it succeeds all the same, counted in ``unknown_finals``, logging nothing."""
+        known = self.end_program(program_id)
+        self.unknown_finals += not known
+        return known
+
     def end_program(self, program_id: str) -> bool:
-        """The session ended (``x-dynamo-session-final``); False if it was not known."""
-        program = self.programs.pop(program_id, None)
+        """End the program (now, or when its calls in flight have ended); False if it was not known."""
+        program = self.programs.get(program_id)
         if program is None:
             return False
+        if program.in_flight:
+            program.ending = True
+            return True
+        del self.programs[program_id]
+        self._idle.pop(program_id, None)
         now = self.clock()
-        if program.held is not None and not program.held.done():
-            program.held.cancel()
+        for held in program.held:
+            held.future.cancel()  # a no-op for a future already done
         completed = program.turn > 0 and not program.failed
         self.emit(ev.ProgramFinished(now, program_id, program.context_tokens, completed))
         self._apply(self.policy.on_program_end(program_id, now))
@@ -201,7 +249,9 @@ class PolicyHost:
     # --- policy-driven events ------------------------------------------------------------------
 
     def tick(self) -> None:
-        self._apply(self.policy.on_tick(self.clock()))
+        now = self.clock()
+        self._expire_idle(now)  # first, so the policy's pass sees the capacity this frees
+        self._apply(self.policy.on_tick(now))
 
     def kv_event(self, worker: str, event: KvEvent) -> None:
         now = self.clock()
@@ -225,8 +275,11 @@ class PolicyHost:
     # --- helpers -------------------------------------------------------------------------------
 
     def _program(self, program_id: str | None, now: float, parent: str | None) -> tuple[_Program, bool]:
-        if program_id is not None and program_id in self.programs:
-            return self.programs[program_id], False
+        program = self.programs.get(program_id) if program_id is not None else None
+        if program is not None:
+            self._idle.pop(program.id, None)
+            program.ending = False  # a call after a session-final continues the session
+            return program, False
         if program_id is None:
             self._one_offs += 1
             program = _Program(f"~{self._one_offs}", one_off=True)
@@ -236,6 +289,17 @@ class PolicyHost:
         self.emit(ev.ProgramStarted(now, program.id, 1 if program.one_off else 0))
         self.policy.on_program_start(program.id, now)
         return program, True
+
+    def _expire_idle(self, now: float) -> None:
+        """End every program idle longer than the TTL (oldest first, so it stops at the first
+        that is not)."""
+        ttl = self.idle_ttl_s
+        while ttl is not None and self._idle:
+            program_id, since = next(iter(self._idle.items()))
+            if now - since <= ttl:
+                return
+            self.expired += 1
+            self.end_program(program_id)
 
     def _hashes(self, program: _Program, token_ids: list[int]) -> list[BlockHash]:
         """Sequence hashes of the prompt, reusing the program's earlier prefix: agent prompts
@@ -267,8 +331,21 @@ class PolicyHost:
         program.context_tokens = program.history_tokens
         self.emit(ev.RequestDropped(now, spec.id, program.id, worker, reason))
         self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, worker, spec.prompt_tokens, 0, 0, ok=False), now))
-        if created and program.turn == 0 and program.in_flight == 0 and program.held is None:
+        if created and program.turn == 0 and program.in_flight == 0 and not program.held:
             self.end_program(program.id)  # the call that created the program never happened
+        else:
+            self._settle(program)
+
+    def _settle(self, program: _Program) -> None:
+        """After a call of the program ended: end the program if that was awaited, else note
+        it idle once nothing of it is in flight or held."""
+        if program.in_flight or self.programs.get(program.id) is not program:
+            return
+        if program.ending or program.one_off:
+            self.end_program(program.id)
+        elif not program.held:
+            self._idle[program.id] = self.clock()
+            self._idle.move_to_end(program.id)
 
     def _apply(self, decisions: Sequence[ProgramDecision]) -> None:
         now = self.clock()
@@ -280,10 +357,11 @@ class PolicyHost:
                 self.resumes += 1
                 self.emit(ev.ProgramResumed(now, decision.program, decision.worker, decision.forced))
                 program = self.programs.get(decision.program)
-                if program is not None and program.held is not None:
-                    held, program.held = program.held, None
-                    if not held.done():
-                        held.set_result(decision.worker)
+                if program is not None:
+                    waiting, program.held = program.held, []
+                    for held in waiting:
+                        if not held.future.done():  # routed now: nothing may come between resume and route
+                            held.future.set_result(self._routed(program, held.spec, decision.worker, now - held.since, held.created))
             elif isinstance(decision, Pin):
                 # Dynamo's workers offer no API to keep blocks referenced; the pin is not enforced.
                 if not self.ignored_pins:

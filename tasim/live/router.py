@@ -6,8 +6,11 @@ traffic for the public name always passes here), subscribes to every worker's KV
 for each preprocessed request reads the program from ``agent_context`` (the frontend's mapping of
 ``x-dynamo-session-id``), lets `PolicyHost` decide, forwards the request unchanged to the chosen
 worker instance and streams the reply back. A ``session_final`` request ends the program and
-never reaches an engine. The final chunk carries ``engine_data.tasim`` (request id, worker, the
-output token ids) for clients that ask for ``nvext.extra_fields: ["engine_data"]``.
+never reaches an engine (one for a program the router does not know succeeds as well). A session
+id the host refuses (longer than `MAX_PROGRAM_ID_CHARS`) is answered with Dynamo's
+``InvalidArgument``, which the frontend turns into HTTP 400 with the message. The final chunk
+carries ``engine_data.tasim`` (request id, worker, the output token ids) for clients that ask for
+``nvext.extra_fields: ["engine_data"]``.
 
 Workers are named ``w0 … wN-1`` in the order of their KV-event endpoints. Which Dynamo instance
 is which worker is learned, not assumed: at start the router sends each instance a one-block
@@ -39,7 +42,7 @@ from pydantic import BaseModel, ConfigDict
 from tasim import events as ev
 from tasim.eventlog import EventWriter
 from tasim.live.hashing import sequence_hashes
-from tasim.live.host import Call, PolicyHost
+from tasim.live.host import Call, InvalidProgramId, PolicyHost
 from tasim.live.kv_events import KvEvent, KvEventSubscriber
 from tasim.live.status import prometheus_text, status_snapshot
 from tasim.policies import make_policy
@@ -82,7 +85,9 @@ class _Router:
         policy = make_policy(self.scenario.policy.name, self.scenario.policy.params, self.view, np.random.default_rng(policy_seed))
         self.writer = EventWriter(Path(config.events_path))
         self._t0 = time.monotonic()
-        self.host = PolicyHost(policy, self._now, self._emit, self.block_size, self.scenario.metrics.log_kv_events)
+        self.host = PolicyHost(
+            policy, self._now, self._emit, self.block_size, self.scenario.metrics.log_kv_events, self.scenario.live.program_idle_ttl_s
+        )
         self.instance_of: dict[str, int] = {}
         self.kv = KvEventSubscriber(dict(zip(self.view.worker_ids, config.kv_event_endpoints)), self._on_kv_event)
         self._probes: dict[int, asyncio.Future[str]] = {}
@@ -196,11 +201,16 @@ class _Router:
         program = agent.get("session_id") or None
         if program is not None and agent.get("session_final"):
             self.session_finals += 1
-            self.host.end_program(program)
+            self.host.session_final(program)
             return
         token_ids = list(request.get("token_ids") or ())
         max_tokens = int((request.get("stop_conditions") or {}).get("max_tokens") or 0)
-        call = await self._admit(program, agent.get("parent_session_id") or None, token_ids, max_tokens, context)
+        try:
+            call = await self._admit(program, agent.get("parent_session_id") or None, token_ids, max_tokens, context)
+        except InvalidProgramId as exc:
+            from dynamo.llm.exceptions import InvalidArgument  # the router process has Dynamo; importers of this module need not
+
+            raise InvalidArgument(str(exc)) from None
         if call is None:
             return
         async for chunk in self._forward(call, request):

@@ -36,8 +36,10 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
         "workers": {w: {"instance_id": router.instance_of.get(w), "routed": host.routed[w], "cached_blocks": host.cached_blocks(w)} for w in host.routed},
         "programs": {
             "live": len(host.programs),
-            "held": sum(1 for p in host.programs.values() if p.held is not None),
-            "table": {p.id: {"parent": p.parent, "turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": p.held is not None} for p in host.programs.values()},
+            "held": sum(1 for p in host.programs.values() if p.held),
+            "expired": host.expired,
+            "unknown_finals": host.unknown_finals,
+            "table": {p.id: {"parent": p.parent, "turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": bool(p.held)} for p in host.programs.values()},
         },
         "requests": {"in_flight": host.in_flight, "finished": host.finished, "failed": host.failed, "session_finals": router.session_finals},
         "pauses": host.pauses,
@@ -62,10 +64,12 @@ def prometheus_text(router: "_Router") -> str:
     metric("requests_failed_total", "counter", "Requests that failed or were cancelled.", [("", host.failed)])
     metric("requests_in_flight", "gauge", "Requests routed and not yet finished.", [("", host.in_flight)])
     metric("programs_live", "gauge", "Programs in the router's table.", [("", len(host.programs))])
-    metric("programs_held", "gauge", "Programs whose call waits for a resume.", [("", sum(p.held is not None for p in host.programs.values()))])
+    metric("programs_held", "gauge", "Programs whose call waits for a resume.", [("", sum(bool(p.held) for p in host.programs.values()))])
     metric("pauses_total", "counter", "Program pauses.", [("", host.pauses)])
     metric("resumes_total", "counter", "Program resumes.", [("", host.resumes)])
     metric("session_finals_total", "counter", "Session-final requests (program ends).", [("", router.session_finals)])
+    metric("session_finals_unknown_total", "counter", "Session-finals for programs not in the table.", [("", host.unknown_finals)])
+    metric("programs_expired_total", "counter", "Programs ended by the idle TTL.", [("", host.expired)])
     metric("cached_blocks", "gauge", "Blocks each worker reports cached (KV events).", [(f'{{worker="{w}"}}', host.cached_blocks(w)) for w in host.routed])
     metric("kv_event_gaps_total", "counter", "Gaps in a worker's KV event sequence.", [(f'{{worker="{w}"}}', n) for w, n in router.kv.gaps.items()])
     decisions = _percentiles_ms(host.decision_seconds)
