@@ -3,10 +3,11 @@
     python -m tasim.reliability [--doc docs/reliability.md] [--out DIR]
 
 Each row is one measurement, run here and now (about four minutes in all, most of it the live
-load): the simulator under random scenarios with every invariant checked, and the live stack
-(Dynamo frontend, tasim router, Dynamo mocker workers on this machine) under 512 concurrent
-programs. The tests run the same functions and assert what the table shows: no lost request,
-no leaked program (tests/test_invariants.py, tests/test_live_load.py).
+load): the simulator under random scenarios with every invariant checked; the live router's
+program table under 100,000 sessions that never end; and the live stack (Dynamo frontend, tasim
+router, Dynamo mocker workers on this machine) under 512 concurrent programs. Tests assert what
+the table shows, no lost request and no leaked program (tests/test_invariants.py,
+tests/test_live_hostile.py, tests/test_live_load.py).
 """
 
 from __future__ import annotations
@@ -135,6 +136,41 @@ def live_load(out: Path, programs: int = 2048, concurrency: int = 512) -> Outcom
     )
 
 
+def abandoned_sessions(count: int = 100_000, ttl_s: float = 600.0, every_s: float = 0.5) -> Outcome:
+    """``count`` sessions that each make one call and never send a session-final, one every
+    ``every_s`` seconds, through the live router's program table (`PolicyHost`, round robin,
+    a simulated clock): the idle TTL must keep the table bounded and end every program."""
+    from tasim.live.host import Call, PolicyHost
+    from tasim.policies import make_policy
+    from tasim.view import ClusterView, WorkerInfo
+
+    view = ClusterView(tuple(WorkerInfo(f"w{i}", 16, 64, 64, 2048) for i in range(2)))
+    now = [0.0]
+    ended: list[str] = []
+
+    def emit(event: ev.Event) -> None:
+        if isinstance(event, ev.ProgramFinished):
+            ended.append(event.program)
+
+    host = PolicyHost(make_policy("round_robin", {}, view, np.random.default_rng(0)), lambda: now[0], emit, 16, idle_ttl_s=ttl_s)
+    peak = 0
+    for i in range(count):
+        now[0] = i * every_s
+        call = host.decide(f"s{i}", list(range(5, 25)), 4)
+        assert isinstance(call, Call)  # round robin never holds
+        peak = max(peak, len(host.programs))
+        host.finish(call, 20, 4, 0)
+    now[0] += ttl_s + every_s
+    host.tick()  # traffic has stopped: the next policy tick ends the rest
+    return Outcome(
+        "live router: sessions that never end",
+        f"{count:,} sessions, one call each, one every {every_s:g} s",
+        "no session ever sends its session-final",
+        count, count - host.finished, len(host.programs),
+        f"program table peaked at {peak:,} (idle TTL {ttl_s:g} s); {len(set(ended)):,} programs ended by the TTL",
+    )
+
+
 def render(outcomes: list[Outcome]) -> str:
     lines = [
         "| check | load held | faults injected | requests | lost requests | leaked programs | outcome |",
@@ -150,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc", type=Path, default=Path("docs/reliability.md"), help="document whose table to rewrite")
     parser.add_argument("--out", type=Path, help="keep the live run here (default: a temporary directory)")
     args = parser.parse_args(argv)
-    outcomes = [sim_invariants()]
+    outcomes = [sim_invariants(), abandoned_sessions()]
     with tempfile.TemporaryDirectory(prefix="tasim-reliability-") as tmp:
         outcomes.append(live_load(args.out or Path(tmp) / "live-load"))
     table = render(outcomes)
