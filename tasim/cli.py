@@ -318,8 +318,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, EventLogError, WorkloadError, TraceError, ValidationUnavailable, LiveError) as exc:
+    except (UsageError, ScenarioError, EventLogError, TraceError, ValidationUnavailable, LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except WorkloadError as exc:  # raised mid-run, by code that does not know the scenario's file
+        print(f"error: {args.scenario}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except InvariantViolation as exc:
         print(f"invariant violated (a bug in tasim; the log so far is kept as .partial): {exc}", file=sys.stderr)

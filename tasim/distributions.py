@@ -12,9 +12,14 @@ from typing import Annotated, Any, Literal, Union
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+# Every number a sample grows with is finite and at most this (a billion tokens, turns or
+# seconds), so samples stay finite: an inf or 1e300 cannot become a token count or an event time.
+# A cap (``max``) may stay infinite: it only lowers samples.
+LIMIT = 1e9
+
 
 class _Dist(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     def sample(self, rng: np.random.Generator) -> float:
         raise NotImplementedError
@@ -28,7 +33,7 @@ class _Dist(BaseModel):
 
 class Fixed(_Dist):
     kind: Literal["fixed"] = "fixed"
-    value: float = Field(ge=0)
+    value: float = Field(ge=0, le=LIMIT)
 
     def sample(self, rng: np.random.Generator) -> float:
         return self.value
@@ -39,8 +44,8 @@ class Fixed(_Dist):
 
 class Uniform(_Dist):
     kind: Literal["uniform"]
-    low: float = Field(ge=0)
-    high: float = Field(ge=0)
+    low: float = Field(ge=0, le=LIMIT)
+    high: float = Field(ge=0, le=LIMIT)
 
     @model_validator(mode="after")
     def _ordered(self) -> "Uniform":
@@ -59,10 +64,10 @@ class LogNormal(_Dist):
     """exp(N(ln median, sigma²)), optionally clipped to [min, max] (clipping shifts the mean)."""
 
     kind: Literal["lognormal"]
-    median: float = Field(gt=0)
+    median: float = Field(gt=0, le=LIMIT)
     sigma: float = Field(ge=0, le=5)
-    min: float = Field(default=0.0, ge=0)
-    max: float = Field(default=math.inf, gt=0)
+    min: float = Field(default=0.0, ge=0, le=LIMIT)
+    max: float = Field(default=math.inf, gt=0, allow_inf_nan=True)  # inf: no cap (a cap only lowers samples)
 
     def sample(self, rng: np.random.Generator) -> float:
         value = self.median * math.exp(self.sigma * float(rng.standard_normal()))
@@ -77,9 +82,10 @@ class Pareto(_Dist):
     (a tool timeout). Mean ``alpha * scale / (alpha - 1)`` for alpha > 1, uncapped."""
 
     kind: Literal["pareto"]
-    scale: float = Field(gt=0)
-    alpha: float = Field(gt=0)
-    max: float = Field(default=math.inf, gt=0)
+    scale: float = Field(gt=0, le=LIMIT)
+    # from 0.1 up a sample stays finite for the smallest u (2**-53); near 0.05 u ** (1 / alpha) is 0
+    alpha: float = Field(ge=0.1)
+    max: float = Field(default=math.inf, gt=0, allow_inf_nan=True)  # inf: no cap (a cap only lowers samples)
 
     def sample(self, rng: np.random.Generator) -> float:
         u = 1.0 - float(rng.random())  # in (0, 1]
@@ -93,8 +99,8 @@ class Empirical(_Dist):
     """Draws one of ``values`` (with optional ``weights``)."""
 
     kind: Literal["empirical"]
-    values: list[float] = Field(min_length=1)
-    weights: list[float] | None = None
+    values: list[Annotated[float, Field(le=LIMIT)]] = Field(min_length=1)
+    weights: list[Annotated[float, Field(le=LIMIT)]] | None = None
 
     @model_validator(mode="after")
     def _weights_match(self) -> "Empirical":

@@ -6,6 +6,8 @@ the file, the field and what is allowed. ``python -m tasim schema`` prints the J
 
 from __future__ import annotations
 
+import re
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
@@ -26,6 +28,7 @@ from pydantic import (
 
 from tasim.distributions import Distribution
 from tasim.perf import specs
+from tasim.traces.common import MAX_TRACE_TOKENS, check_block_sizes
 
 
 class ScenarioError(ValueError):
@@ -33,7 +36,9 @@ class ScenarioError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # inf passes gt/ge bounds and then breaks the run (an event log cannot hold it), so every
+    # scenario float is finite
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
 class EngineConfig(_Strict):
@@ -59,7 +64,9 @@ class EngineConfig(_Strict):
         "false for Dynamo's mocker, which caches generated blocks under its own random token ids",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    activation_reserve_gib: NonNegativeFloat = Field(2.0, description="per-GPU memory kept for activations (auto sizing)")
+    activation_reserve_gib: NonNegativeFloat = Field(
+        2.0, le=1024, description="per-GPU memory kept for activations (auto sizing)"
+    )
 
 
 class PerfConfig(_Strict):
@@ -85,14 +92,14 @@ class ClusterConfig(_Strict):
     @classmethod
     def _known_gpu(cls, value: str) -> str:
         if value not in specs.gpus():
-            raise ValueError(f"unknown GPU {value!r} (allowed: {', '.join(specs.gpus())})")
+            raise ValueError(f"unknown GPU {reprlib.repr(value)} (allowed: {', '.join(specs.gpus())})")
         return value
 
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
         if value not in specs.models():
-            raise ValueError(f"unknown model {value!r} (allowed: {', '.join(specs.models())})")
+            raise ValueError(f"unknown model {reprlib.repr(value)} (allowed: {', '.join(specs.models())})")
         return value
 
     @model_validator(mode="after")
@@ -116,6 +123,11 @@ class ClusterConfig(_Strict):
         )
 
 
+# Most programs planned and held at once (a closed loop's live programs, an RL step's
+# trajectories): about 25 kB each, so 2.4 GB at this bound.
+MAX_LIVE_PROGRAMS = 100_000
+
+
 class ProgramShape(_Strict):
     """What one agent program looks like: a chain of turns, each an LLM call followed by a tool
     call whose output is appended to the context before the next turn."""
@@ -128,7 +140,7 @@ class ProgramShape(_Strict):
     observation_tokens: Distribution = 500
     setup_s: Distribution = Field(0, description="environment set-up before a program's first call")
     max_context_tokens: PositiveInt | None = Field(
-        None, description="a program ends before a turn whose prompt would exceed this (default: model context)"
+        None, le=10_000_000, description="a program ends before a turn whose prompt would exceed this (default: model context)"
     )
 
 
@@ -137,8 +149,10 @@ class AgentWorkload(ProgramShape):
     arrival: Literal["closed", "poisson"] = Field(
         "closed", description="closed: keep `concurrency` programs live; poisson: programs arrive at `rate_per_s`"
     )
-    concurrency: PositiveInt = Field(16, le=1_000_000)
-    rate_per_s: PositiveFloat | None = None
+    concurrency: PositiveInt = Field(16, le=MAX_LIVE_PROGRAMS)
+    # bounded so arrivals stay apart (at 1e300 per second the clock would never move) and the
+    # programs they start stay near MAX_LIVE_PROGRAMS
+    rate_per_s: PositiveFloat | None = Field(None, le=10_000)
     programs: PositiveInt | None = Field(
         None, le=10_000_000, description="run exactly this many programs, then end (default: until duration_s)"
     )
@@ -168,6 +182,9 @@ class RolloutWorkload(ProgramShape):
         # Prompt groups get block-hash owner keys below 2**20 (tasim.workloads.programs).
         if self.steps * self.prompts_per_step >= 1 << 20:
             raise ValueError(f"steps x prompts_per_step must be < {1 << 20} (got {self.steps * self.prompts_per_step})")
+        if self.prompts_per_step * self.samples_per_prompt > MAX_LIVE_PROGRAMS:
+            raise ValueError(f"prompts_per_step x samples_per_prompt must be at most {MAX_LIVE_PROGRAMS} "
+                             f"(got {self.prompts_per_step * self.samples_per_prompt})")
         return self
 
 
@@ -176,7 +193,7 @@ class MooncakeTraceWorkload(_Strict):
 
     kind: Literal["mooncake_trace"]
     path: str = Field(description="trace file (relative paths are relative to the scenario file)")
-    trace_block_size: PositiveInt = Field(512, description="tokens per hash_id in the trace")
+    trace_block_size: PositiveInt = Field(512, le=MAX_TRACE_TOKENS, description="tokens per hash_id in the trace")
     arrival_speedup: PositiveFloat = Field(1.0, description="divides every arrival time")
     max_requests: PositiveInt | None = Field(None, description="replay only the first N requests")
 
@@ -217,17 +234,19 @@ class PolicyConfig(_Strict):
             validate_params(self.name, self.params)
         except ValidationError as exc:
             err = exc.errors()[0]
-            field = ".".join(str(p) for p in err["loc"])
+            field = ".".join(_key(str(p)) for p in err["loc"])
             if err["type"] == "extra_forbidden":
                 allowed = ", ".join(policy_class(self.name).params_model.model_fields) or "none"
                 raise ValueError(f"params.{field}: unknown parameter of {self.name} (allowed: {allowed})") from None
-            raise ValueError(f"params.{field}: {err['msg']} (got {err.get('input')!r})") from None
+            raise ValueError(f"params.{field}: {err['msg']} (got {reprlib.repr(err.get('input'))})") from None
         return self
 
 
 class MetricsConfig(_Strict):
     warmup_s: NonNegativeFloat = Field(0.0, description="completions before this time are left out of rates")
-    sample_interval_s: PositiveFloat = Field(5.0, description="period of per-worker KV/queue samples")
+    # 1 ms at least: a shorter period would keep the clock at one instant (near duration_s's
+    # limit, 1e7 s, floats are 2e-9 s apart)
+    sample_interval_s: float = Field(5.0, ge=0.001, description="period of per-worker KV/queue samples")
     log_kv_events: bool = Field(
         False, description="also write KV stored/removed events to the event log (policies always get them; they dominate its size)"
     )
@@ -242,9 +261,12 @@ class LiveConfig(_Strict):
 
 
 class Scenario(_Strict):
-    name: str = "scenario"
+    name: str = Field(
+        "scenario", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100,
+        description="names the default output directory: letters, digits, '.', '_' and '-'",
+    )
     description: str = ""
-    seed: int = 0
+    seed: NonNegativeInt = 0  # numpy seeds its generators with non-negative integers only
     duration_s: PositiveFloat = Field(600.0, le=10_000_000, description="simulated seconds")
     cluster: ClusterConfig = ClusterConfig()
     workload: Workload = AgentWorkload()
@@ -256,6 +278,15 @@ class Scenario(_Strict):
     def _window(self) -> "Scenario":
         if self.metrics.warmup_s >= self.duration_s:
             raise ValueError(f"metrics.warmup_s ({self.metrics.warmup_s}) must be < duration_s ({self.duration_s})")
+        return self
+
+    @model_validator(mode="after")
+    def _trace_blocks_nest(self) -> "Scenario":
+        if isinstance(self.workload, MooncakeTraceWorkload):  # a Dynamo trace's block size is in the file
+            try:
+                check_block_sizes(self.cluster.engine.block_size, self.workload.trace_block_size)
+            except ValueError as error:
+                raise ValueError(f"cluster.engine.block_size and workload.trace_block_size: {error}") from None
         return self
 
     @property
@@ -299,15 +330,25 @@ def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
     return path, current
 
 
+def _key(part: str) -> str:
+    """A key as written, or quoted (and shortened) if it is empty, long or has spaces or control
+    characters, which would garble the one-line message."""
+    return part if re.fullmatch(r"[\w.-]{1,40}", part) else reprlib.repr(part)
+
+
 def _describe(error: Mapping[str, Any]) -> str:
     path, owner = _resolve(tuple(error["loc"]))
-    field = ".".join(path) or "(top level)"
+    field = ".".join(map(_key, path)) or "(top level)"
     if error["type"] == "extra_forbidden":
         allowed = ", ".join(owner.model_fields) if owner else "see `python -m tasim schema`"
         return f"{field}: unknown key (allowed: {allowed})"
+    if error["type"] == "union_tag_invalid":  # pydantic's own message quotes the tag however long
+        ctx = error["ctx"]
+        key = ctx["discriminator"].strip("'")
+        return f"{field}: unknown {key} {reprlib.repr(ctx['tag'])} (allowed: {ctx['expected_tags']})"
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] not in ("missing",) and "input" in error and not isinstance(error["input"], (dict, list)):
-        return f"{field}: {message} (got {error['input']!r})"
+        return f"{field}: {message} (got {reprlib.repr(error['input'])})"
     return f"{field}: {message}"
 
 
@@ -318,7 +359,7 @@ def apply_override(raw: dict[str, Any], assignment: str) -> None:
         raise ScenarioError(f"--set {assignment!r}: expected dotted.key=value")
     try:
         value = yaml.safe_load(text) if text.strip() else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError, RecursionError):  # see load_scenario
         value = text
     parts = key.strip().split(".")
     node = raw
@@ -353,7 +394,9 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         raise ScenarioError(f"{path}: file not found") from None
     except IsADirectoryError:
         raise ScenarioError(f"{path}: is a directory, expected a YAML file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(f"{path}: invalid UTF-8 at byte {exc.start + 1} (expected a YAML text file)") from None
+    except OSError as exc:
         raise ScenarioError(f"{path}: cannot read ({exc.__class__.__name__})") from None
     try:
         raw = yaml.safe_load(text)
@@ -362,7 +405,17 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ScenarioError(f"{where}: YAML syntax error: {problem}") from None
+    except RecursionError:
+        raise ScenarioError(f"{path}: YAML nested too deeply") from None
+    except ValueError:  # PyYAML builds ints with int() and dates with datetime, which refuse some
+        raise ScenarioError(f"{path}: YAML value out of range (an integer of over 4300 digits, or an impossible date)") from None
     return _resolve_paths(parse_scenario(raw, str(path), overrides), path)
+
+
+def _shown_path(path: Path) -> str:
+    """A path for the one-line message: quoted if it has control characters, cut if long."""
+    text = str(path) if str(path).isprintable() else repr(str(path))
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def _resolve_paths(scenario: Scenario, source: Path) -> Scenario:
@@ -371,8 +424,15 @@ def _resolve_paths(scenario: Scenario, source: Path) -> Scenario:
     if not isinstance(workload, (MooncakeTraceWorkload, DynamoTraceWorkload)):
         return scenario
     trace = Path(workload.path)
-    if not trace.is_absolute():
-        trace = (source.parent / trace).resolve()
-    if not trace.is_file():
-        raise ScenarioError(f"{source}: workload.path: file not found: {trace}")
+    try:
+        if not trace.is_absolute():
+            trace = (source.parent / trace).resolve()
+        found = trace.is_file()
+        problem = "not a file" if trace.exists() else "file not found"
+    except ValueError:  # a NUL byte
+        found, problem = False, "not a valid path"
+    except OSError as exc:  # a name longer than the file system allows, say
+        found, problem = False, f"cannot read ({exc.strerror})"
+    if not found:
+        raise ScenarioError(f"{source}: workload.path: {problem}: {_shown_path(trace)}")
     return scenario.model_copy(update={"workload": workload.model_copy(update={"path": str(trace)})})

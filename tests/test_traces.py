@@ -301,7 +301,7 @@ OK = dynamo_request("a", 100, [1, 2], session="s")
      "tool ends at 60 before it starts at 70 (expected ended_at_unix_ms >= started_at_unix_ms)"),
     ({**tool_event("tool_start", {}), "agent_context": None}, "agent_context must be a JSON object (got null)"),
     (dynamo_request("b", 200, [5], session="s", parent_session_id="p2"),
-     'session "s" has conflicting parent_session_id values p1, p2 (expected one parent per session)'),
+     'session "s" has conflicting parent_session_id values "p1", "p2" (expected one parent per session)'),
 ])
 def test_malformed_dynamo_line_names_path_and_line(tmp_path: Path, bad: dict, message: str) -> None:
     first = dynamo_request("first", 0, [3], session="s", parent_session_id="p1")

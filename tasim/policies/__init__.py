@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import reprlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -24,7 +25,7 @@ def policy_class(name: str) -> type[Policy]:
     try:
         return POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r} (allowed: {', '.join(sorted(POLICIES))})") from None
+        raise ValueError(f"unknown policy {reprlib.repr(name)} (allowed: {', '.join(sorted(POLICIES))})") from None
 
 
 def validate_params(name: str, params: Mapping[str, Any]) -> BaseModel:

@@ -23,7 +23,7 @@ from tasim.view import ClusterView
 
 
 class ContinuumParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes gt/ge and breaks a run
 
     ttl_s: float = Field(2.0, gt=0, description="longest a pin is held")
     pin_threshold_s: float = Field(2.0, gt=0, description="pin only if the predicted tool time is at most this")

@@ -32,7 +32,7 @@ from tasim.view import ClusterView
 
 
 class KvRouterParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes gt/ge and breaks a run
 
     overlap_score_credit: float = Field(1.0, ge=0, description="c: blocks of prefill credited per cached block")
     overlap_score_credit_decay: float = Field(0.0, ge=0, description="d: shrink credit on workers with queued prefill")

@@ -67,10 +67,11 @@ _VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
 
 
 class ThunderAgentParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes gt/ge and breaks a run
 
     variant: Variant = Field("upstream", description="upstream ThunderAgent or Dynamo 1.6.1's port")
-    scheduler_interval_s: float = Field(5.0, gt=0, description="Δt between resume/pause passes")
+    # 1 ms at least, like metrics.sample_interval_s: a shorter period would stop the clock
+    scheduler_interval_s: float = Field(5.0, ge=0.001, description="Δt between resume/pause passes")
     acting_token_weight: float = Field(1.0, ge=0, description="w on ACTING tokens in a backend's use")
     buffer_per_program: int = Field(100, ge=0, description="tokens added per program")
     pause_threshold: float = Field(1.0, gt=0, description="pause when use > threshold x capacity (dynamo 0.95)")

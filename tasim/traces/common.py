@@ -29,6 +29,10 @@ import numpy as np
 
 TRACE_HASH_NAMESPACE = 1 << 62
 MAX_TRACE_ID = 1 << 30  # exclusive: larger ids would overlap the block index bits
+# Most tokens in one request, or in one trace block: 4x the longest context of any model tasim
+# knows. A request's generated tokens get a block hash each, so one line of a small file asking
+# for 10**12 output tokens would otherwise allocate terabytes.
+MAX_TRACE_TOKENS = 1 << 20
 _INDEX_STRIDE = MAX_TRACE_ID
 
 Record = dict[str, Any]
@@ -50,21 +54,35 @@ def ms(value: float) -> str:
 
 
 def read_json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[str, Record]]:
-    """Yield ``("path:line", object)`` for every non-blank line of a JSONL file."""
+    """Yield ``("path:line", object)`` for every non-blank line of a UTF-8 JSONL file."""
     name = os.fspath(path)
     try:
-        handle = open(name, encoding="utf-8")
+        handle = open(name, "rb")  # decoded line by line, so bad bytes are reported at their line
     except FileNotFoundError:
         raise TraceError(f"{name}: file not found") from None
+    except IsADirectoryError:
+        raise TraceError(f"{name}: is a directory (expected a JSONL file)") from None
+    except OSError as error:
+        raise TraceError(f"{name}: cannot read ({error.strerror or error.__class__.__name__})") from None
     with handle:
-        for number, line in enumerate(handle, start=1):
+        for number, raw in enumerate(handle, start=1):
+            where = f"{name}:{number}"
+            try:
+                line = raw.decode("utf-8").rstrip("\r\n")  # a cut line: the error at its end, not at column 1
+            except UnicodeDecodeError as error:
+                raise TraceError(f"{where}: invalid UTF-8 at byte {error.start + 1}; "
+                                 "expected one JSON object per line") from None
             if not line.strip():
                 continue
-            where = f"{name}:{number}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
                 raise TraceError(f"{where}: invalid JSON ({error.msg} at column {error.colno}); "
+                                 "expected one JSON object per line") from None
+            except RecursionError:
+                raise TraceError(f"{where}: invalid JSON (nested too deeply); expected one JSON object per line") from None
+            except ValueError:  # Python refuses to convert an integer of more than 4300 digits
+                raise TraceError(f"{where}: invalid JSON (a number with too many digits); "
                                  "expected one JSON object per line") from None
             if not isinstance(record, dict):
                 raise TraceError(f"{where}: expected a JSON object (got {shown(record)})")
@@ -81,18 +99,26 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _tokens(value: int, key: str, where: str) -> int:
+    if value > MAX_TRACE_TOKENS:
+        raise TraceError(f"{where}: {key} must be at most {MAX_TRACE_TOKENS} tokens (got {shown(value)})")
+    return value
+
+
 def count_field(record: Record, key: str, where: str) -> int:
+    """A token count, at most ``MAX_TRACE_TOKENS``."""
     value = _field(record, key, where, "a non-negative integer")
     if not _is_int(value) or value < 0:
         raise TraceError(f"{where}: {key} must be a non-negative integer (got {shown(value)})")
-    return value
+    return _tokens(value, key, where)
 
 
 def positive_field(record: Record, key: str, where: str) -> int:
+    """A positive token count (a block size), at most ``MAX_TRACE_TOKENS``."""
     value = _field(record, key, where, "a positive integer")
     if not _is_int(value) or value <= 0:
         raise TraceError(f"{where}: {key} must be a positive integer (got {shown(value)})")
-    return value
+    return _tokens(value, key, where)
 
 
 def time_field(record: Record, key: str, where: str) -> float:

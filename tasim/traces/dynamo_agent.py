@@ -257,7 +257,7 @@ def _parent_of(turns: list[_Request]) -> str | None:
     if len(parents) > 1:
         late = next(turn for turn in reversed(turns) if turn.parent_id is not None)
         raise TraceError(f"{late.where}: session {shown(late.session_id)} has conflicting parent_session_id "
-                         f"values {', '.join(sorted(parents))} (expected one parent per session)")
+                         f"values {', '.join(map(shown, sorted(parents)))} (expected one parent per session)")
     return next(iter(parents), None)
 
 
