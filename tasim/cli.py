@@ -162,8 +162,9 @@ def _default_out(scenario: Scenario) -> Path:
 
 
 def _output_dir(out: Path) -> Path:
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"--out {out}: exists and is not a directory")
+    for path in (out, *out.parents):  # a file anywhere on the way would fail mid-run
+        if path.exists() and not path.is_dir():
+            raise UsageError(f"--out {out}: {path} exists and is not a directory")
     return out
 
 

@@ -126,3 +126,11 @@ def test_corrupt_event_log_is_reported_with_line(tmp_path: Path) -> None:
     lines[3] = '{"type": "no_such_event", "t": 1.0}'
     events.write_text("\n".join(lines) + "\n")
     assert_usage_error(tasim("report", str(out)), "events.jsonl:4", "unknown event type")
+
+
+def test_out_below_a_file_is_a_usage_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "somefile"
+    blocker.write_text("kept\n")
+    result = tasim("simulate", TINY, "--out", str(blocker / "sub"), "--quiet")
+    assert_usage_error(result, f"--out {blocker / 'sub'}: {blocker} exists and is not a directory")
+    assert blocker.read_text() == "kept\n"
