@@ -17,6 +17,7 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -55,27 +56,33 @@ class Outcome:
     result: str
 
 
-def random_scenario(rng: np.random.Generator) -> tuple[str, list[str]]:
+def random_scenario(pick: Callable[[Sequence[Any]], Any]) -> tuple[str, list[str]]:
     """A small preset under a random policy and random engine settings; small pools force
-    eviction, preemption and requests too big to ever run."""
-    preset = str(rng.choice(sorted(SMALL_RUNS)))
-    block_size = int(rng.choice([16, 64]))
+    eviction, preemption and requests too big to ever run. ``pick`` returns one element of the
+    sequence it is given: from a seeded generator here (`picker`), a hypothesis draw in the tests."""
+    preset = pick(sorted(SMALL_RUNS))
+    block_size = pick([16, 64])
     overrides = SMALL_RUNS[preset] + [
-        f"policy.name={rng.choice(sorted(POLICIES))}",
+        f"policy.name={pick(sorted(POLICIES))}",
         "policy.params={}",
-        f"seed={int(rng.integers(1000))}",
-        f"cluster.backends={int(rng.integers(1, 4))}",
+        f"seed={pick(range(1000))}",
+        f"cluster.backends={pick(range(1, 4))}",
         f"cluster.engine.block_size={block_size}",
-        f"cluster.engine.kv_blocks={int(rng.integers(256, 8193)) * 16 // block_size}",
-        f"cluster.engine.max_num_seqs={int(rng.integers(1, 65))}",
-        f"cluster.engine.max_num_batched_tokens={int(rng.choice([512, 2048, 8192]))}",
-        f"cluster.engine.eviction={rng.choice(['lru', 'lineage'])}",
-        f"cluster.engine.preemption={rng.choice(['newest_first', 'oldest_first'])}",
-        f"cluster.engine.enable_chunked_prefill={bool(rng.integers(2))}",
-        f"cluster.engine.enable_prefix_caching={bool(rng.integers(2))}",
-        f"cluster.engine.reuse_output_blocks={bool(rng.integers(2))}",
+        f"cluster.engine.kv_blocks={pick(range(256, 8193)) * 16 // block_size}",
+        f"cluster.engine.max_num_seqs={pick(range(1, 65))}",
+        f"cluster.engine.max_num_batched_tokens={pick([512, 2048, 8192])}",
+        f"cluster.engine.eviction={pick(['lru', 'lineage'])}",
+        f"cluster.engine.preemption={pick(['newest_first', 'oldest_first'])}",
+        f"cluster.engine.enable_chunked_prefill={pick([False, True])}",
+        f"cluster.engine.enable_prefix_caching={pick([False, True])}",
+        f"cluster.engine.reuse_output_blocks={pick([False, True])}",
     ]
     return preset, overrides
+
+
+def picker(rng: np.random.Generator) -> Callable[[Sequence[Any]], Any]:
+    """`random_scenario`'s ``pick`` from a seeded generator: a uniform element."""
+    return lambda options: options[int(rng.integers(len(options)))]
 
 
 def sim_invariants(runs: int = 200, seed: int = 0) -> Outcome:
@@ -84,7 +91,7 @@ def sim_invariants(runs: int = 200, seed: int = 0) -> Outcome:
     rng = np.random.default_rng(seed)
     requests = finished = preempted = dropped = stalled = 0
     for _ in range(runs):
-        preset, overrides = random_scenario(rng)
+        preset, overrides = random_scenario(picker(rng))
         events: list[ev.Event] = []
         try:
             Simulation(load_scenario(PRESET_DIR / preset, overrides), events.append, check=True).run()

@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 from conftest import REPO
 from tasim import events as ev
 from tasim.cli import EXIT_INVARIANT, main
-from tasim.policies import POLICIES
-from tasim.reliability import SMALL_RUNS
+from tasim.reliability import SMALL_RUNS, random_scenario
 from tasim.scenario import ScenarioError, load_scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.drivers import WorkloadError
@@ -26,24 +25,7 @@ PRESETS = REPO / "scenarios"
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, list[str], bool]:
-    preset = draw(st.sampled_from(sorted(SMALL_RUNS)))
-    block_size = draw(st.sampled_from([16, 64]))
-    overrides = SMALL_RUNS[preset] + [
-        f"policy.name={draw(st.sampled_from(sorted(POLICIES)))}",
-        "policy.params={}",
-        f"seed={draw(st.integers(0, 1000))}",
-        f"cluster.backends={draw(st.integers(1, 3))}",
-        f"cluster.engine.block_size={block_size}",
-        # Small pools force eviction, preemption and requests too big to ever run.
-        f"cluster.engine.kv_blocks={draw(st.integers(256, 8192)) * 16 // block_size}",
-        f"cluster.engine.max_num_seqs={draw(st.integers(1, 64))}",
-        f"cluster.engine.max_num_batched_tokens={draw(st.sampled_from([512, 2048, 8192]))}",
-        f"cluster.engine.eviction={draw(st.sampled_from(['lru', 'lineage']))}",
-        f"cluster.engine.preemption={draw(st.sampled_from(['newest_first', 'oldest_first']))}",
-        f"cluster.engine.enable_chunked_prefill={draw(st.booleans())}",
-        f"cluster.engine.enable_prefix_caching={draw(st.booleans())}",
-        f"cluster.engine.reuse_output_blocks={draw(st.booleans())}",
-    ]
+    preset, overrides = random_scenario(lambda options: draw(st.sampled_from(options)))
     return preset, overrides, draw(st.booleans())
 
 
