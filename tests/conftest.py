@@ -18,6 +18,16 @@ SCENARIOS = REPO / "scenarios"
 TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
 
 
+class FakeClock:
+    """A clock that reads ``t``, for code that takes a clock function (the live policy host)."""
+
+    def __init__(self, t: float = 0.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
 def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tasim`` in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=cwd or REPO)

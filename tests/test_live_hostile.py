@@ -25,6 +25,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pytest
 
+from conftest import FakeClock
 from tasim import events as ev
 from tasim.eventlog import read_events
 from tasim.live.host import MAX_PROGRAM_ID_CHARS, Call, Held, InvalidProgramId, PolicyHost
@@ -38,14 +39,6 @@ from tasim.view import ClusterView, WorkerInfo
 
 BS = 16
 TTL = 600.0
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class EndsRecorded(RoundRobin):

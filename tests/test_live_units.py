@@ -17,7 +17,7 @@ msgpack = pytest.importorskip("msgpack")
 pytest.importorskip("zmq")
 pytest.importorskip("xxhash")
 
-from conftest import SCENARIOS  # noqa: E402
+from conftest import SCENARIOS, FakeClock  # noqa: E402
 from tasim import events as ev  # noqa: E402
 from tasim.cli import main  # noqa: E402
 from tasim.live.hashing import chain_from, local_block_hashes, sequence_hashes  # noqa: E402
@@ -35,14 +35,6 @@ BS = 16
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-class FakeClock:
-    def __init__(self, t: float = 0.0) -> None:
-        self.t = t
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def _view(kv_blocks: int = 64) -> ClusterView:
