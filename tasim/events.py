@@ -134,6 +134,18 @@ class RequestDropped(Event):
 
 
 @_frozen
+class RequestRetried(Event):
+    """The request's worker was lost under it (live mode); the call goes out again as a new
+    request of the same turn, whose prompt holds any output already streamed to the client."""
+
+    TYPE: ClassVar[str] = "request_retried"
+    request: str
+    program: str
+    worker: str
+    reason: str
+
+
+@_frozen
 class ToolStarted(Event):
     TYPE: ClassVar[str] = "tool_started"
     program: str
@@ -211,6 +223,24 @@ class WorkerSample(Event):
 
 
 @_frozen
+class WorkerLost(Event):
+    """``worker`` died or left service discovery (live mode); its KV cache went with it and
+    nothing is routed there until it joins again."""
+
+    TYPE: ClassVar[str] = "worker_lost"
+    worker: str
+    reason: str
+
+
+@_frozen
+class WorkerJoined(Event):
+    """A lost worker is serving again (restarted or replaced), with an empty KV cache."""
+
+    TYPE: ClassVar[str] = "worker_joined"
+    worker: str
+
+
+@_frozen
 class RolloutStarted(Event):
     """An RL step's rollout phase begins with ``trajectories`` to generate."""
 
@@ -256,6 +286,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         FirstToken,
         RequestFinished,
         RequestDropped,
+        RequestRetried,
         ToolStarted,
         ToolFinished,
         ProgramPaused,
@@ -265,6 +296,8 @@ EVENT_TYPES: dict[str, type[Event]] = {
         KvStored,
         KvRemoved,
         WorkerSample,
+        WorkerLost,
+        WorkerJoined,
         RolloutStarted,
         RolloutFinished,
         TrainingFinished,

@@ -22,6 +22,8 @@ SUMMARY_KEYS = (
     "programs_completed",
     "requests_dropped",
     "requests_unfinished",
+    "requests_retried",
+    "workers_lost",
     "steps_per_min",
     "output_tokens_per_s",
     "prefix_hit_rate",
@@ -115,6 +117,8 @@ class MetricsFold:
     _recomputed: int = 0
     _programs_completed: int = 0
     _dropped: int = 0
+    _retried: int = 0
+    _workers_lost: int = 0
     _preemptions: int = 0
     _pauses: int = 0
     _resumes: int = 0
@@ -209,6 +213,13 @@ class MetricsFold:
     def _dropped_request(self, e: ev.RequestDropped) -> None:
         self._requests.pop(e.request, None)
         self._dropped += self._in_window(e.t)
+
+    def _retried_request(self, e: ev.RequestRetried) -> None:
+        self._requests.pop(e.request, None)  # its retry arrives as a request of its own
+        self._retried += self._in_window(e.t)
+
+    def _worker_lost(self, e: ev.WorkerLost) -> None:
+        self._workers_lost += self._in_window(e.t)
 
     def _preempted(self, e: ev.RequestPreempted) -> None:
         self._preemptions += self._in_window(e.t)
@@ -307,6 +318,8 @@ class MetricsFold:
             "programs_completed": self._programs_completed,
             "requests_dropped": self._dropped,
             "requests_unfinished": self.end.unfinished_requests,
+            "requests_retried": self._retried,
+            "workers_lost": self._workers_lost,
             "steps_per_min": self._completed / window * 60.0,
             "output_tokens_per_s": self._output_tokens / window,
             "prefix_hit_rate": self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0,
@@ -348,6 +361,8 @@ _HANDLERS = {
     ev.RequestReadmitted: MetricsFold._readmitted,
     ev.RequestFinished: MetricsFold._finished,
     ev.RequestDropped: MetricsFold._dropped_request,
+    ev.RequestRetried: MetricsFold._retried_request,
+    ev.WorkerLost: MetricsFold._worker_lost,
     ev.RequestPreempted: MetricsFold._preempted,
     ev.ProgramPaused: MetricsFold._paused,
     ev.ProgramResumed: MetricsFold._resumed,

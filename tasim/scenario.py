@@ -258,6 +258,9 @@ class LiveConfig(_Strict):
     program_idle_ttl_s: PositiveFloat | None = Field(
         600.0, le=10_000_000, description="the live router ends a program idle this long (scenario seconds); null: never"
     )
+    max_retries: int = Field(
+        3, ge=0, le=100, description="the live router sends a call again, on another worker, at most this many times when its worker is lost"
+    )
 
 
 class Scenario(_Strict):

@@ -1,8 +1,9 @@
 """Worker command lines for each engine, configured from the scenario's cluster.
 
-``mocker`` (CPU, default): one ``dynamo.mocker`` process hosting every worker, each publishing
-KV events in vLLM's wire format on its own port; its polynomial step times are divided by the
-scenario's ``speedup_ratio`` times the live ``time_scale``. ``vllm`` / ``sglang`` (GPU hosts):
+``mocker`` (CPU, default): one ``dynamo.mocker`` process per worker, publishing KV events in
+vLLM's wire format on its own port; its polynomial step times are divided by the scenario's
+``speedup_ratio`` times the live ``time_scale``. A process per worker (rather than the mocker's
+``--num-workers``) lets a worker die alone, as a GPU worker does. ``vllm`` / ``sglang`` (GPU hosts):
 one ``dynamo.vllm`` / ``dynamo.sglang`` process per worker, pinned to its own GPU, with prefix
 caching and ZMQ KV events on; their timing is the hardware's, so ``time_scale`` must be 1.
 """
@@ -23,7 +24,7 @@ WorkerCommand = tuple[str, list[str], dict[str, str]]
 
 def worker_commands(engine: str, scenario: Scenario, model_path: Path, model_name: str, kv_ports: list[int], time_scale: float) -> list[WorkerCommand]:
     if engine == "mocker":
-        return [_mocker(scenario, model_path, model_name, kv_ports, time_scale)]
+        return [_mocker(scenario, model_path, model_name, port, index, time_scale) for index, port in enumerate(kv_ports)]
     if time_scale != 1.0:
         raise ValueError(f"--time-scale must be 1 with --engine {engine}: real engines run in real time")
     if engine == "vllm":
@@ -33,25 +34,24 @@ def worker_commands(engine: str, scenario: Scenario, model_path: Path, model_nam
     raise ValueError(f"unknown engine {engine!r} (allowed: mocker, vllm, sglang)")
 
 
-def _mocker(scenario: Scenario, model_path: Path, model_name: str, kv_ports: list[int], time_scale: float) -> WorkerCommand:
+def _mocker(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int, time_scale: float) -> WorkerCommand:
     cluster = scenario.cluster
     engine = cluster.engine
     args = [
         sys.executable, "-m", "dynamo.mocker",
         "--model-path", str(model_path),
         "--model-name", model_name,
-        "--num-workers", str(cluster.backends),
         "--block-size", str(engine.block_size),
         "--num-gpu-blocks-override", str(cluster.kv_blocks_per_worker()),
         "--max-num-seqs", str(engine.max_num_seqs),
         "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
         "--preemption-mode", PREEMPTION_MODE[engine.preemption],
         "--speedup-ratio", repr(cluster.perf.speedup_ratio * time_scale),
-        "--zmq-kv-events-ports", ",".join(map(str, kv_ports)),
+        "--zmq-kv-events-ports", str(kv_port),
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
         "--enable-chunked-prefill" if engine.enable_chunked_prefill else "--no-enable-chunked-prefill",
     ]
-    return "workers", args, {}
+    return f"worker{index}", args, {}
 
 
 def _own_gpus(scenario: Scenario, index: int) -> dict[str, str]:

@@ -22,6 +22,12 @@ after 600 s) would otherwise grow the table, and the policy's capacity accountin
 Idle programs are kept in the order they went idle, so expiry, checked at every call and policy
 tick, costs one step per expired program.
 
+Lost workers: `worker_lost` takes a worker out of service (its cache with it) and tells the
+policy, which places that worker's programs elsewhere; `retry` sends a call that was in flight on
+it again, as a new call of the same turn, without the program noticing (no failed turn, no
+program end in between). `worker_joined` brings a worker back. While no worker serves, calls are
+refused with `NoWorkerServing`.
+
 A resumed call is routed (in flight, logged) in the same step as the policy's `Resume`, not when
 its waiting task next runs, so no tick or program end can come between a resume and the routing
 (ThunderAgent's upstream race: a pause between the paused check and backend resolution left a
@@ -61,6 +67,10 @@ class ProgramHeldTooLong(RuntimeError):
 
 class InvalidProgramId(ValueError):
     """A session (or parent session) id the router refuses; the call changed nothing."""
+
+
+class NoWorkerServing(RuntimeError):
+    """Every worker is lost, so a call cannot be placed; a new call changed nothing."""
 
 
 @dataclass(slots=True)
@@ -124,6 +134,9 @@ class PolicyHost:
         self.ignored_pins = 0
         self.expired = 0  # programs ended by the idle TTL
         self.unknown_finals = 0  # session-finals for programs not in the table
+        self.retried = 0  # calls sent again because their worker was lost
+        self.refused = 0  # calls refused because no worker was serving
+        self.lost: set[str] = set()  # workers out of service
         self.decision_seconds: deque[float] = deque(maxlen=100_000)  # policy + hashing time per decision
         self._one_offs = 0
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in policy.view.worker_ids}
@@ -145,7 +158,38 @@ class PolicyHost:
         started = time.perf_counter()
         now = self.clock()
         self._expire_idle(now)
+        self._check_serving()
         program, created = self._program(program_id, now, parent)
+        return self._place(program, created, token_ids, max_tokens, started, now)
+
+    def retry(self, call: Call, token_ids: list[int], max_tokens: int, reason: str) -> Call | Held:
+        """Send again a call whose worker was lost: ``token_ids`` are its prompt plus the
+        output already streamed, ``max_tokens`` what is still to come. The policy hears the
+        lost call end (``ok=False``), then the new call arrive. With no worker left the call
+        fails instead and `NoWorkerServing` is raised."""
+        started = time.perf_counter()
+        now = self.clock()
+        program = self.programs[call.spec.program]  # a program with a call in flight does not end
+        try:
+            self._check_serving()
+        except NoWorkerServing:
+            self.fail(call, reason)
+            raise
+        self.in_flight -= 1
+        program.in_flight -= 1
+        self.retried += 1
+        spec = call.spec
+        self.emit(ev.RequestRetried(now, spec.id, program.id, call.worker, reason))
+        self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, call.worker, spec.prompt_tokens, 0, 0, ok=False), now))
+        return self._place(program, call.created, token_ids, max_tokens, started, now)
+
+    def _check_serving(self) -> None:
+        if len(self.lost) == len(self.routed):
+            self.refused += 1
+            raise NoWorkerServing(f"no worker is serving (lost: {', '.join(sorted(self.lost))})")
+
+    def _place(self, program: _Program, created: bool, token_ids: list[int], max_tokens: int, started: float, now: float) -> Call | Held:
+        """Ask the policy about one call of ``program``."""
         base = f"{program.id}.{program.turn}"
         program.turn_calls += 1
         spec = RequestSpec(
@@ -253,7 +297,33 @@ class PolicyHost:
         self._expire_idle(now)  # first, so the policy's pass sees the capacity this frees
         self._apply(self.policy.on_tick(now))
 
+    def worker_lost(self, worker: str, reason: str) -> bool:
+        """Take ``worker`` out of service with its cache; False if it already was. Its calls
+        in flight fail or are retried as their streams break."""
+        if worker in self.lost or worker not in self.routed:
+            return False
+        now = self.clock()
+        self.lost.add(worker)
+        self.emit(ev.WorkerLost(now, worker, reason))
+        removed = tuple(self._cached[worker])
+        self._cached[worker].clear()
+        self._removed(worker, removed, now)
+        self._apply(self.policy.on_worker_lost(worker, now))
+        return True
+
+    def worker_joined(self, worker: str) -> bool:
+        """Put a lost ``worker`` back in service; False if it was serving."""
+        if worker not in self.lost:
+            return False
+        self.lost.discard(worker)
+        now = self.clock()
+        self.emit(ev.WorkerJoined(now, worker))
+        self._apply(self.policy.on_worker_joined(worker, now))
+        return True
+
     def kv_event(self, worker: str, event: KvEvent) -> None:
+        if worker in self.lost:  # a lost worker's cache is gone; it starts empty when it joins
+            return
         now = self.clock()
         if event.kind == "cleared":
             removed = tuple(self._cached[worker])
@@ -316,8 +386,9 @@ class PolicyHost:
         return hashes
 
     def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float, created: bool) -> Call:
-        if worker not in self.routed:
-            raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
+        if worker not in self.routed or worker in self.lost:
+            state = "lost" if worker in self.lost else "unknown"
+            raise ValueError(f"policy {self.policy.name} routed {spec.id} to {state} worker {worker!r}")
         self.routed[worker] += 1
         program.in_flight += 1
         self.in_flight += 1

@@ -103,6 +103,10 @@ class KvEventSubscriber:
             for sock in sockets:
                 sock.close(linger=0)
 
+    def forget(self, worker: str) -> None:
+        """``worker`` was lost: a restarted one numbers its messages from the start again."""
+        self._last_seq.pop(worker, None)
+
     def _receive(self, worker: str, frames: list[bytes]) -> None:
         try:
             seq, events = decode_message(frames)

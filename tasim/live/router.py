@@ -12,11 +12,13 @@ id the host refuses (longer than `MAX_PROGRAM_ID_CHARS`) is answered with Dynamo
 carries ``engine_data.tasim`` (request id, worker, the output token ids) for clients that ask for
 ``nvext.extra_fields: ["engine_data"]``.
 
-Workers are named ``w0 … wN-1`` in the order of their KV-event endpoints. Which Dynamo instance
-is which worker is learned, not assumed: at start the router sends each instance a one-block
-probe and watches which endpoint reports that block stored. This also refuses to start when a
-worker publishes no KV events, the silent misconfiguration that turns a KV router into a load
-balancer. Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
+Workers are named ``w0 … wN-1``; `tasim.live.membership` learns which Dynamo instance is which
+and watches them. A call whose worker is lost under it (the connection fails, or the stream breaks
+off: Dynamo's ``Unavailable``) is sent again on another worker, up to ``live.max_retries`` times,
+with the output already streamed appended to its prompt, so the client sees one uninterrupted
+reply (as Dynamo's request migration does); the policy has meanwhile heard of the lost worker and
+placed its programs elsewhere. With no worker serving, calls get an error naming the lost
+workers. Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 ``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
 (otherwise it starts at the first request and ends at shutdown); ``POST /run/mark`` logs the RL
 step boundaries a rollout driver reports, and ``POST /caches/clear`` empties the workers'
@@ -41,9 +43,9 @@ from pydantic import BaseModel, ConfigDict
 
 from tasim import events as ev
 from tasim.eventlog import EventWriter
-from tasim.live.hashing import sequence_hashes
-from tasim.live.host import Call, InvalidProgramId, PolicyHost
+from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost
 from tasim.live.kv_events import KvEvent, KvEventSubscriber
+from tasim.live.membership import Membership
 from tasim.live.status import prometheus_text, status_snapshot
 from tasim.policies import make_policy
 from tasim.scenario import Scenario
@@ -51,7 +53,6 @@ from tasim.view import cluster_view
 
 logger = logging.getLogger("tasim.live.router")
 
-PROBE_TIMEOUT_S = 30.0
 MARKS = ("rollout_started", "rollout_finished", "training_finished")
 CLEAR_DISCOVERY_S = 2.0  # how long to look for the workers' clear_kv_blocks endpoint
 
@@ -88,9 +89,9 @@ class _Router:
         self.host = PolicyHost(
             policy, self._now, self._emit, self.block_size, self.scenario.metrics.log_kv_events, self.scenario.live.program_idle_ttl_s
         )
-        self.instance_of: dict[str, int] = {}
         self.kv = KvEventSubscriber(dict(zip(self.view.worker_ids, config.kv_event_endpoints)), self._on_kv_event)
-        self._probes: dict[int, asyncio.Future[str]] = {}
+        self.members: Membership | None = None
+        self._watch_task: asyncio.Task[None] | None = None
         self.client: Any = None
         self.session_finals = 0
         self.ready = False
@@ -129,8 +130,14 @@ class _Router:
         self._kv_task = asyncio.create_task(self.kv.run(subscribed))
         await subscribed.wait()
         await asyncio.sleep(0.5)  # ZMQ subscriptions take a moment to reach the publishers
-        await self._map_instances()
+        self.members = Membership(self.client, self.view.worker_ids, self.block_size, self.config.model_name, self.host, self.kv)
+        await self.members.map_all()
+        self._watch_task = asyncio.create_task(self.members.watch())
         self.ready = True
+
+    @property
+    def instance_of(self) -> dict[str, int]:
+        return self.members.instance_of if self.members else {}
 
     def begin_run(self) -> None:
         """Start the clock and the log: on ``POST /run/start``, or at the first request."""
@@ -155,36 +162,9 @@ class _Router:
         self.writer.write(ev.RunEnded(self._now(), 0, self.host.in_flight))
         self.writer.flush()
 
-    async def _map_instances(self) -> None:
-        wanted = len(self.view.workers)
-        deadline = time.monotonic() + PROBE_TIMEOUT_S
-        while len(self.client.instance_ids()) < wanted:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"only {len(self.client.instance_ids())} of {wanted} workers registered within {PROBE_TIMEOUT_S:g} s")
-            await asyncio.sleep(0.2)
-        for number, instance in enumerate(sorted(self.client.instance_ids())):
-            # One full block no workload will send: a marker token, then the probe number.
-            tokens = [1] * (self.block_size - 2) + [number + 7, 3]
-            block = sequence_hashes(tokens, self.block_size)[0]
-            found = self._probes[block] = asyncio.get_running_loop().create_future()
-            request = _probe_request(self.config.model_name, tokens)
-            async for _ in await self.client.direct(request, instance):
-                pass
-            try:
-                worker = await asyncio.wait_for(found, timeout=PROBE_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                raise RuntimeError(f"worker instance {instance} published no KV event for a probe: are KV events enabled on every worker?") from None
-            self.instance_of[worker] = instance
-        if sorted(self.instance_of) != sorted(self.view.worker_ids):
-            raise RuntimeError(f"probes mapped instances to {sorted(self.instance_of)}, expected {list(self.view.worker_ids)}")
-        self._probes.clear()
-
     def _on_kv_event(self, worker: str, event: KvEvent) -> None:
-        if self._probes and event.kind == "stored":
-            for block in event.blocks:
-                probe = self._probes.get(block)
-                if probe is not None and not probe.done():
-                    probe.set_result(worker)
+        if self.members is not None and event.kind == "stored":
+            self.members.stored(worker, event.blocks)
         if self.ready:
             self.host.kv_event(worker, event)
 
@@ -206,18 +186,19 @@ class _Router:
         token_ids = list(request.get("token_ids") or ())
         max_tokens = int((request.get("stop_conditions") or {}).get("max_tokens") or 0)
         try:
-            call = await self._admit(program, agent.get("parent_session_id") or None, token_ids, max_tokens, context)
+            call = await self._admitted(self.host.decide(program, token_ids, max_tokens, agent.get("parent_session_id") or None), context)
         except InvalidProgramId as exc:
-            from dynamo.llm.exceptions import InvalidArgument  # the router process has Dynamo; importers of this module need not
-
-            raise InvalidArgument(str(exc)) from None
+            raise _dynamo_error("InvalidArgument", str(exc)) from None
+        except NoWorkerServing as exc:
+            raise _dynamo_error("WorkerUnavailable", str(exc)) from None
         if call is None:
             return
-        async for chunk in self._forward(call, request):
+        async for chunk in self._forward(call, request, context):
             yield chunk
 
-    async def _admit(self, program: str | None, parent: str | None, token_ids: list[int], max_tokens: int, context: Any) -> Call | None:
-        admission = self.host.decide(program, token_ids, max_tokens, parent)
+    async def _admitted(self, admission: Call | Held, context: Any) -> Call | None:
+        """The routed call: at once, or when the policy resumes its program; None if the
+        client went away while it was held (the host then rolled it back)."""
         if isinstance(admission, Call):
             return admission
         waiting = asyncio.ensure_future(self.host.wait(admission))
@@ -234,28 +215,63 @@ class _Router:
             return None
         return waiting.result()
 
-    async def _forward(self, call: Call, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    async def _forward(self, call: Call, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
+        """Stream the reply from the call's worker. If the worker is lost under it, the call
+        goes on where it broke off, on the worker the policy picks next."""
+        prompt = list(request.get("token_ids") or ())
+        stop = dict(request.get("stop_conditions") or {})
+        max_tokens = int(stop.get("max_tokens") or 0)
         output: list[int] = []
-        usage: dict[str, Any] = {}
-        finished = False
-        try:
-            stream = await self.client.direct(request, self.instance_of[call.worker], annotated=False)
-            async for chunk in stream:
-                if not isinstance(chunk, dict):
+        carried = 0  # output of lost attempts, now part of this attempt's prompt
+        attempt = request
+        retries = 0
+        while True:
+            assert self.members is not None
+            instance = self.members.instance_of[call.worker]
+            usage: dict[str, Any] = {}
+            finished = first = False
+            try:
+                stream = await self.client.direct(attempt, instance, annotated=False)
+                async for chunk in stream:
+                    if not isinstance(chunk, dict):
+                        yield chunk
+                        continue
+                    tokens = chunk.get("token_ids") or ()
+                    if tokens and not first:
+                        first = True
+                        self.host.first_token(call)
+                    output.extend(tokens)
+                    usage = chunk.get("completion_usage") or usage
+                    if chunk.get("finish_reason"):
+                        finished = True
+                        chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, output)}
+                        if carried and chunk.get("completion_usage"):
+                            chunk["completion_usage"] = _as_one_reply(usage, carried)
                     yield chunk
-                    continue
-                tokens = chunk.get("token_ids") or ()
-                if tokens and not output:
-                    self.host.first_token(call)
-                output.extend(tokens)
-                usage = chunk.get("completion_usage") or usage
-                if chunk.get("finish_reason"):
-                    finished = True
-                    chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, output)}
-                yield chunk
-        except BaseException as exc:
-            self.host.fail(call, "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else f"error: {exc}")
-            raise
+                break
+            except BaseException as exc:
+                if not (_worker_lost(exc) and retries < self.scenario.live.max_retries):
+                    self.host.fail(call, "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else f"error: {exc}")
+                    raise
+                reason = f"worker {call.worker} lost: {exc}"
+                self.members.lose(call.worker, instance, str(exc))
+            retries += 1
+            if max_tokens and len(output) >= max_tokens:  # every token came; only the stream's end was lost
+                finished = True
+                usage = {"prompt_tokens": call.spec.prompt_tokens, "completion_tokens": len(output) - carried}
+                yield {"token_ids": [], "finish_reason": "length", "engine_data": {"tasim": _proof(call, output)}}
+                break
+            carried = len(output)
+            remaining = max_tokens - carried if max_tokens else 0
+            try:
+                admission = self.host.retry(call, prompt + output, remaining, reason)
+            except NoWorkerServing as exc:  # the host failed the call
+                raise _dynamo_error("WorkerUnavailable", str(exc)) from None
+            retried = await self._admitted(admission, context)
+            if retried is None:
+                return
+            call = retried
+            attempt = {**request, "token_ids": prompt + output, "stop_conditions": _remaining(stop, remaining, carried)}
         if not finished:
             self.host.fail(call, "stream ended without a finish reason")
             return
@@ -263,9 +279,10 @@ class _Router:
         self.host.finish(
             call,
             int(usage.get("prompt_tokens", call.spec.prompt_tokens)),
-            int(usage.get("completion_tokens", len(output))),
+            int(usage.get("completion_tokens", len(output) - carried)),
             int(details.get("cached_tokens") or 0),
         )
+
 
     # --- status and shutdown -------------------------------------------------------------------
 
@@ -292,20 +309,48 @@ class _Router:
         return status_snapshot(self)
 
     def close(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+        if self.members is not None:
+            self.members.close()
         self.end_run()
         self.writer.close()
 
 
-def _probe_request(model: str, tokens: list[int]) -> dict[str, Any]:
-    return {
-        "model": model,
-        "token_ids": tokens,
-        "stop_conditions": {"max_tokens": 1},
-        "sampling_options": {},
-        "output_options": {},
-        "eos_token_ids": [],
-        "annotations": [],
-    }
+def _worker_lost(exc: BaseException) -> bool:
+    """Dynamo 1.6.1 reports a worker it cannot reach ("TCP connection ... failed") and a stream
+    that broke off ("Stream ended before generation completed") as plain exceptions whose
+    message starts with its error code ``Unavailable``; its typed errors are accepted too."""
+    return isinstance(exc, Exception) and (str(exc).startswith("Unavailable") or type(exc).__name__ in _LOST_WORKER_ERRORS)
+
+
+_LOST_WORKER_ERRORS = frozenset({"CannotConnect", "Disconnected", "StreamIncomplete", "WorkerUnavailable", "EngineShutdown"})
+
+
+def _as_one_reply(usage: dict[str, Any], carried: int) -> dict[str, Any]:
+    """The usage of a retried call as the client's one reply: ``carried`` output tokens of
+    earlier attempts were this attempt's prompt."""
+    return {**usage, "prompt_tokens": usage.get("prompt_tokens", carried) - carried, "completion_tokens": usage.get("completion_tokens", 0) + carried}
+
+
+def _remaining(stop: dict[str, Any], max_tokens: int, carried: int) -> dict[str, Any]:
+    """Stop conditions for the rest of a reply that already has ``carried`` tokens."""
+    rest = dict(stop)
+    if max_tokens:
+        rest["max_tokens"] = max_tokens
+    if rest.get("min_tokens"):
+        rest["min_tokens"] = max(0, int(rest["min_tokens"]) - carried)
+    return rest
+
+
+def _dynamo_error(kind: str, message: str) -> Exception:
+    """One of Dynamo's typed errors, which the frontend turns into an HTTP status: 400 with the
+    message for ``InvalidArgument``, 503 "Service temporarily unavailable" for
+    ``WorkerUnavailable`` (Dynamo shows no message of a 5xx; the router's status does)."""
+    from dynamo.llm import exceptions  # the router process has Dynamo; importers of this module need not
+
+    error: type[Exception] = getattr(exceptions, kind)
+    return error(message)
 
 
 def _proof(call: Call, output: list[int]) -> dict[str, Any]:

@@ -63,18 +63,14 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def free_ports(count: int, consecutive: bool = False) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Ports to listen on, drawn below the kernel's ephemeral range: a port the kernel can
     hand to some outgoing connection between our check and the server's bind would make the
     server fail to start (seen under load), and those come from the ephemeral range."""
     low, high = 20000, max(20000 + 4 * count + 1000, _ephemeral_low())
     rng = random.Random()
     for _ in range(1000):
-        if consecutive:
-            base = rng.randrange(low, high - count)
-            ports = list(range(base, base + count))
-        else:
-            ports = rng.sample(range(low, high), count)
+        ports = rng.sample(range(low, high), count)
         if all(_bindable(port) for port in ports):
             return ports
     raise StackError(f"no {count} free ports found between {low} and {high}")
@@ -106,6 +102,7 @@ class LiveStack:
     http_port: int = 0
     status_port: int = 0
     kv_event_ports: list[int] = field(default_factory=list)
+    _worker_args: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     # --- public --------------------------------------------------------------------------------
 
@@ -140,8 +137,7 @@ class LiveStack:
             self.model_path = write_tiny_model(self.workdir / "model")
         self.events_path = self.events_path or self.workdir / "events.jsonl"
         backends = self.scenario.cluster.backends
-        self.http_port, self.status_port = free_ports(2)
-        self.kv_event_ports = free_ports(backends, consecutive=True)  # the mocker binds base + worker
+        self.http_port, self.status_port, *self.kv_event_ports = free_ports(2 + backends)  # one draw: no two alike
         try:
             self._start_workers()
             self._start_router()
@@ -197,6 +193,34 @@ class LiveStack:
     def alive(self) -> list[str]:
         return [p.name for p in self.processes if p.popen.poll() is None]
 
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL worker ``index``'s process group: a crashed GPU worker, for fault tests."""
+        process = self._process(f"worker{index}")
+        try:
+            os.killpg(process.popen.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.popen.wait()
+
+    def restart_worker(self, index: int) -> None:
+        """Start worker ``index`` again with its original command (same KV-event port), as a
+        supervisor replacing a crashed worker would; the router finds it through discovery."""
+        name = f"worker{index}"
+        process = self._process(name)
+        if process.popen.poll() is None:
+            raise StackError(f"{name} is still running")
+        args, env = self._worker_args[name]
+        self.processes.remove(process)
+        replacement = self._spawn(name, args, env)
+        self.processes.remove(replacement)
+        self.processes.insert(index, replacement)  # keep the stop order: workers stop last
+
+    def _process(self, name: str) -> _Process:
+        for process in self.processes:
+            if process.name == name:
+                return process
+        raise StackError(f"no process named {name} in this stack (have: {', '.join(p.name for p in self.processes)})")
+
     # --- processes -----------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
@@ -219,7 +243,7 @@ class LiveStack:
     def _spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> _Process:
         assert self.workdir is not None
         log = self.workdir / f"{name}.log"
-        with open(log, "wb") as out:
+        with open(log, "ab") as out:  # a restarted worker keeps its predecessor's log
             popen = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, env=env or self._env(), cwd=self.workdir,
                 start_new_session=True, preexec_fn=_terminate_with_parent,
@@ -235,7 +259,8 @@ class LiveStack:
         assert self.model_path is not None
         internal = self.model_name + INTERNAL_SUFFIX
         for name, args, extra_env in worker_commands(self.engine, self.scenario, self.model_path, internal, self.kv_event_ports, self.time_scale):
-            self._spawn(name, args, {**self._env(), **extra_env})
+            self._worker_args[name] = (args, {**self._env(), **extra_env})
+            self._spawn(name, *self._worker_args[name])
 
     def _start_router(self) -> None:
         assert self.workdir is not None and self.model_path is not None and self.events_path is not None

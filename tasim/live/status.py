@@ -33,7 +33,10 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
         "ready": router.ready,
         "policy": host.policy.name,
         "time_s": host.clock(),
-        "workers": {w: {"instance_id": router.instance_of.get(w), "routed": host.routed[w], "cached_blocks": host.cached_blocks(w)} for w in host.routed},
+        "workers": {
+            w: {"instance_id": router.instance_of.get(w), "serving": w not in host.lost, "routed": host.routed[w], "cached_blocks": host.cached_blocks(w)}
+            for w in host.routed
+        },
         "programs": {
             "live": len(host.programs),
             "held": sum(1 for p in host.programs.values() if p.held),
@@ -41,7 +44,9 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
             "unknown_finals": host.unknown_finals,
             "table": {p.id: {"parent": p.parent, "turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": bool(p.held)} for p in host.programs.values()},
         },
-        "requests": {"in_flight": host.in_flight, "finished": host.finished, "failed": host.failed, "session_finals": router.session_finals},
+        "requests": {
+            "in_flight": host.in_flight, "finished": host.finished, "failed": host.failed, "retried": host.retried, "refused": host.refused, "session_finals": router.session_finals,
+        },
         "pauses": host.pauses,
         "resumes": host.resumes,
         "ignored_pins": host.ignored_pins,
@@ -62,6 +67,9 @@ def prometheus_text(router: "_Router") -> str:
     metric("requests_routed_total", "counter", "Requests routed, by worker.", [(f'{{worker="{w}"}}', n) for w, n in host.routed.items()])
     metric("requests_finished_total", "counter", "Requests that completed.", [("", host.finished)])
     metric("requests_failed_total", "counter", "Requests that failed or were cancelled.", [("", host.failed)])
+    metric("requests_retried_total", "counter", "Requests sent again because their worker was lost.", [("", host.retried)])
+    metric("requests_refused_total", "counter", "Requests refused because no worker was serving.", [("", host.refused)])
+    metric("worker_serving", "gauge", "1 while the worker serves, 0 while it is lost.", [(f'{{worker="{w}"}}', w not in host.lost) for w in host.routed])
     metric("requests_in_flight", "gauge", "Requests routed and not yet finished.", [("", host.in_flight)])
     metric("programs_live", "gauge", "Programs in the router's table.", [("", len(host.programs))])
     metric("programs_held", "gauge", "Programs whose call waits for a resume.", [("", sum(bool(p.held) for p in host.programs.values()))])

@@ -97,7 +97,8 @@ class Policy:
 
     ``params_model`` validates ``policy.params`` from the scenario file; ``tick_interval_s``
     (None = no tick) asks the host to call `on_tick` periodically; ``wants_kv_events`` asks
-    for the workers' KV stored/removed events.
+    for the workers' KV stored/removed events. ``serving`` lists the workers that may be
+    routed to, in cluster order: all of them, unless live mode lost one (`on_worker_lost`).
     """
 
     name: ClassVar[str] = "base"
@@ -110,6 +111,7 @@ class Policy:
         self.view = view
         self.params = params
         self.rng = rng
+        self.serving: list[str] = list(view.worker_ids)
 
     def on_program_start(self, program: str, now: float) -> None:
         """A program (agent trajectory, session) begins."""
@@ -133,4 +135,18 @@ class Policy:
         """Blocks evicted from ``worker`` (only when ``wants_kv_events``)."""
 
     def on_tick(self, now: float) -> Sequence[ProgramDecision]:
+        return ()
+
+    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        """``worker`` died, with its KV cache (live mode): route and resume nothing there
+        until it joins again, and place its programs elsewhere. Its calls in flight end with
+        ``TurnEnd(ok=False)`` after this, each followed by the retried call's `on_request`.
+        Overrides call this first. While no worker serves, the host refuses calls rather than
+        ask for a decision, but ticks go on."""
+        self.serving.remove(worker)
+        return ()
+
+    def on_worker_joined(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        """A lost ``worker`` serves again, with an empty KV cache. Overrides call this first."""
+        self.serving = [w for w in self.view.worker_ids if w in self.serving or w == worker]
         return ()

@@ -18,8 +18,8 @@ class RandomRouting(Policy):
     summary: ClassVar[str] = "each request to a uniformly random worker (seeded)"
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
-        workers = self.view.workers
-        return Route(workers[int(self.rng.integers(len(workers)))].id)
+        workers = self.serving
+        return Route(workers[int(self.rng.integers(len(workers)))])
 
 
 class LeastLoaded(Policy):
@@ -32,8 +32,9 @@ class LeastLoaded(Policy):
         self._where: dict[str, str] = {}
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
-        fewest = min(self.active.values())
-        ties = [w for w, n in self.active.items() if n == fewest]
+        active = self.active
+        fewest = min(active[w] for w in self.serving)
+        ties = [w for w in self.serving if active[w] == fewest]
         worker = pick_uniform(self.rng, ties)
         self.active[worker] += 1
         self._where[request.id] = worker

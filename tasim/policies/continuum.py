@@ -39,7 +39,7 @@ class Continuum(Policy):
         super().__init__(view, params, rng)
         self.p: ContinuumParams = params  # type: ignore[assignment]
         self.placement: dict[str, str] = {}
-        self.live = {w: 0 for w in view.worker_ids}
+        self.programs_on = {w: 0 for w in view.worker_ids}
         self.predicted_tool_s: float | None = None
         self._turn_ended: dict[str, float] = {}
 
@@ -51,9 +51,9 @@ class Continuum(Policy):
             self.predicted_tool_s = gap if previous is None else previous + self.p.ema_alpha * (gap - previous)
         worker = self.placement.get(request.program)
         if worker is None:
-            worker = min(self.live, key=lambda w: self.live[w])  # first worker on ties
+            worker = min(self.serving, key=self.programs_on.__getitem__)  # first worker on ties
             self.placement[request.program] = worker
-            self.live[worker] += 1
+            self.programs_on[worker] += 1
         return Route(worker)
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
@@ -66,6 +66,13 @@ class Continuum(Policy):
     def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
         worker = self.placement.pop(program, None)
         if worker is not None:
-            self.live[worker] -= 1
+            self.programs_on[worker] -= 1
         self._turn_ended.pop(program, None)
+        return ()
+
+    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        """Its programs are placed afresh at their next request (their KV is gone anyway)."""
+        super().on_worker_lost(worker, now)
+        self.placement = {p: w for p, w in self.placement.items() if w != worker}
+        self.programs_on[worker] = 0
         return ()

@@ -159,7 +159,7 @@ class KvRouter(Policy):
 
     def _eligible(self) -> list[str]:
         threshold = self.p.active_decode_blocks_threshold
-        workers = list(self._prefill)
+        workers = self.serving
         if threshold is None:
             return workers
         idle = [w for w in workers if self._active[w].distinct <= threshold * self._kv_blocks[w]]
@@ -224,6 +224,15 @@ class KvRouter(Policy):
 
     def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
         self._bindings.pop(program, None)
+        return ()
+
+    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        """Forget what it cached and the sessions bound to it (they bind afresh, as Dynamo
+        binds a session whose worker left); its bookings go as its calls fail."""
+        super().on_worker_lost(worker, now)
+        if self.index is not None:
+            self.index.forget(worker)
+        self._bindings = {p: b for p, b in self._bindings.items() if b.worker != worker}
         return ()
 
     def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float) -> None:

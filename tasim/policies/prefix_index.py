@@ -64,6 +64,11 @@ class EventIndex:
     def routed(self, worker: str, hashes: Sequence[BlockHash], now: float) -> None:
         """Event-fed indexes learn from events only."""
 
+    def forget(self, worker: str) -> None:
+        """``worker`` lost its cache: drop its blocks, and its events still in transit."""
+        self._blocks[worker].clear()
+        self._pending = deque(entry for entry in self._pending if entry[2] != worker)
+
     def size(self) -> int:
         return sum(len(h) for h in self._blocks.values())
 
@@ -87,6 +92,11 @@ class ApproxIndex:
             heapq.heappush(self._heap, (expiry, -depth, worker, block))
         if self._size > self.max_size:
             self._drop_earliest(self._size - int(self.max_size * PRUNE_TO_FRACTION))
+
+    def forget(self, worker: str) -> None:
+        """``worker`` lost its cache: drop its blocks (their heap entries become stale)."""
+        self._size -= len(self._expiry[worker])
+        self._expiry[worker].clear()
 
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         self._expire(now)

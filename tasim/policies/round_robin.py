@@ -25,7 +25,7 @@ class RoundRobin(Policy):
         self._next = 0
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
-        workers = self.view.workers
-        worker = workers[self._next % len(workers)].id
+        workers = self.serving
+        worker = workers[self._next % len(workers)]
         self._next += 1
         return Route(worker)

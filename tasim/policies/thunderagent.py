@@ -24,6 +24,11 @@ programs instead of smallest first (ThunderAgent issues #45/#46); best-fit place
 the origin backend while enough of the program's blocks survive there. ``host_kv_tokens`` adds a
 host KV tier to each backend's capacity (Dynamo PR #11185).
 
+Both variants re-place the programs of a worker that was lost (live mode), as Dynamo's port does
+since its PR #12783: a program whose backend is gone is placed at its next request on a backend
+with room, ahead of the queue of new programs, or queued (paused) when none has room; upstream
+would keep sending it to the dead backend.
+
 Both variants count tokens from the engine's usage (prompt + completion at turn end; the prompt
 at arrival) rather than upstream's characters/5 estimate; the simulator has no streamed text.
 """
@@ -130,6 +135,7 @@ class ProgramState:
     paused_tokens: int = 0  # upstream's PausedInfo.total_tokens: the size when it was paused
     queued_at: float = 0.0
     held_since: float | None = None  # a request of this program waits at the router
+    displaced: bool = False  # its backend was lost: re-place it without waiting behind new programs
     blocks: tuple[BlockHash, ...] = ()  # the last prompt's blocks (for resume_on_origin)
 
 
@@ -143,7 +149,8 @@ class ThunderAgent(Policy):
         p: ThunderAgentParams = params  # type: ignore[assignment]
         self.p = p
         self.tick_interval_s = p.scheduler_interval_s
-        self.capacity = {w.id: w.kv_capacity_tokens + p.host_kv_tokens for w in view.workers}
+        self._full_capacity = {w.id: w.kv_capacity_tokens + p.host_kv_tokens for w in view.workers}
+        self.capacity = dict(self._full_capacity)  # the serving backends, in cluster order
         self.programs: dict[str, ProgramState] = {}
         self.queue: dict[str, ProgramState] = {}  # paused programs in pause order
         self.soft_demoted_until: dict[str, float] = {}
@@ -188,8 +195,10 @@ class ThunderAgent(Policy):
             return Hold()
         if q.backend is not None:
             return Route(q.backend)
-        # Only a new program reaches this point: a placed one returned above, a paused one waits.
-        backend = None if self.queue else self._admission_backend(q.tokens)
+        # Only a new or a displaced program reaches this point: a placed one returned above, a
+        # paused one waits. New programs never jump the queue; displaced ones were admitted once.
+        backend = None if self.queue and not q.displaced else self._admission_backend(q.tokens)
+        q.displaced = False
         if backend is not None:
             q.backend = backend
             return Route(backend)
@@ -226,6 +235,22 @@ class ThunderAgent(Policy):
         self.soft_demoted_until.pop(program, None)
         return ()
 
+    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        super().on_worker_lost(worker, now)
+        del self.capacity[worker]
+        self._cached[worker].clear()
+        for q in self.programs.values():
+            if q.backend == worker:
+                q.backend, q.displaced, q.marked = None, True, False
+            if q.origin == worker:
+                q.origin = None  # nothing of it survives there
+        return ()
+
+    def on_worker_joined(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        super().on_worker_joined(worker, now)
+        self.capacity = {b: c for b, c in self._full_capacity.items() if b in self.serving}
+        return ()
+
     def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
         self._cached[worker].update(blocks)
 
@@ -253,6 +278,8 @@ class ThunderAgent(Policy):
 
     def _forced_resumes(self, now: float) -> list[ProgramDecision]:
         decisions: list[ProgramDecision] = []
+        if not self.capacity:  # every backend lost: nowhere to resume
+            return decisions
         for q in list(self.queue.values()):
             if q.held_since is None or now - q.held_since < self.p.resume_timeout_s:
                 continue

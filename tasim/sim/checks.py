@@ -4,7 +4,7 @@ Two kinds, both cheap enough to leave on for any run that fits in memory twice o
 
 * **The event stream** (`EventChecks` sits between the simulation and the log): time never goes
   backwards; a request arrives once, every later event names an open request, and it ends
-  exactly once, finished or dropped with a reason; a program starts once and finishes once; at
+  exactly once, finished, or dropped or retried with a reason; a program starts once and finishes once; at
   the end the requests still open are exactly the ones the run reports unfinished, and a run that
   stopped because its workload completed leaves no request or program open.
 * **Engine state** (`Engine.audit`, `BlockPool.audit`), after every run of steps a worker
@@ -34,7 +34,7 @@ class InvariantViolation(Exception):
 _REQUEST_EVENTS = (
     ev.RequestHeld, ev.RequestRouted, ev.PrefillStarted, ev.RequestPreempted, ev.RequestReadmitted, ev.FirstToken,
 )
-_REQUEST_ENDS = (ev.RequestFinished, ev.RequestDropped)
+_REQUEST_ENDS = (ev.RequestFinished, ev.RequestDropped, ev.RequestRetried)
 
 
 class EventChecks:
@@ -74,8 +74,8 @@ class EventChecks:
         elif isinstance(event, _REQUEST_ENDS):
             if event.request not in self._open_requests:
                 self._fail(event, f"request {event.request} ended but is not open")
-            if isinstance(event, ev.RequestDropped) and not event.reason.strip():
-                self._fail(event, f"request {event.request} dropped without a reason")
+            if isinstance(event, (ev.RequestDropped, ev.RequestRetried)) and not event.reason.strip():
+                self._fail(event, f"request {event.request} {'dropped' if isinstance(event, ev.RequestDropped) else 'retried'} without a reason")
             self._open_requests.remove(event.request)
             self._ended_requests.add(event.request)
         elif isinstance(event, ev.ProgramStarted):
