@@ -320,7 +320,7 @@ def test_the_router_answers_an_unknown_session_final_and_refuses_an_over_long_id
     status = status_snapshot(router)
     router.close()
     assert status["programs"] == {"live": 0, "held": 0, "expired": 0, "unknown_finals": 1, "table": {}}
-    assert status["requests"] == {"in_flight": 0, "finished": 0, "failed": 0, "session_finals": 1}
+    assert status["requests"] == {"in_flight": 0, "finished": 0, "failed": 0, "retried": 0, "refused": 0, "session_finals": 1}
     assert [type(e) for e in read_events(events_path)] == [ev.RunStarted, ev.RunEnded]
     assert live_summary(events_path, None)["programs_leaked"] == 0
 

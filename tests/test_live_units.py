@@ -564,6 +564,7 @@ def test_prometheus_text_and_status_snapshot() -> None:
     router.kv._receive("w0", _frames(3, [{"type": "BlockRemoved", "block_hashes": [2]}]))
     router.kv._receive("w1", _frames(1, [{"type": "BlockStored", "block_hashes": [7, 8, 9]}]))
     router.clock.t = 12.5
+    assert host.worker_lost("w1", "test") and not host.worker_lost("w1", "again")
     text = prometheus_text(router)
     assert text.endswith("\n")
     lines = text.splitlines()
@@ -581,8 +582,12 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "tasim_router_session_finals_unknown_total 0",
         "tasim_router_programs_expired_total 0",
         'tasim_router_cached_blocks{worker="w0"} 1',
-        'tasim_router_cached_blocks{worker="w1"} 3',
+        'tasim_router_cached_blocks{worker="w1"} 0',  # a lost worker's cache went with it
         'tasim_router_kv_event_gaps_total{worker="w0"} 1',
+        "tasim_router_requests_retried_total 0",
+        "tasim_router_requests_refused_total 0",
+        'tasim_router_worker_serving{worker="w0"} 1',
+        'tasim_router_worker_serving{worker="w1"} 0',
         "# TYPE tasim_router_requests_routed_total counter",
         "# TYPE tasim_router_requests_in_flight gauge",
     ):
@@ -599,9 +604,12 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "ready": True,
         "policy": "round_robin",
         "time_s": 12.5,
-        "workers": {"w0": {"instance_id": 101, "routed": 1, "cached_blocks": 1}, "w1": {"instance_id": 102, "routed": 1, "cached_blocks": 3}},
+        "workers": {
+            "w0": {"instance_id": 101, "serving": True, "routed": 1, "cached_blocks": 1},
+            "w1": {"instance_id": 102, "serving": False, "routed": 1, "cached_blocks": 0},
+        },
         "programs": {"live": 1, "held": 0, "expired": 0, "unknown_finals": 0, "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
-        "requests": {"in_flight": 1, "finished": 1, "failed": 0, "session_finals": 3},
+        "requests": {"in_flight": 1, "finished": 1, "failed": 0, "retried": 0, "refused": 0, "session_finals": 3},
         "pauses": 0,
         "resumes": 0,
         "ignored_pins": 0,
