@@ -2,12 +2,13 @@
 
     python -m tasim.reliability [--doc docs/reliability.md] [--out DIR]
 
-Each row is one measurement, run here and now (about four minutes in all, most of it the live
-load): the simulator under random scenarios with every invariant checked; the live router's
+Each row is one measurement, run here and now (about five minutes in all, most of it the live
+runs): the simulator under random scenarios with every invariant checked; the live router's
 program table under 100,000 sessions that never end; and the live stack (Dynamo frontend, tasim
-router, Dynamo mocker workers on this machine) under 512 concurrent programs. Tests assert what
-the table shows, no lost request and no leaked program (tests/test_invariants.py,
-tests/test_live_hostile.py, tests/test_live_load.py).
+router, Dynamo mocker workers on this machine) under 512 concurrent programs, and with a worker
+killed mid-run. Tests assert what the table shows, no lost request and no leaked program
+(tests/test_invariants.py, tests/test_live_hostile.py, tests/test_live_load.py,
+tests/test_live_faults.py).
 """
 
 from __future__ import annotations
@@ -143,6 +144,25 @@ def live_load(out: Path, programs: int = 2048, concurrency: int = 512) -> Outcom
     )
 
 
+def worker_crash(out: Path) -> Outcome:
+    """`tasim.live.faults.kill_a_worker`: one of two mocker workers SIGKILLed mid-stream and
+    restarted, then both killed (about a minute)."""
+    from tasim.live.faults import kill_a_worker
+
+    run = kill_a_worker(out)
+    return Outcome(
+        "live router: a worker dies",
+        f"{run.programs} programs, {run.concurrency} concurrent, through Dynamo's frontend, the tasim router "
+        "(thunderagent) and 2 mocker workers",
+        f"w1 SIGKILLed with {run.streaming_at_kill} calls in flight on it, restarted at once; after the run, both workers killed",
+        run.requests, run.lost_requests, run.leaked_programs,
+        f"w1 lost after {run.lost_after_s:.2f} s; {run.retried} calls retried on w0 ({run.retried_mid_stream} mid-stream, "
+        f"their output kept), {run.failed_requests} failed; {run.replaced_programs} programs re-placed; w1 serving again "
+        f"{run.rejoined_after_s:.1f} s after its restart and took {run.served_after_rejoin} calls; with no worker a call got "
+        f"HTTP {run.refused_status}",
+    )
+
+
 def abandoned_sessions(count: int = 100_000, ttl_s: float = 600.0, every_s: float = 0.5) -> Outcome:
     """``count`` sessions that each make one call and never send a session-final, one every
     ``every_s`` seconds, through the live router's program table (`PolicyHost`, round robin,
@@ -191,11 +211,13 @@ def render(outcomes: list[Outcome]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tasim.reliability", description=__doc__.splitlines()[0])
     parser.add_argument("--doc", type=Path, default=Path("docs/reliability.md"), help="document whose table to rewrite")
-    parser.add_argument("--out", type=Path, help="keep the live run here (default: a temporary directory)")
+    parser.add_argument("--out", type=Path, help="keep the live runs here (default: a temporary directory)")
     args = parser.parse_args(argv)
     outcomes = [sim_invariants(), abandoned_sessions()]
     with tempfile.TemporaryDirectory(prefix="tasim-reliability-") as tmp:
-        outcomes.append(live_load(args.out or Path(tmp) / "live-load"))
+        kept = args.out or Path(tmp)
+        outcomes.append(live_load(kept / "live-load"))
+        outcomes.append(worker_crash(kept / "worker-crash"))
     table = render(outcomes)
     replace_section(args.doc, BEGIN, END, table)
     print(table)

@@ -214,7 +214,7 @@ def test_live_matches_simulation(policy: str, tmp_root: Path) -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_no_process_outlives_the_stack(policy: str, tmp_root: Path) -> None:
     run = live_run(policy, tmp_root)
-    assert len(run.process_groups) == 3  # workers, router, frontend
+    assert len(run.process_groups) == 4  # two workers, router, frontend
     for group in run.process_groups:
         with pytest.raises(ProcessLookupError):
             os.killpg(group, 0)  # signal 0: does any process of the group exist?
@@ -226,7 +226,8 @@ def test_router_status_and_metrics_account_for_every_call(policy: str, tmp_root:
     status = run.status
     assert status["ready"] and status["policy"] == policy
     assert status["programs"]["live"] == 0  # the router's own table is empty: nothing leaked
-    assert status["requests"] == {"in_flight": 0, "finished": run.driver.requests, "failed": 0, "session_finals": 24}
+    assert status["requests"] == {"in_flight": 0, "finished": run.driver.requests, "failed": 0, "retried": 0, "refused": 0, "session_finals": 24}
+    assert all(info["serving"] and info["in_flight"] == 0 for info in status["workers"].values())
     routed = {w: info["routed"] for w, info in status["workers"].items()}
     assert sum(routed.values()) == run.driver.requests
     assert all(isinstance(info["instance_id"], int) for info in status["workers"].values())
@@ -241,7 +242,7 @@ def test_a_failed_start_names_the_process_and_leaves_nothing_running(tmp_path: P
     empty_model = tmp_path / "no-model"
     empty_model.mkdir()
     stack = LiveStack(scenario, model_path=empty_model, workdir=tmp_path / "stack", startup_timeout_s=60)
-    with pytest.raises(StackError, match=r"workers exited with code \d+ during start-up; see .*workers\.log"):
+    with pytest.raises(StackError, match=r"worker[01] exited with code \d+ during start-up; see .*worker[01]\.log"):
         stack.start()
     assert stack.started_groups  # the workers did start, and were stopped
     for group in stack.started_groups:

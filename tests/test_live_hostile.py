@@ -622,8 +622,8 @@ def test_malformed_requests_get_4xx_and_leave_the_router_clean(stack: Any) -> No
     assert _raw_post(port, "/v1/completions", session + b"ghost\r\nx-dynamo-session-final: true\r\n", completion)[0] == 200
     status = _status(stack)
     assert status["programs"] == {"live": 0, "held": 0, "expired": 0, "unknown_finals": 1, "table": {}}
-    assert status["requests"] == {"in_flight": 0, "finished": 2, "failed": 0, "session_finals": 2}
-    assert stack.alive() == ["workers", "router", "frontend"]
+    assert status["requests"] == {"in_flight": 0, "finished": 2, "failed": 0, "retried": 0, "refused": 0, "session_finals": 2}
+    assert stack.alive() == ["worker0", "worker1", "router", "frontend"]
 
 
 @pytest.mark.slow

@@ -13,6 +13,7 @@ import pytest
 from tasim import events as ev
 from tasim.eventlog import read_events
 from tasim.reliability import live_load
+from tasim.sim.checks import EventChecks
 
 pytest.importorskip("dynamo.llm")
 
@@ -31,7 +32,9 @@ def test_512_concurrent_programs_for_two_minutes_lose_nothing(tmp_path: Path) ->
     # pause/request race was exercised, and it never failed a request. (A program can be paused at
     # the end of its last turn and then end, so pauses may outnumber resumes.)
     held, routed = set(), set()
+    checks = EventChecks(lambda event: None)  # the simulator's invariants hold for the live log too
     for event in read_events(tmp_path / "run" / "events.jsonl"):
+        checks(event)
         if isinstance(event, ev.RequestHeld):
             held.add(event.request)
         elif isinstance(event, ev.RequestRouted):

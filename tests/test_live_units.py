@@ -588,6 +588,7 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "tasim_router_requests_refused_total 0",
         'tasim_router_worker_serving{worker="w0"} 1',
         'tasim_router_worker_serving{worker="w1"} 0',
+        'tasim_router_worker_requests_in_flight{worker="w1"} 1',
         "# TYPE tasim_router_requests_routed_total counter",
         "# TYPE tasim_router_requests_in_flight gauge",
     ):
@@ -605,8 +606,8 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "policy": "round_robin",
         "time_s": 12.5,
         "workers": {
-            "w0": {"instance_id": 101, "serving": True, "routed": 1, "cached_blocks": 1},
-            "w1": {"instance_id": 102, "serving": False, "routed": 1, "cached_blocks": 0},
+            "w0": {"instance_id": 101, "serving": True, "routed": 1, "in_flight": 0, "cached_blocks": 1},
+            "w1": {"instance_id": 102, "serving": False, "routed": 1, "in_flight": 1, "cached_blocks": 0},
         },
         "programs": {"live": 1, "held": 0, "expired": 0, "unknown_finals": 0, "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
         "requests": {"in_flight": 1, "finished": 1, "failed": 0, "retried": 0, "refused": 0, "session_finals": 3},

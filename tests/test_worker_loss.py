@@ -14,8 +14,11 @@ import numpy as np
 import pytest
 
 from tasim import events as ev
+from tasim.live import membership
+from tasim.live.hashing import sequence_hashes
 from tasim.live.host import Call, Held, NoWorkerServing, PolicyHost
-from tasim.live.kv_events import KvEvent
+from tasim.live.kv_events import KvEvent, KvEventSubscriber
+from tasim.live.membership import Membership, probe_tokens
 from tasim.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.kv_router import KvRouter
@@ -286,3 +289,116 @@ def test_the_host_refuses_a_policy_that_routes_to_a_lost_worker() -> None:
     host.worker_lost("w1", "gone")
     with pytest.raises(ValueError, match="policy stubborn routed a.0 to lost worker 'w1'"):
         host.decide("a", list(range(5, 45)), 8)
+
+
+# --- which instance is which worker, and who serves (tasim.live.membership) --------------------
+
+
+class FakeDiscovery:
+    """Dynamo's client of the workers as `Membership` uses it: listed instances, each either
+    publishing a probe's block on a worker's KV endpoint, alive but silent, or dead."""
+
+    def __init__(self) -> None:
+        self.publishes_as: dict[int, str | None] = {}  # instance -> worker endpoint it publishes on (None: no KV events)
+        self.dead: set[int] = set()
+        self.members: Membership | None = None
+
+    def instance_ids(self) -> list[int]:
+        return list(self.publishes_as)
+
+    async def direct(self, request: dict, instance: int):  # noqa: ANN201 - an async iterator, as Dynamo's
+        if instance in self.dead:
+            raise Exception("Unavailable: TCP connection to 127.0.0.1:1 failed")
+        worker = self.publishes_as[instance]
+        if worker is not None and self.members is not None:
+            self.members.stored(worker, tuple(sequence_hashes(request["token_ids"], BS)[:1]))
+
+        async def reply():  # noqa: ANN202
+            yield {"token_ids": [9], "finish_reason": "length"}
+
+        return reply()
+
+
+def _membership(monkeypatch: pytest.MonkeyPatch) -> tuple[Membership, FakeDiscovery, PolicyHost]:
+    monkeypatch.setattr(membership, "PROBE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(membership, "REPROBE_INTERVAL_S", 0.0)
+    host, _, _ = _host()
+    discovery = FakeDiscovery()
+    members = Membership(discovery, ("w0", "w1"), BS, "m", host, KvEventSubscriber({}, host.kv_event))
+    discovery.members = members
+    return members, discovery, host
+
+
+async def _settle(members: Membership) -> None:
+    while members._probing:
+        await asyncio.sleep(0.01)
+
+
+def test_membership_maps_instances_by_their_kv_events_and_follows_losses_and_joins(monkeypatch: pytest.MonkeyPatch) -> None:
+    members, discovery, host = _membership(monkeypatch)
+
+    async def go() -> None:
+        discovery.publishes_as = {10: "w1", 20: "w0"}  # instance order says nothing about names
+        await members.map_all()
+        assert members.instance_of == {"w1": 10, "w0": 20}
+        # w1's process dies: its instance leaves discovery.
+        del discovery.publishes_as[10]
+        members.check(set(discovery.instance_ids()))
+        assert host.lost == {"w1"}
+        # Its replacement registers as a new instance, publishing on w1's endpoint.
+        discovery.publishes_as[30] = "w1"
+        members.check(set(discovery.instance_ids()))
+        await _settle(members)
+        assert members.instance_of == {"w1": 30, "w0": 20} and host.lost == set()
+
+    asyncio.run(go())
+
+
+def test_membership_reprobes_a_lost_worker_that_is_still_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    members, discovery, host = _membership(monkeypatch)
+
+    async def go() -> None:
+        discovery.publishes_as = {10: "w0", 20: "w1"}
+        await members.map_all()
+        # A stream broke, but discovery still lists the instance and it is dead: it stays lost.
+        discovery.dead.add(20)
+        members.lose("w1", 20, "Unavailable: Stream ended before generation completed")
+        members.lose("w1", 99, "an older instance")  # not w1's instance: ignored
+        members.check({10, 20})
+        await _settle(members)
+        assert host.lost == {"w1"}
+        # It answers again (a transient break): it serves again.
+        discovery.dead.clear()
+        members.check({10, 20})
+        await _settle(members)
+        assert host.lost == set() and members.instance_of == {"w0": 10, "w1": 20}
+
+    asyncio.run(go())
+
+
+def test_membership_gives_no_traffic_to_an_instance_without_kv_events(monkeypatch: pytest.MonkeyPatch) -> None:
+    members, discovery, host = _membership(monkeypatch)
+
+    async def go() -> None:
+        discovery.publishes_as = {10: "w0", 20: None}
+        with pytest.raises(RuntimeError, match="worker instance 20 published no KV event for a probe"):
+            await members.map_all()
+        discovery.publishes_as = {10: "w0", 20: "w1"}
+        await members.map_all()
+        del discovery.publishes_as[20]
+        discovery.publishes_as[40] = None  # a new instance that publishes nothing
+        members.check({10, 40})
+        await _settle(members)
+        assert host.lost == {"w1"} and 40 not in members.instance_of.values()
+        members.check({10, 40})  # not probed again before the probe timeout has passed
+        assert not members._probing
+
+    asyncio.run(go())
+
+
+def test_probe_tokens_are_one_distinct_block_each() -> None:
+    blocks = {tuple(probe_tokens(n, BS)) for n in range(1, 20_000)}
+    assert len(blocks) == 19_999 and all(len(b) == BS and b[-1] == 3 for b in blocks)
+    assert probe_tokens(1, BS) == [1] * 14 + [8, 3]
+    with pytest.raises(ValueError, match="probe number needs 3 tokens; the block size is 2"):
+        probe_tokens(100, 2)

@@ -32,13 +32,16 @@ PromptFormat = Literal["tokens", "text"]
 
 @dataclass(frozen=True, slots=True)
 class CallRecord:
-    """One completed call as the client saw it; ``worker`` is what the router reported."""
+    """One completed call as the client saw it; ``worker`` is what the router reported,
+    ``usage`` the OpenAI usage of the reply."""
 
     program: str
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     request: str
     worker: str
+    max_tokens: int
+    usage: dict[str, Any]
 
 
 @dataclass
@@ -161,7 +164,8 @@ class HttpAgentDriver:
             output = list(proof["output_token_ids"])
             if self.record_calls:
                 program = headers["x-dynamo-session-id"]
-                self.result.calls.append(CallRecord(program, context, output, proof["request"], proof["worker"]))
+                usage = payload.get("usage") or {}
+                self.result.calls.append(CallRecord(program, context, output, proof["request"], proof["worker"], max_tokens, usage))
             return output
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, TypeError, ValueError) as exc:
             self.result.failed_requests += 1

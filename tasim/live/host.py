@@ -126,6 +126,7 @@ class PolicyHost:
         # Programs with no call in flight or held, oldest first, with the time they went idle.
         self._idle: OrderedDict[str, float] = OrderedDict()
         self.routed: dict[str, int] = {w: 0 for w in policy.view.worker_ids}
+        self.in_flight_on: dict[str, int] = {w: 0 for w in policy.view.worker_ids}
         self.in_flight = 0
         self.finished = 0
         self.failed = 0
@@ -156,9 +157,9 @@ class PolicyHost:
             if value is not None and len(value) > MAX_PROGRAM_ID_CHARS:
                 raise InvalidProgramId(f"{name} id of {len(value)} characters; at most {MAX_PROGRAM_ID_CHARS} are allowed")
         started = time.perf_counter()
-        now = self.clock()
-        self._expire_idle(now)
+        self._expire_idle(self.clock())
         self._check_serving()
+        now = self.clock()  # read after expiry, whose events must not postdate this call's
         program, created = self._program(program_id, now, parent)
         return self._place(program, created, token_ids, max_tokens, started, now)
 
@@ -175,13 +176,12 @@ class PolicyHost:
         except NoWorkerServing:
             self.fail(call, reason)
             raise
-        self.in_flight -= 1
-        program.in_flight -= 1
+        self._landed(call, program)
         self.retried += 1
         spec = call.spec
         self.emit(ev.RequestRetried(now, spec.id, program.id, call.worker, reason))
         self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, call.worker, spec.prompt_tokens, 0, 0, ok=False), now))
-        return self._place(program, call.created, token_ids, max_tokens, started, now)
+        return self._place(program, call.created, token_ids, max_tokens, started, self.clock())
 
     def _check_serving(self) -> None:
         if len(self.lost) == len(self.routed):
@@ -206,7 +206,7 @@ class PolicyHost:
         decision = self.policy.on_request(spec, now)
         self.decision_seconds.append(time.perf_counter() - started)
         if isinstance(decision, Route):
-            return self._routed(program, spec, decision.worker, 0.0, created)
+            return self._routed(program, spec, decision.worker, 0.0, created, now)
         if not isinstance(decision, Hold):
             raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
         self.emit(ev.RequestHeld(now, spec.id, program.id))
@@ -247,8 +247,7 @@ class PolicyHost:
         now = self.clock()
         spec = call.spec
         program = self.programs[spec.program]
-        program.in_flight -= 1
-        self.in_flight -= 1
+        self._landed(call, program)
         self.finished += 1
         program.turn += 1
         program.turn_calls = 0
@@ -261,8 +260,7 @@ class PolicyHost:
     def fail(self, call: Call, reason: str) -> None:
         """The call failed or was cancelled after it was routed."""
         program = self.programs[call.spec.program]  # a program with a call in flight does not end
-        self.in_flight -= 1
-        program.in_flight -= 1
+        self._landed(call, program)
         self._roll_back(program, call.spec, call.created, reason, call.worker)
 
     def session_final(self, program_id: str) -> bool:
@@ -385,15 +383,22 @@ class PolicyHost:
         program.hashes = hashes
         return hashes
 
-    def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float, created: bool) -> Call:
+    def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float, created: bool, now: float) -> Call:
         if worker not in self.routed or worker in self.lost:
             state = "lost" if worker in self.lost else "unknown"
             raise ValueError(f"policy {self.policy.name} routed {spec.id} to {state} worker {worker!r}")
         self.routed[worker] += 1
+        self.in_flight_on[worker] += 1
         program.in_flight += 1
         self.in_flight += 1
-        self.emit(ev.RequestRouted(self.clock(), spec.id, worker))
+        self.emit(ev.RequestRouted(now, spec.id, worker))  # the step's time: events of one step share it
         return Call(spec, worker, held_s, created)
+
+    def _landed(self, call: Call, program: _Program) -> None:
+        """``call`` is no longer in flight (finished, failed or about to be retried)."""
+        self.in_flight -= 1
+        self.in_flight_on[call.worker] -= 1
+        program.in_flight -= 1
 
     def _roll_back(self, program: _Program, spec: RequestSpec, created: bool, reason: str, worker: str = "") -> None:
         now = self.clock()
@@ -432,7 +437,7 @@ class PolicyHost:
                     waiting, program.held = program.held, []
                     for held in waiting:
                         if not held.future.done():  # routed now: nothing may come between resume and route
-                            held.future.set_result(self._routed(program, held.spec, decision.worker, now - held.since, held.created))
+                            held.future.set_result(self._routed(program, held.spec, decision.worker, now - held.since, held.created, now))
             elif isinstance(decision, Pin):
                 # Dynamo's workers offer no API to keep blocks referenced; the pin is not enforced.
                 if not self.ignored_pins:

@@ -28,12 +28,15 @@ prefix caches as a weight update does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import logging
 import os
 import signal
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
@@ -218,71 +221,53 @@ class _Router:
     async def _forward(self, call: Call, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream the reply from the call's worker. If the worker is lost under it, the call
         goes on where it broke off, on the worker the policy picks next."""
-        prompt = list(request.get("token_ids") or ())
-        stop = dict(request.get("stop_conditions") or {})
-        max_tokens = int(stop.get("max_tokens") or 0)
-        output: list[int] = []
-        carried = 0  # output of lost attempts, now part of this attempt's prompt
+        assert self.members is not None
+        reply = _Reply(list(request.get("token_ids") or ()), dict(request.get("stop_conditions") or {}))
         attempt = request
-        retries = 0
-        while True:
-            assert self.members is not None
+        for retries in itertools.count():
             instance = self.members.instance_of[call.worker]
-            usage: dict[str, Any] = {}
-            finished = first = False
             try:
-                stream = await self.client.direct(attempt, instance, annotated=False)
-                async for chunk in stream:
-                    if not isinstance(chunk, dict):
+                async with contextlib.aclosing(self._stream(call, attempt, instance, reply)) as chunks:
+                    async for chunk in chunks:
                         yield chunk
-                        continue
-                    tokens = chunk.get("token_ids") or ()
-                    if tokens and not first:
-                        first = True
-                        self.host.first_token(call)
-                    output.extend(tokens)
-                    usage = chunk.get("completion_usage") or usage
-                    if chunk.get("finish_reason"):
-                        finished = True
-                        chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, output)}
-                        if carried and chunk.get("completion_usage"):
-                            chunk["completion_usage"] = _as_one_reply(usage, carried)
-                    yield chunk
                 break
             except BaseException as exc:
                 if not (_worker_lost(exc) and retries < self.scenario.live.max_retries):
                     self.host.fail(call, "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else f"error: {exc}")
                     raise
-                reason = f"worker {call.worker} lost: {exc}"
                 self.members.lose(call.worker, instance, str(exc))
-            retries += 1
-            if max_tokens and len(output) >= max_tokens:  # every token came; only the stream's end was lost
-                finished = True
-                usage = {"prompt_tokens": call.spec.prompt_tokens, "completion_tokens": len(output) - carried}
-                yield {"token_ids": [], "finish_reason": "length", "engine_data": {"tasim": _proof(call, output)}}
+                reason = f"worker {call.worker} lost: {exc}"
+            if reply.complete:  # every token came; only the stream's end was lost
+                yield reply.end(_proof(call, reply.output))
                 break
-            carried = len(output)
-            remaining = max_tokens - carried if max_tokens else 0
             try:
-                admission = self.host.retry(call, prompt + output, remaining, reason)
+                admission = self.host.retry(call, reply.prompt + reply.output, reply.rest_of(), reason)
             except NoWorkerServing as exc:  # the host failed the call
                 raise _dynamo_error("WorkerUnavailable", str(exc)) from None
-            retried = await self._admitted(admission, context)
-            if retried is None:
+            resent = await self._admitted(admission, context)
+            if resent is None:  # the client went away while the retry was held
                 return
-            call = retried
-            attempt = {**request, "token_ids": prompt + output, "stop_conditions": _remaining(stop, remaining, carried)}
-        if not finished:
+            call, attempt = resent, reply.next_attempt(request)
+        if not reply.finished:
             self.host.fail(call, "stream ended without a finish reason")
             return
-        details = usage.get("prompt_tokens_details") or {}
-        self.host.finish(
-            call,
-            int(usage.get("prompt_tokens", call.spec.prompt_tokens)),
-            int(usage.get("completion_tokens", len(output) - carried)),
-            int(details.get("cached_tokens") or 0),
-        )
+        self.host.finish(call, *reply.engine_usage(call.spec.prompt_tokens))
 
+    async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: "_Reply") -> AsyncIterator[dict[str, Any]]:
+        """One attempt: the worker's chunks, recorded in ``reply``."""
+        first = True
+        async for chunk in await self.client.direct(request, instance, annotated=False):
+            if isinstance(chunk, dict):
+                tokens = chunk.get("token_ids") or ()
+                if tokens and first:
+                    first = False
+                    self.host.first_token(call)
+                reply.add(chunk, tokens)
+                if reply.finished:
+                    chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, reply.output)}
+                    if chunk.get("completion_usage"):
+                        chunk["completion_usage"] = reply.client_usage()
+            yield chunk
 
     # --- status and shutdown -------------------------------------------------------------------
 
@@ -317,6 +302,66 @@ class _Router:
         self.writer.close()
 
 
+@dataclass
+class _Reply:
+    """One client call's reply across attempts: the output so far, and the engine's usage of
+    the current attempt, whose prompt holds the ``carried`` output tokens of earlier ones."""
+
+    prompt: list[int]
+    stop: dict[str, Any]
+    output: list[int] = field(default_factory=list)
+    carried: int = 0
+    usage: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+
+    @property
+    def max_tokens(self) -> int:
+        return int(self.stop.get("max_tokens") or 0)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.max_tokens) and len(self.output) >= self.max_tokens
+
+    def add(self, chunk: dict[str, Any], tokens: Any) -> None:
+        self.output.extend(tokens)
+        self.usage = chunk.get("completion_usage") or self.usage
+        self.finished = bool(chunk.get("finish_reason"))
+
+    def rest_of(self) -> int:
+        """Tokens still to come (0: no limit)."""
+        return self.max_tokens - len(self.output) if self.max_tokens else 0
+
+    def next_attempt(self, request: dict[str, Any]) -> dict[str, Any]:
+        """The request for the rest of the reply: the output so far appended to the prompt."""
+        stop = dict(self.stop)
+        if self.max_tokens:
+            stop["max_tokens"] = self.rest_of()
+        if stop.get("min_tokens"):
+            stop["min_tokens"] = max(0, int(stop["min_tokens"]) - len(self.output))
+        self.carried, self.usage = len(self.output), {}
+        return {**request, "token_ids": self.prompt + self.output, "stop_conditions": stop}
+
+    def engine_usage(self, prompt_tokens: int) -> tuple[int, int, int]:
+        """(prompt, completion, cached) tokens of the current attempt, as its engine reported."""
+        usage = self.usage
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return int(usage.get("prompt_tokens", prompt_tokens)), int(usage.get("completion_tokens", len(self.output) - self.carried)), int(cached)
+
+    def client_usage(self) -> dict[str, Any]:
+        """The usage as the client's one call: earlier attempts' output was not prompt to it."""
+        usage = self.usage
+        if not self.carried:
+            return usage
+        return {**usage, "prompt_tokens": usage.get("prompt_tokens", self.carried) - self.carried,
+                "completion_tokens": usage.get("completion_tokens", 0) + self.carried}
+
+    def end(self, proof: dict[str, Any]) -> dict[str, Any]:
+        """A final chunk for a reply whose tokens all came but whose stream broke before its end."""
+        self.finished = True
+        self.usage = {"prompt_tokens": len(self.prompt) + self.carried, "completion_tokens": len(self.output) - self.carried}
+        return {"token_ids": [], "finish_reason": "length", "engine_data": {"tasim": proof}}
+
+
 def _worker_lost(exc: BaseException) -> bool:
     """Dynamo 1.6.1 reports a worker it cannot reach ("TCP connection ... failed") and a stream
     that broke off ("Stream ended before generation completed") as plain exceptions whose
@@ -325,22 +370,6 @@ def _worker_lost(exc: BaseException) -> bool:
 
 
 _LOST_WORKER_ERRORS = frozenset({"CannotConnect", "Disconnected", "StreamIncomplete", "WorkerUnavailable", "EngineShutdown"})
-
-
-def _as_one_reply(usage: dict[str, Any], carried: int) -> dict[str, Any]:
-    """The usage of a retried call as the client's one reply: ``carried`` output tokens of
-    earlier attempts were this attempt's prompt."""
-    return {**usage, "prompt_tokens": usage.get("prompt_tokens", carried) - carried, "completion_tokens": usage.get("completion_tokens", 0) + carried}
-
-
-def _remaining(stop: dict[str, Any], max_tokens: int, carried: int) -> dict[str, Any]:
-    """Stop conditions for the rest of a reply that already has ``carried`` tokens."""
-    rest = dict(stop)
-    if max_tokens:
-        rest["max_tokens"] = max_tokens
-    if rest.get("min_tokens"):
-        rest["min_tokens"] = max(0, int(rest["min_tokens"]) - carried)
-    return rest
 
 
 def _dynamo_error(kind: str, message: str) -> Exception:

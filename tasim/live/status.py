@@ -34,7 +34,7 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
         "policy": host.policy.name,
         "time_s": host.clock(),
         "workers": {
-            w: {"instance_id": router.instance_of.get(w), "serving": w not in host.lost, "routed": host.routed[w], "cached_blocks": host.cached_blocks(w)}
+            w: {"instance_id": router.instance_of.get(w), "serving": w not in host.lost, "routed": host.routed[w], "in_flight": host.in_flight_on[w], "cached_blocks": host.cached_blocks(w)}
             for w in host.routed
         },
         "programs": {
@@ -71,6 +71,7 @@ def prometheus_text(router: "_Router") -> str:
     metric("requests_refused_total", "counter", "Requests refused because no worker was serving.", [("", host.refused)])
     metric("worker_serving", "gauge", "1 while the worker serves, 0 while it is lost.", [(f'{{worker="{w}"}}', w not in host.lost) for w in host.routed])
     metric("requests_in_flight", "gauge", "Requests routed and not yet finished.", [("", host.in_flight)])
+    metric("worker_requests_in_flight", "gauge", "Requests in flight, by worker.", [(f'{{worker="{w}"}}', n) for w, n in host.in_flight_on.items()])
     metric("programs_live", "gauge", "Programs in the router's table.", [("", len(host.programs))])
     metric("programs_held", "gauge", "Programs whose call waits for a resume.", [("", sum(bool(p.held) for p in host.programs.values()))])
     metric("pauses_total", "counter", "Program pauses.", [("", host.pauses)])
