@@ -152,12 +152,12 @@ def worker_crash(out: Path) -> Outcome:
     run = kill_a_worker(out)
     return Outcome(
         "live router: a worker dies",
-        f"{run.programs} programs, {run.concurrency} concurrent, through Dynamo's frontend, the tasim router "
-        "(thunderagent) and 2 mocker workers",
+        f"{run.programs} programs, {run.concurrency} concurrent, for {run.wall_s:.0f} s through Dynamo's frontend, "
+        "the tasim router (thunderagent) and 2 mocker workers",
         f"w1 SIGKILLed with {run.streaming_at_kill} calls in flight on it, restarted at once; after the run, both workers killed",
         run.requests, run.lost_requests, run.leaked_programs,
-        f"w1 lost after {run.lost_after_s:.2f} s; {run.retried} calls retried on w0 ({run.retried_mid_stream} mid-stream, "
-        f"their output kept), {run.failed_requests} failed; {run.replaced_programs} programs re-placed; w1 serving again "
+        f"w1 lost after {run.lost_after_s:.2f} s; {run.retried} calls retried ({run.retried_mid_stream} mid-stream, "
+        f"their output kept), {run.failed_requests} failed; {run.replaced_programs} programs re-placed on w0; w1 serving again "
         f"{run.rejoined_after_s:.1f} s after its restart and took {run.served_after_rejoin} calls; with no worker a call got "
         f"HTTP {run.refused_status}",
     )
