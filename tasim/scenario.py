@@ -389,6 +389,33 @@ def parse_scenario(raw: Any, source: str, overrides: Sequence[str] = ()) -> Scen
         raise ScenarioError(f"{source}: {_describe(exc.errors()[0])}") from None
 
 
+class _DuplicateKey(yaml.MarkedYAMLError):
+    """A mapping names one key twice (PyYAML would keep the last one silently)."""
+
+
+class _ScenarioLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: in a scenario the first
+    one would be ignored without a word (two ``policy:`` sections, say)."""
+
+
+def _unique_keys_mapping(loader: _ScenarioLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    if not any(key.tag == "tag:yaml.org,2002:merge" for key, _ in node.value):  # merges may override
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node)
+            try:
+                first = lines.get(key)
+            except TypeError:  # an unhashable key: the usual constructor refuses it
+                break
+            if first is not None:
+                raise _DuplicateKey(None, None, f"duplicate key {reprlib.repr(key)} (first on line {first + 1})", key_node.start_mark)
+            lines[key] = key_node.start_mark.line
+    return loader.construct_mapping(node)
+
+
+_ScenarioLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys_mapping)
+
+
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     path = Path(path)
     try:
@@ -402,7 +429,10 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read ({exc.__class__.__name__})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_ScenarioLoader)  # noqa: S506 - a safe loader
+    except _DuplicateKey as exc:
+        mark = exc.problem_mark
+        raise ScenarioError(f"{path}:{mark.line + 1}:{mark.column + 1}: {exc.problem}; give each key once") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)

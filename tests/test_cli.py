@@ -90,6 +90,8 @@ def _write(tmp_path: Path, text: str) -> str:
         ("policy: {name: round_robin, params: {x: 1}}\n", ["policy", "params.x"]),
         ("duration_s: 10\nmetrics: {warmup_s: 20}\n", ["warmup_s"]),
         ("workload: [1, 2\n", ["YAML syntax error", ":2:"]),
+        ("policy: {name: round_robin}\nseed: 1\npolicy: {name: kv_router}\n", [":3:1: duplicate key 'policy' (first on line 1)"]),
+        ("cluster: {backends: 2, backends: 3}\n", [":1:24: duplicate key 'backends' (first on line 1)"]),
         ("- just\n- a list\n", ["top level must be a mapping"]),
     ],
 )

@@ -219,7 +219,7 @@ def hostile_scenarios(draw: st.DrawFn, trace: Path | None) -> tuple[str, bytes, 
         parent[junk] = parent.pop(path[-1])
         named = path[0] if len(path) > 1 else "unknown key"
         return f"{name}: rename {'.'.join(path)} to {junk!r:.40}", yaml.safe_dump(raw).encode(), named
-    if op == "duplicate":  # PyYAML keeps the last of duplicate keys
+    if op == "duplicate":  # refused: PyYAML would keep the last one silently
         key, value = draw(st.sampled_from(sorted(raw))), draw(st.sampled_from(HOSTILE_VALUES))
         text = yaml.safe_dump(raw) + yaml.safe_dump({key: value})
         return f"{name}: duplicate {key} = {value!r:.40}", text.encode(), key
