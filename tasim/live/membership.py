@@ -166,7 +166,7 @@ class Membership:
                 self.lose(worker, instance, "left service discovery")
             elif worker in self.host.lost and now - self._last_reprobe.get(worker, 0.0) >= REPROBE_INTERVAL_S:
                 self._last_reprobe[worker] = now
-                self._start(instance, self._retry(worker, instance))
+                self._start(instance, self._reprobe(worker, instance))
         self._replaced &= listed  # instance ids are random 64-bit numbers: none comes back
         known = set(self.instance_of.values()) | self._replaced
         for instance in sorted(listed - known):
@@ -199,7 +199,8 @@ class Membership:
         if self.host.worker_joined(worker):
             logger.warning("worker %s joined as instance %d", worker, instance)
 
-    async def _retry(self, worker: str, instance: int) -> None:
+    async def _reprobe(self, worker: str, instance: int) -> None:
+        """A lost worker whose instance discovery still lists serves again once it answers."""
         self._probe_count += 1
         if await self._answers(instance, probe_tokens(self._probe_count, self.block_size)) and self.instance_of.get(worker) == instance:
             if self.host.worker_joined(worker):
