@@ -3,9 +3,11 @@
 ``mocker`` (CPU, default): one ``dynamo.mocker`` process per worker, publishing KV events in
 vLLM's wire format on its own port; its polynomial step times are divided by the scenario's
 ``speedup_ratio`` times the live ``time_scale``. A process per worker (rather than the mocker's
-``--num-workers``) lets a worker die alone, as a GPU worker does. ``vllm`` / ``sglang`` (GPU hosts):
-one ``dynamo.vllm`` / ``dynamo.sglang`` process per worker, pinned to its own GPU, with prefix
-caching and ZMQ KV events on; their timing is the hardware's, so ``time_scale`` must be 1.
+``--num-workers``) lets a worker die alone, as a GPU worker does.
+
+``vllm`` / ``sglang`` (GPU hosts): one ``dynamo.vllm`` / ``dynamo.sglang`` process per worker,
+pinned to its own GPU, with prefix caching and ZMQ KV events on; their timing is the hardware's,
+so ``time_scale`` must be 1.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ and watches them. A call whose worker is lost under it (the connection fails, or
 off: Dynamo's ``Unavailable``) is sent again on another worker, up to ``live.max_retries`` times,
 with the output already streamed appended to its prompt, so the client sees one uninterrupted
 reply (as Dynamo's request migration does); the policy has meanwhile heard of the lost worker and
-placed its programs elsewhere. With no worker serving, calls get an error naming the lost
-workers. Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
+placed its programs elsewhere. With no worker serving, calls get HTTP 503 (Dynamo's frontend
+shows no message for a 5xx; the router's log and status name the lost workers). Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 ``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
 (otherwise it starts at the first request and ends at shutdown); ``POST /run/mark`` logs the RL
 step boundaries a rollout driver reports, and ``POST /caches/clear`` empties the workers'
