@@ -634,3 +634,41 @@ def test_router_and_frontend_listen_on_loopback_only(stack: Any) -> None:
     router, frontend = _listening(pids["router"]), _listening(pids["frontend"])
     assert ("127.0.0.1", stack.status_port) in router and ("127.0.0.1", stack.http_port) in frontend
     assert {address for address, _ in router | frontend} == {"127.0.0.1"}
+
+
+class _ClientStays:
+    """A Dynamo request context whose client never goes away."""
+
+    async def async_killed_or_stopped(self) -> None:
+        await asyncio.Event().wait()
+
+
+@pytest.mark.parametrize("resumed_first", [False, True])
+def test_a_request_task_cancelled_while_held_leaves_nothing_in_flight(resumed_first: bool) -> None:
+    """The router's request task itself is cancelled while its call is held (not the client
+    signalling through the context): the call is rolled back, so the resume that comes later
+    routes nothing; or, if the resume came in the same instant, the routed call is failed."""
+    from tasim.live.router import admitted
+
+    async def go() -> None:
+        host, clock, events = _over_capacity()
+        clock.t = 5.0
+        host.tick()  # pauses A
+        held = host.decide("A", _tokens(40), 4)
+        assert isinstance(held, Held)
+        task = asyncio.ensure_future(admitted(host, held, _ClientStays()))
+        await asyncio.sleep(0)
+        host.session_final("B")
+        clock.t = 10.0
+        if resumed_first:
+            host.tick()  # resumes A and routes its call, before the task hears of it
+            assert host.in_flight == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        if not resumed_first:
+            host.tick()  # resumes A: its call is gone, so nothing is routed
+        assert host.in_flight == host.programs["A"].in_flight == 0 and host.failed == 1
+        assert [e.request for e in events if isinstance(e, ev.RequestDropped)] == ["A.1"]
+
+    asyncio.run(go())

@@ -189,7 +189,7 @@ class _Router:
         token_ids = list(request.get("token_ids") or ())
         max_tokens = int((request.get("stop_conditions") or {}).get("max_tokens") or 0)
         try:
-            call = await self._admitted(self.host.decide(program, token_ids, max_tokens, agent.get("parent_session_id") or None), context)
+            call = await admitted(self.host, self.host.decide(program, token_ids, max_tokens, agent.get("parent_session_id") or None), context)
         except InvalidProgramId as exc:
             raise _dynamo_error("InvalidArgument", str(exc)) from None
         except NoWorkerServing as exc:
@@ -198,25 +198,6 @@ class _Router:
             return
         async for chunk in self._forward(call, request, context):
             yield chunk
-
-    async def _admitted(self, admission: Call | Held, context: Any) -> Call | None:
-        """The routed call: at once, or when the policy resumes its program; None if the
-        client went away while it was held (the host then rolled it back)."""
-        if isinstance(admission, Call):
-            return admission
-        waiting = asyncio.ensure_future(self.host.wait(admission))
-        if context is None:
-            return await waiting
-        stopped = asyncio.ensure_future(context.async_killed_or_stopped())
-        try:
-            await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if not waiting.done():  # the client went away while its call was held
-            waiting.cancel()
-            await asyncio.gather(waiting, return_exceptions=True)
-            return None
-        return waiting.result()
 
     async def _forward(self, call: Call, request: dict[str, Any], context: Any) -> AsyncIterator[dict[str, Any]]:
         """Stream the reply from the call's worker. If the worker is lost under it, the call
@@ -244,7 +225,7 @@ class _Router:
                 admission = self.host.retry(call, reply.prompt + reply.output, reply.rest_of(), reason)
             except NoWorkerServing as exc:  # the host failed the call
                 raise _dynamo_error("WorkerUnavailable", str(exc)) from None
-            resent = await self._admitted(admission, context)
+            resent = await admitted(self.host, admission, context)
             if resent is None:  # the client went away while the retry was held
                 return
             call, attempt = resent, reply.next_attempt(request)
@@ -300,6 +281,39 @@ class _Router:
             self.members.close()
         self.end_run()
         self.writer.close()
+
+
+async def admitted(host: PolicyHost, admission: Call | Held, context: Any) -> Call | None:
+    """The routed call: at once, or when the policy resumes its program; None if the client
+    went away while it was held. A held call given up (the client left, or the request's task
+    was cancelled) is rolled back by the host, so a later resume routes nothing for it."""
+    if isinstance(admission, Call):
+        return admission
+    waiting = asyncio.ensure_future(host.wait(admission))
+    if context is None:
+        return await waiting  # cancelling this await cancels the wait too
+    stopped = asyncio.ensure_future(context.async_killed_or_stopped())
+    try:
+        await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        await _give_up(host, waiting)
+        raise
+    finally:
+        stopped.cancel()
+    if not waiting.done():  # the client went away while its call was held
+        await _give_up(host, waiting)
+        return None
+    return waiting.result()
+
+
+async def _give_up(host: PolicyHost, waiting: "asyncio.Future[Call]") -> None:
+    """Give up a held call: the host rolls it back, or fails it if it was routed already."""
+    if waiting.done():
+        if not waiting.cancelled() and waiting.exception() is None:
+            host.fail(waiting.result(), "cancelled before it was forwarded")
+        return
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
 
 
 @dataclass
