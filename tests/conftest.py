@@ -1,9 +1,10 @@
-"""Shared helpers for tests: a recording engine listener and request builders."""
+"""Shared helpers for tests: a recording engine listener, request builders and a live policy host."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import subprocess
 import sys
@@ -12,6 +13,11 @@ import zlib
 import pytest
 
 from tasim.model import BlockHash, RequestSpec
+from tasim.view import ClusterView, WorkerInfo
+
+if TYPE_CHECKING:
+    from tasim import events as ev
+    from tasim.live.host import Call, Held, PolicyHost
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
@@ -26,6 +32,39 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.t
+
+
+LIVE_BLOCK_SIZE = 16
+
+
+def live_view(workers: int = 2, kv_blocks: int = 64) -> ClusterView:
+    """``workers`` workers named ``w0 …`` with ``kv_blocks`` blocks of 16 tokens each."""
+    return ClusterView(tuple(WorkerInfo(f"w{i}", LIVE_BLOCK_SIZE, kv_blocks, 64, 2048) for i in range(workers)))
+
+
+def live_host(policy: str = "round_robin", params: dict[str, Any] | None = None, *, workers: int = 2, kv_blocks: int = 64,
+              ttl: float | None = None, log_kv_events: bool = False, checked: bool = False) -> tuple["PolicyHost", FakeClock, list["ev.Event"]]:
+    """The live router's `PolicyHost` on a `FakeClock`, recording its events (through the
+    simulator's `EventChecks` when ``checked``)."""
+    import numpy as np
+
+    from tasim.live.host import PolicyHost  # the live extra: only the live tests import it
+    from tasim.policies import make_policy
+    from tasim.sim.checks import EventChecks
+
+    clock = FakeClock()
+    events: list[ev.Event] = []
+    chosen = make_policy(policy, params or {}, live_view(workers, kv_blocks), np.random.default_rng(0))
+    emit = EventChecks(events.append) if checked else events.append
+    return PolicyHost(chosen, clock, emit, LIVE_BLOCK_SIZE, log_kv_events, ttl), clock, events
+
+
+def routed(admission: "Call | Held") -> "Call":
+    """The admission, which must be a routed call (not held)."""
+    from tasim.live.host import Call
+
+    assert isinstance(admission, Call), admission
+    return admission
 
 
 def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:

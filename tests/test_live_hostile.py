@@ -25,19 +25,17 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import pytest
 
-from conftest import FakeClock
+from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 from tasim import events as ev
 from tasim.eventlog import read_events
-from tasim.live.host import MAX_PROGRAM_ID_CHARS, Call, Held, InvalidProgramId, PolicyHost
+from tasim.live.host import MAX_PROGRAM_ID_CHARS, Held, InvalidProgramId, PolicyHost
 from tasim.metrics import MetricsFold
-from tasim.policies import make_policy
 from tasim.policies.base import ProgramDecision
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import Phase, ThunderAgent
-from tasim.view import ClusterView, WorkerInfo
 
-BS = 16
+BS = LIVE_BLOCK_SIZE
 TTL = 600.0
 
 
@@ -53,20 +51,12 @@ class EndsRecorded(RoundRobin):
         return ()
 
 
-def _view(workers: int = 2, kv_blocks: int = 64) -> ClusterView:
-    return ClusterView(tuple(WorkerInfo(f"w{i}", BS, kv_blocks, 64, 2048) for i in range(workers)))
-
-
-def _host(policy: str = "round_robin", params: dict[str, Any] | None = None, workers: int = 2, kv_blocks: int = 64,
-          ttl: float | None = TTL) -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
-    clock = FakeClock()
-    events: list[ev.Event] = []
-    chosen = make_policy(policy, params or {}, _view(workers, kv_blocks), np.random.default_rng(0))
-    return PolicyHost(chosen, clock, events.append, BS, idle_ttl_s=ttl), clock, events
+def _host(policy: str = "round_robin", params: dict[str, Any] | None = None, **settings: Any) -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
+    return live_host(policy, params, **{"ttl": TTL, **settings})
 
 
 def _recording_host(ttl: float | None = TTL) -> tuple[PolicyHost, FakeClock, list[ev.Event], EndsRecorded]:
-    policy = EndsRecorded(_view(), RoundRobin.params_model(), np.random.default_rng(0))
+    policy = EndsRecorded(live_view(), RoundRobin.params_model(), np.random.default_rng(0))
     clock = FakeClock()
     events: list[ev.Event] = []
     return PolicyHost(policy, clock, events.append, BS, idle_ttl_s=ttl), clock, events, policy
@@ -74,11 +64,6 @@ def _recording_host(ttl: float | None = TTL) -> tuple[PolicyHost, FakeClock, lis
 
 def _tokens(n: int, start: int = 5) -> list[int]:
     return list(range(start, start + n))
-
-
-def _routed(admission: Call | Held) -> Call:
-    assert isinstance(admission, Call), admission
-    return admission
 
 
 def _run_header(workers: int = 2) -> ev.RunStarted:
@@ -93,7 +78,7 @@ def test_100k_sessions_without_a_session_final_keep_the_table_bounded() -> None:
     last 1,200 idle programs plus the caller's own, and every other program is reported ended,
     in arrival order, to the log and to the policy. The log (folded as it is written) stays
     consistent: every request completes and every program completes exactly once."""
-    policy = EndsRecorded(_view(), RoundRobin.params_model(), np.random.default_rng(0))
+    policy = EndsRecorded(live_view(), RoundRobin.params_model(), np.random.default_rng(0))
     clock = FakeClock()
     fold = MetricsFold()
     fold.apply(_run_header())
@@ -111,7 +96,7 @@ def test_100k_sessions_without_a_session_final_keep_the_table_bounded() -> None:
     sizes = set()
     for i in range(100_000):
         clock.t = i * 0.5
-        call = _routed(host.decide(f"s{i}", prompt, 4))
+        call = routed(host.decide(f"s{i}", prompt, 4))
         sizes.add(len(host.programs))
         host.finish(call, 20, 4, 0)
     assert max(sizes) == len(host.programs) == 1201  # s98799 .. s99999: idle at most 600 s
@@ -133,9 +118,9 @@ def test_100k_sessions_without_a_session_final_keep_the_table_bounded() -> None:
 
 def test_a_program_idle_exactly_the_ttl_stays_and_just_past_it_ends() -> None:
     host, clock, events, policy = _recording_host()
-    host.finish(_routed(host.decide("p", _tokens(40), 8)), 40, 8, 0)
+    host.finish(routed(host.decide("p", _tokens(40), 8)), 40, 8, 0)
     clock.t = TTL
-    host.finish(_routed(host.decide("q", _tokens(20), 4)), 20, 4, 0)
+    host.finish(routed(host.decide("q", _tokens(20), 4)), 20, 4, 0)
     assert sorted(host.programs) == ["p", "q"] and host.expired == 0
     clock.t = TTL + 0.25
     host.tick()
@@ -145,10 +130,10 @@ def test_a_program_idle_exactly_the_ttl_stays_and_just_past_it_ends() -> None:
 
 def test_a_program_back_after_expiry_starts_fresh() -> None:
     host, clock, events, policy = _recording_host()
-    host.finish(_routed(host.decide("p", _tokens(40), 8)), 40, 8, 0)
+    host.finish(routed(host.decide("p", _tokens(40), 8)), 40, 8, 0)
     clock.t = 700.0
     del events[:]
-    call = _routed(host.decide("p", _tokens(40) + _tokens(30, 900), 8))
+    call = routed(host.decide("p", _tokens(40) + _tokens(30, 900), 8))
     # Expired first (its end logged as a completed program), then a new program under the same id.
     assert events == [
         ev.ProgramFinished(700.0, "p", 48, True),
@@ -169,8 +154,8 @@ def test_held_and_in_flight_programs_never_expire_and_expiry_frees_room_for_the_
 
     async def go() -> None:
         host, clock, events = _host("thunderagent", kv_blocks=8)
-        a = _routed(host.decide("A", _tokens(20), 4))
-        b = _routed(host.decide("B", _tokens(20, 100), 4))
+        a = routed(host.decide("A", _tokens(20), 4))
+        b = routed(host.decide("B", _tokens(20, 100), 4))
         clock.t = 1.0
         waiter = asyncio.ensure_future(host.admit("C", _tokens(20, 200), 4))
         await asyncio.sleep(0)
@@ -201,10 +186,10 @@ def test_held_and_in_flight_programs_never_expire_and_expiry_frees_room_for_the_
 
 def test_without_a_ttl_idle_programs_stay() -> None:
     host, clock, _, _ = _recording_host(ttl=None)
-    host.finish(_routed(host.decide("p", _tokens(20), 4)), 20, 4, 0)
+    host.finish(routed(host.decide("p", _tokens(20), 4)), 20, 4, 0)
     clock.t = 1e7
     host.tick()
-    _routed(host.decide("q", _tokens(20), 4))
+    routed(host.decide("q", _tokens(20), 4))
     assert sorted(host.programs) == ["p", "q"] and host.expired == 0
 
 
@@ -216,10 +201,10 @@ def test_a_session_final_for_an_unknown_ended_or_expired_program_is_a_counted_su
     fold = MetricsFold()
     fold.apply(_run_header())
     assert host.session_final("never-seen") is False
-    host.finish(_routed(host.decide("p", _tokens(20), 4)), 20, 4, 0)
+    host.finish(routed(host.decide("p", _tokens(20), 4)), 20, 4, 0)
     assert host.session_final("p") is True
     assert host.session_final("p") is False  # a second final for the same session
-    host.finish(_routed(host.decide("q", _tokens(20), 4)), 20, 4, 0)
+    host.finish(routed(host.decide("q", _tokens(20), 4)), 20, 4, 0)
     clock.t = TTL + 1
     host.tick()
     assert host.session_final("q") is False  # expired before its final came
@@ -247,7 +232,7 @@ def test_a_session_final_during_a_call_ends_the_program_after_that_call(outcome:
     host, clock, events = _host("kv_router")
     assert isinstance(host.policy, KvRouter)
     empty = _kv_bookings(host.policy)
-    call = _routed(host.decide("p", _tokens(40), 8))
+    call = routed(host.decide("p", _tokens(40), 8))
     host.first_token(call)
     clock.t = 1.0
     assert host.session_final("p") is True and host.unknown_finals == 0
@@ -266,9 +251,9 @@ def test_a_session_final_during_a_call_ends_the_program_after_that_call(outcome:
 
 def test_a_call_after_a_session_final_continues_the_session() -> None:
     host, _, events = _host()
-    first = _routed(host.decide("p", _tokens(40), 8))
+    first = routed(host.decide("p", _tokens(40), 8))
     host.session_final("p")
-    second = _routed(host.decide("p", _tokens(40), 8))  # the client went on after all
+    second = routed(host.decide("p", _tokens(40), 8))  # the client went on after all
     host.finish(first, 40, 8, 0)
     host.finish(second, 40, 8, 0)
     assert host.programs["p"].turn == 2 and not any(isinstance(e, ev.ProgramFinished) for e in events)
@@ -283,7 +268,7 @@ def test_an_over_long_id_is_refused_before_anything_changes(field: str) -> None:
     with pytest.raises(InvalidProgramId, match=f"^{field} id of 257 characters; at most 256 are allowed$"):
         host.decide(program, _tokens(20), 4, parent)
     assert host.programs == {} and events == [] and host.routed == {"w0": 0, "w1": 0}
-    call = _routed(host.decide(ok, _tokens(20), 4, ok))
+    call = routed(host.decide(ok, _tokens(20), 4, ok))
     assert call.spec.program == ok and host.programs[ok].parent == ok
 
 
@@ -332,12 +317,22 @@ def _over_capacity() -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
     """ThunderAgent (upstream) on one 256-token worker: A (24 tokens) and B (40) are both acting,
     264 + buffers > 256, so the next tick pauses A, the smaller."""
     host, clock, events = _host("thunderagent", workers=1, kv_blocks=16)
-    a = _routed(host.decide("A", _tokens(20), 4))
+    a = routed(host.decide("A", _tokens(20), 4))
     host.finish(a, 20, 4, 0)
-    b = _routed(host.decide("B", _tokens(30, 500), 10))
+    b = routed(host.decide("B", _tokens(30, 500), 10))
     host.finish(b, 30, 10, 0)
     assert isinstance(host.policy, ThunderAgent) and host.policy.used("w0") == 264
     return host, clock, events
+
+
+def _held_call_of_paused_a() -> tuple[PolicyHost, FakeClock, list[ev.Event], Held]:
+    """`_over_capacity` after the tick at 5 s paused A, with A's next call held."""
+    host, clock, events = _over_capacity()
+    clock.t = 5.0
+    host.tick()  # pauses A
+    held = host.decide("A", _tokens(40), 4)
+    assert isinstance(held, Held)
+    return host, clock, events, held
 
 
 GAPS = 5  # before decide, after it, after the waiter was created, after it first ran, after that
@@ -371,7 +366,7 @@ def test_a_tick_anywhere_in_an_admission_never_leaves_a_call_without_a_worker(ti
         gap(4)
         assert (waiter is not None) == bool(ticks & 1)  # held exactly when a tick came first
         if waiter is None:
-            call = _routed(admission)
+            call = routed(admission)
         else:
             assert not waiter.done()  # B keeps the room A needs
             assert host.session_final("B") is True
@@ -395,11 +390,7 @@ def test_a_resumed_call_is_routed_before_its_waiter_runs(then: str) -> None:
     session-final waits for it."""
 
     async def go() -> None:
-        host, clock, events = _over_capacity()
-        clock.t = 5.0
-        host.tick()  # pauses A
-        held = host.decide("A", _tokens(40), 4)
-        assert isinstance(held, Held)
+        host, clock, events, held = _held_call_of_paused_a()
         waiter = asyncio.ensure_future(host.wait(held))
         await asyncio.sleep(0)
         host.session_final("B")
@@ -467,11 +458,11 @@ def test_kv_router_bookings_return_to_their_pre_call_values_when_a_call_is_cance
     host, clock, events = _host("kv_router")
     policy = host.policy
     assert isinstance(policy, KvRouter)
-    host.finish(_routed(host.decide("p", _tokens(40), 8)), 40, 8, 0)
-    other = _routed(host.decide("q", _tokens(64, 3000), 8))  # another call keeps bookings of its own
+    host.finish(routed(host.decide("p", _tokens(40), 8)), 40, 8, 0)
+    other = routed(host.decide("q", _tokens(64, 3000), 8))  # another call keeps bookings of its own
     before = _kv_bookings(policy)
     clock.t = 1.0
-    call = _routed(host.decide("p", _tokens(40) + _tokens(40, 700), 8))
+    call = routed(host.decide("p", _tokens(40) + _tokens(40, 700), 8))
     assert _kv_bookings(policy) != before
     if when != "before_first_token":
         host.first_token(call)
@@ -495,8 +486,8 @@ def test_thunderagent_capacity_after_clients_leave() -> None:
         host, clock, _ = _host("thunderagent", kv_blocks=8)
         policy = host.policy
         assert isinstance(policy, ThunderAgent)
-        a = _routed(host.decide("A", _tokens(20), 4))
-        _routed(host.decide("B", _tokens(20, 100), 4))
+        a = routed(host.decide("A", _tokens(20), 4))
+        routed(host.decide("B", _tokens(20, 100), 4))
         before = {w: policy.used(w) for w in ("w0", "w1")}
         assert before == {"w0": 120, "w1": 120}
         waiter = asyncio.ensure_future(host.admit("C", _tokens(20, 200), 4))
@@ -515,10 +506,10 @@ def test_thunderagent_later_turn_cancelled_mid_stream_is_released_by_the_ttl(par
     host, clock, _ = _host("thunderagent", params, kv_blocks=8)
     policy = host.policy
     assert isinstance(policy, ThunderAgent)
-    host.finish(_routed(host.decide("D", _tokens(20), 4)), 20, 4, 0)
+    host.finish(routed(host.decide("D", _tokens(20), 4)), 20, 4, 0)
     assert policy.used("w0") == 124  # ACTING 24 + buffer
     clock.t = 1.0
-    call = _routed(host.decide("D", _tokens(24) + _tokens(8, 900), 4))
+    call = routed(host.decide("D", _tokens(24) + _tokens(8, 900), 4))
     host.first_token(call)
     host.fail(call, "cancelled")
     q = policy.programs["D"]
@@ -651,11 +642,7 @@ def test_a_request_task_cancelled_while_held_leaves_nothing_in_flight(resumed_fi
     from tasim.live.router import admitted
 
     async def go() -> None:
-        host, clock, events = _over_capacity()
-        clock.t = 5.0
-        host.tick()  # pauses A
-        held = host.decide("A", _tokens(40), 4)
-        assert isinstance(held, Held)
+        host, clock, events, held = _held_call_of_paused_a()
         task = asyncio.ensure_future(admitted(host, held, _ClientStays()))
         await asyncio.sleep(0)
         host.session_final("B")

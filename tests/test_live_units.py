@@ -17,7 +17,7 @@ msgpack = pytest.importorskip("msgpack")
 pytest.importorskip("zmq")
 pytest.importorskip("xxhash")
 
-from conftest import SCENARIOS, FakeClock  # noqa: E402
+from conftest import LIVE_BLOCK_SIZE, SCENARIOS, FakeClock, live_host as _host, live_view  # noqa: E402
 from tasim import events as ev  # noqa: E402
 from tasim.cli import main  # noqa: E402
 from tasim.live.hashing import chain_from, local_block_hashes, sequence_hashes  # noqa: E402
@@ -25,28 +25,15 @@ from tasim.live.host import PolicyHost  # noqa: E402
 from tasim.live.kv_events import KvEvent, KvEventSubscriber, decode_message  # noqa: E402
 from tasim.live.status import prometheus_text, status_snapshot  # noqa: E402
 from tasim.model import RequestSpec  # noqa: E402
-from tasim.policies import TurnEnd, make_policy  # noqa: E402
+from tasim.policies import TurnEnd  # noqa: E402
 from tasim.policies.kv_router import KvRouter  # noqa: E402
 from tasim.policies.round_robin import RoundRobin  # noqa: E402
 from tasim.policies.thunderagent import ThunderAgent  # noqa: E402
-from tasim.view import ClusterView, WorkerInfo  # noqa: E402
 
-BS = 16
+BS = LIVE_BLOCK_SIZE
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def _view(kv_blocks: int = 64) -> ClusterView:
-    return ClusterView(tuple(WorkerInfo(w, BS, kv_blocks, 64, 2048) for w in ("w0", "w1")))
-
-
-def _host(policy_name: str = "round_robin", params: dict[str, Any] | None = None, kv_blocks: int = 64,
-          log_kv_events: bool = False) -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
-    policy = make_policy(policy_name, params or {}, _view(kv_blocks), np.random.default_rng(0))
-    clock = FakeClock()
-    events: list[ev.Event] = []
-    return PolicyHost(policy, clock, events.append, BS, log_kv_events), clock, events
 
 
 def _tokens(n: int, start: int = 5) -> list[int]:
@@ -268,7 +255,7 @@ def test_one_off_call_is_a_program_that_ends_itself() -> None:
 
 
 def _recording_host() -> tuple[PolicyHost, FakeClock, list[ev.Event], RecordingRoundRobin]:
-    policy = RecordingRoundRobin(_view(), RoundRobin.params_model(), np.random.default_rng(0))
+    policy = RecordingRoundRobin(live_view(), RoundRobin.params_model(), np.random.default_rng(0))
     clock = FakeClock()
     events: list[ev.Event] = []
     return PolicyHost(policy, clock, events.append, BS), clock, events, policy

@@ -16,27 +16,21 @@ import pytest
 from tasim import events as ev
 from tasim.live import membership
 from tasim.live.hashing import sequence_hashes
-from tasim.live.host import Call, Held, NoWorkerServing, PolicyHost
+from tasim.live.host import Held, NoWorkerServing, PolicyHost
 from tasim.live.kv_events import KvEvent, KvEventSubscriber
 from tasim.live.membership import Membership, probe_tokens
 from tasim.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.thunderagent import ThunderAgent
-from tasim.sim.checks import EventChecks
-from tasim.view import ClusterView, WorkerInfo
 
-from conftest import FakeClock
+from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 
-BS = 16
-
-
-def _view(workers: int = 3, kv_blocks: int = 100) -> ClusterView:
-    return ClusterView(tuple(WorkerInfo(f"w{i}", BS, kv_blocks, 256, 8192) for i in range(workers)))
+BS = LIVE_BLOCK_SIZE
 
 
 def _policy(name: str, params: dict | None = None, workers: int = 3, kv_blocks: int = 100) -> Policy:
-    return make_policy(name, params or {}, _view(workers, kv_blocks), np.random.default_rng(0))
+    return make_policy(name, params or {}, live_view(workers, kv_blocks), np.random.default_rng(0))
 
 
 def _req(rid: str, program: str, prompt: int = 100, hashes: tuple[int, ...] = ()) -> RequestSpec:
@@ -184,22 +178,15 @@ def test_thunderagent_forgets_a_lost_origin_and_ticks_with_no_backend() -> None:
 # --- the live policy host ------------------------------------------------------------------------
 
 
-def _host(policy: str = "round_robin", workers: int = 2, **params: object) -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
-    clock = FakeClock()
-    events: list[ev.Event] = []
-    chosen = make_policy(policy, dict(params), _view(workers), np.random.default_rng(0))
-    return PolicyHost(chosen, clock, EventChecks(events.append), BS, log_kv_events=True), clock, events
-
-
-def _call(admission: Call | Held) -> Call:
-    assert isinstance(admission, Call), admission
-    return admission
+def _host(policy: str = "round_robin") -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
+    """Two workers of 1,600 tokens; every event through the simulator's checks, KV events logged."""
+    return live_host(policy, kv_blocks=100, log_kv_events=True, checked=True)
 
 
 def test_a_lost_workers_call_is_retried_as_a_new_call_of_the_same_turn() -> None:
     host, clock, events = _host()
-    a = _call(host.decide("a", list(range(5, 45)), 8))
-    b = _call(host.decide("b", list(range(5, 45)), 8))
+    a = routed(host.decide("a", list(range(5, 45)), 8))
+    b = routed(host.decide("b", list(range(5, 45)), 8))
     assert (a.worker, b.worker) == ("w0", "w1")
     host.kv_event("w1", KvEvent("stored", (11, 12)))
     clock.t = 1.0
@@ -210,7 +197,7 @@ def test_a_lost_workers_call_is_retried_as_a_new_call_of_the_same_turn() -> None
     assert host.cached_blocks("w1") == 0
     clock.t = 1.5
     # 3 of 8 tokens had streamed: the retry's prompt holds them, and 5 are still to come.
-    retried = _call(host.retry(b, list(range(5, 48)), 5, "worker w1 lost: stream broke"))
+    retried = routed(host.retry(b, list(range(5, 48)), 5, "worker w1 lost: stream broke"))
     assert retried.worker == "w0" and retried.created  # the call that created b, still
     assert (retried.spec.id, retried.spec.turn, retried.spec.prompt_tokens, retried.spec.output_tokens) == ("b.0r2", 0, 43, 5)
     assert host.programs["b"].in_flight == 1 and host.in_flight == 2 and host.retried == 1 and host.failed == 0
@@ -225,16 +212,16 @@ def test_a_lost_workers_call_is_retried_as_a_new_call_of_the_same_turn() -> None
     clock.t = 2.0
     assert host.worker_joined("w1") and not host.worker_joined("w1")
     assert events[-1] == ev.WorkerJoined(2.0, "w1")
-    assert _call(host.decide("c", list(range(5, 45)), 8)).worker == "w1"
+    assert routed(host.decide("c", list(range(5, 45)), 8)).worker == "w1"
 
 
 def test_a_session_final_during_the_retry_ends_the_program_after_it() -> None:
     host, clock, events = _host()
-    _call(host.decide("x", list(range(5, 45)), 8))  # w0
-    b = _call(host.decide("b", list(range(5, 45)), 8))  # w1
+    routed(host.decide("x", list(range(5, 45)), 8))  # w0
+    b = routed(host.decide("b", list(range(5, 45)), 8))  # w1
     host.session_final("b")  # arrives while b's call is in flight
     host.worker_lost("w1", "gone")
-    retried = _call(host.retry(b, list(range(5, 45)), 8, "worker w1 lost"))
+    retried = routed(host.retry(b, list(range(5, 45)), 8, "worker w1 lost"))
     assert "b" in host.programs  # not ended between the lost call and its retry
     host.finish(retried, 40, 8, 0)
     assert "b" not in host.programs
@@ -242,11 +229,11 @@ def test_a_session_final_during_the_retry_ends_the_program_after_it() -> None:
 
 
 def test_a_held_retry_that_the_client_abandons_rolls_back() -> None:
-    host, clock, events = _host("thunderagent", workers=2)
+    host, clock, events = _host("thunderagent")
     async def go() -> None:
         big = list(range(5, 5 + 1400))
-        _call(host.decide("a", big, 8))  # w0, nearly full
-        b = _call(host.decide("b", big, 8))  # w1
+        routed(host.decide("a", big, 8))  # w0, nearly full
+        b = routed(host.decide("b", big, 8))  # w1
         host.worker_lost("w1", "gone")
         held = host.retry(b, big, 8, "worker w1 lost")
         assert isinstance(held, Held)  # w0 has no room for b
@@ -264,7 +251,7 @@ def test_a_held_retry_that_the_client_abandons_rolls_back() -> None:
 
 def test_no_serving_worker_refuses_calls_and_fails_retries() -> None:
     host, clock, events = _host()
-    a = _call(host.decide("a", list(range(5, 45)), 8))
+    a = routed(host.decide("a", list(range(5, 45)), 8))
     host.worker_lost("w0", "gone")
     host.worker_lost("w1", "gone")
     with pytest.raises(NoWorkerServing, match=r"no worker is serving \(lost: w0, w1\)"):
@@ -274,7 +261,7 @@ def test_no_serving_worker_refuses_calls_and_fails_retries() -> None:
         host.retry(a, list(range(5, 45)), 8, "worker w0 lost")
     assert host.failed == 1 and host.refused == 2 and host.in_flight == 0 and "a" not in host.programs
     host.worker_joined("w1")
-    assert _call(host.decide("new", list(range(5, 45)), 8)).worker == "w1"
+    assert routed(host.decide("new", list(range(5, 45)), 8)).worker == "w1"
 
 
 def test_the_host_refuses_a_policy_that_routes_to_a_lost_worker() -> None:
@@ -285,7 +272,7 @@ def test_the_host_refuses_a_policy_that_routes_to_a_lost_worker() -> None:
             return Route("w1")
 
     clock = FakeClock()
-    host = PolicyHost(Stubborn(_view(2), Policy.params_model(), np.random.default_rng(0)), clock, lambda e: None, BS)
+    host = PolicyHost(Stubborn(live_view(2), Policy.params_model(), np.random.default_rng(0)), clock, lambda e: None, BS)
     host.worker_lost("w1", "gone")
     with pytest.raises(ValueError, match="policy stubborn routed a.0 to lost worker 'w1'"):
         host.decide("a", list(range(5, 45)), 8)
