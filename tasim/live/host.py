@@ -303,9 +303,7 @@ class PolicyHost:
         now = self.clock()
         self.lost.add(worker)
         self.emit(ev.WorkerLost(now, worker, reason))
-        removed = tuple(self._cached[worker])
-        self._cached[worker].clear()
-        self._removed(worker, removed, now)
+        self._drop_cache(worker, now)
         self._apply(self.policy.on_worker_lost(worker, now))
         return True
 
@@ -324,9 +322,7 @@ class PolicyHost:
             return
         now = self.clock()
         if event.kind == "cleared":
-            removed = tuple(self._cached[worker])
-            self._cached[worker].clear()
-            self._removed(worker, removed, now)
+            self._drop_cache(worker, now)
         elif event.kind == "stored":
             self._cached[worker].update(event.blocks)
             if self.log_kv_events:
@@ -445,6 +441,12 @@ class PolicyHost:
                 self.ignored_pins += 1
             else:
                 raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
+
+    def _drop_cache(self, worker: str, now: float) -> None:
+        """Every block ``worker`` had cached is gone (a cache reset, or the worker with it)."""
+        removed = tuple(self._cached[worker])
+        self._cached[worker].clear()
+        self._removed(worker, removed, now)
 
     def _removed(self, worker: str, blocks: tuple[BlockHash, ...], now: float) -> None:
         if not blocks:

@@ -195,12 +195,7 @@ class LiveStack:
 
     def kill_worker(self, index: int) -> None:
         """SIGKILL worker ``index``'s process group: a crashed GPU worker, for fault tests."""
-        process = self._process(f"worker{index}")
-        try:
-            os.killpg(process.popen.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.popen.wait()
+        _kill(self._process(f"worker{index}"))
 
     def restart_worker(self, index: int) -> None:
         """Start worker ``index`` again with its original command (same KV-event port), as a
@@ -307,11 +302,16 @@ class LiveStack:
                 process.popen.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 pass
-        try:  # the group may hold children of the leader (Dynamo spawns none today, vLLM does)
-            os.killpg(process.popen.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        process.popen.wait()
+        _kill(process)  # the group may hold children of the leader (Dynamo spawns none today, vLLM does)
+
+
+def _kill(process: _Process) -> None:
+    """SIGKILL the process's whole group and reap the leader."""
+    try:
+        os.killpg(process.popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.popen.wait()
 
 
 def _exit_on_signal(signum: int, frame: object) -> None:
