@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import json
 import signal
 import subprocess
 import sys
@@ -119,7 +118,7 @@ def live_run(policy: str, tmp_root: Path) -> LiveRun:
         stack.end_run()
         time.sleep(0.3)
         recorder.stop()
-        status = json.loads(urllib.request.urlopen(f"{stack.status_url}/status", timeout=10).read())
+        status = stack.status()
         metrics = urllib.request.urlopen(f"{stack.status_url}/metrics", timeout=10).read().decode()
 
     run = LiveRun(
@@ -268,7 +267,7 @@ def test_a_client_gone_while_held_leaves_the_program_table_as_it_was(tmp_path: P
                 async with client.post(url, json=body, headers={"x-dynamo-session-id": "C"}, timeout=aiohttp.ClientTimeout(total=2)):
                     pass
             await asyncio.sleep(1)
-            table = json.loads(urllib.request.urlopen(f"{stack.status_url}/status", timeout=10).read())["programs"]
+            table = stack.status()["programs"]
             body = {"model": stack.model_name, "prompt": list(range(10, 270)), "max_tokens": 5, "stream": True}
             async with client.post(url, json=body, headers={"x-dynamo-session-id": "A"}) as reply:
                 stream_status, text = reply.status, await reply.text()

@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import sys
-import urllib.request
 from collections import Counter
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -579,10 +578,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             os.killpg(group, 0)
 
 
-def _status(stack: Any) -> dict[str, Any]:
-    return json.loads(urllib.request.urlopen(f"{stack.status_url}/status", timeout=10).read())
-
-
 @pytest.mark.slow
 def test_malformed_requests_get_4xx_and_leave_the_router_clean(stack: Any) -> None:
     port, model = stack.http_port, stack.model_name
@@ -607,11 +602,11 @@ def test_malformed_requests_get_4xx_and_leave_the_router_clean(stack: Any) -> No
     # Accepted: a tab inside the id is a program like any other; a non-ASCII id is dropped by the
     # frontend (the call is a one-off); a session-final for a session never seen succeeds.
     assert _raw_post(port, "/v1/completions", session + b"a\tb\r\n", completion)[0] == 200
-    assert _status(stack)["programs"]["table"].keys() == {"a\tb"}
+    assert stack.status()["programs"]["table"].keys() == {"a\tb"}
     assert _raw_post(port, "/v1/completions", session + b"a\tb\r\nx-dynamo-session-final: true\r\n", completion)[0] == 200
     assert _raw_post(port, "/v1/completions", session + "sé".encode() + b"\r\n", completion)[0] == 200
     assert _raw_post(port, "/v1/completions", session + b"ghost\r\nx-dynamo-session-final: true\r\n", completion)[0] == 200
-    status = _status(stack)
+    status = stack.status()
     assert status["programs"] == {"live": 0, "held": 0, "expired": 0, "unknown_finals": 1, "table": {}}
     assert status["requests"] == {"in_flight": 0, "finished": 2, "failed": 0, "retried": 0, "refused": 0, "session_finals": 2}
     assert stack.alive() == ["worker0", "worker1", "router", "frontend"]

@@ -110,7 +110,7 @@ async def _until(stack: LiveStack, ready: Callable[[dict[str, Any]], bool], driv
     """Poll the router's status until ``ready``; fails if the run ends or time runs out first."""
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
-        status = await asyncio.to_thread(_status, stack)
+        status = await asyncio.to_thread(stack.status)
         if ready(status):
             return status
         if driving.done():
@@ -119,17 +119,12 @@ async def _until(stack: LiveStack, ready: Callable[[dict[str, Any]], bool], driv
     raise RuntimeError(f"the router did not reach the awaited state within {WAIT_S:g} s; logs in {stack.workdir}")
 
 
-def _status(stack: LiveStack) -> dict[str, Any]:
-    with urllib.request.urlopen(f"{stack.status_url}/status", timeout=10) as reply:
-        return json.loads(reply.read())  # type: ignore[no-any-return]
-
-
 def _refused_status(stack: LiveStack) -> int:
     """Kill every worker, wait until the router has lost them, and send one call."""
     for index in range(stack.scenario.cluster.backends):
         stack.kill_worker(index)
     deadline = time.monotonic() + WAIT_S
-    while any(w["serving"] for w in _status(stack)["workers"].values()):
+    while any(w["serving"] for w in stack.status()["workers"].values()):
         if time.monotonic() > deadline:
             raise RuntimeError(f"the router still counts killed workers as serving after {WAIT_S:g} s")
         time.sleep(0.2)

@@ -186,6 +186,10 @@ class LiveStack:
         """Log an RL step boundary (rollout_started, rollout_finished, training_finished)."""
         _post(f"{self.status_url}/run/mark", {"kind": kind, "step": step, "trajectories": trajectories})
 
+    def status(self) -> dict[str, Any]:
+        """The router's ``GET /status``: workers, program table, request counts."""
+        return _request(urllib.request.Request(f"{self.status_url}/status"))  # type: ignore[no-any-return]
+
     def clear_caches(self) -> dict[str, Any]:
         """Empty the workers' prefix caches (``{"cleared": bool, "workers": {w: reply}}``)."""
         return _post(f"{self.status_url}/caches/clear")
@@ -333,12 +337,16 @@ def _terminate_with_parent() -> None:
 
 def _post(url: str, body: dict[str, Any] | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else b""
-    request = urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json"})
+    return _request(urllib.request.Request(url, data=data, method="POST", headers={"content-type": "application/json"}))
+
+
+def _request(request: urllib.request.Request) -> Any:
+    """The router's JSON answer to ``request``."""
     try:
         with urllib.request.urlopen(request, timeout=60) as reply:
             return json.loads(reply.read() or b"null")
     except (urllib.error.URLError, OSError) as exc:
-        raise StackError(f"router did not answer {url}: {exc}") from None
+        raise StackError(f"router did not answer {request.full_url}: {exc}") from None
 
 
 def _tail(log: Path, lines: int = 3) -> str:
