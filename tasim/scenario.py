@@ -225,21 +225,42 @@ WORKLOAD_KINDS = (AgentWorkload, RolloutWorkload, MooncakeTraceWorkload, DynamoT
 class PolicyConfig(_Strict):
     name: str = "round_robin"
     params: dict[str, Any] = Field(default_factory=dict)
+    defaults: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per policy, the parameters this deployment gives it whichever policy a run selects "
+        "(--policy, compare); params override them",
+    )
+
+    @property
+    def effective_params(self) -> dict[str, Any]:
+        return {**self.defaults.get(self.name, {}), **self.params}
 
     @model_validator(mode="after")
     def _known_policy(self) -> "PolicyConfig":
-        from tasim.policies import policy_class, validate_params  # policies depend on core, not the reverse
+        from tasim.policies import policy_class  # policies depend on core, not the reverse
 
-        try:
-            validate_params(self.name, self.params)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            field = ".".join(_key(str(p)) for p in err["loc"])
-            if err["type"] == "extra_forbidden":
-                allowed = ", ".join(policy_class(self.name).params_model.model_fields) or "none"
-                raise ValueError(f"params.{field}: unknown parameter of {self.name} (allowed: {allowed})") from None
-            raise ValueError(f"params.{field}: {err['msg']} (got {reprlib.repr(err.get('input'))})") from None
+        for name, params in self.defaults.items():
+            try:
+                policy_class(name)
+            except ValueError as exc:
+                raise ValueError(f"defaults.{_key(name)}: {exc}") from None
+            _check_params(name, params, f"defaults.{_key(name)}")
+        _check_params(self.name, self.effective_params, "params")
         return self
+
+
+def _check_params(policy: str, params: dict[str, Any], where: str) -> None:
+    from tasim.policies import policy_class, validate_params
+
+    try:
+        validate_params(policy, params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(_key(str(p)) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(policy_class(policy).params_model.model_fields) or "none"
+            raise ValueError(f"{where}.{field}: unknown parameter of {policy} (allowed: {allowed})") from None
+        raise ValueError(f"{where}.{field}: {err['msg']} (got {reprlib.repr(err.get('input'))})") from None
 
 
 class MetricsConfig(_Strict):

@@ -40,3 +40,58 @@ def test_continuum_pins_while_tools_are_short_and_sticks_programs() -> None:
     policy.on_request(_req("a.2", "a"), 13.0)  # a 10 s tool: average 1.5 + 0.2 x 8.5 = 3.2 s > 2 s
     assert policy.predicted_tool_s == 3.2
     assert list(policy.on_turn_end(TurnEnd("a", "a.2", "w0", 100, 10, 0), 14.0)) == []
+
+
+# --- session affinity (Dynamo's, in every router mode) -------------------------------------------
+
+
+def _turn(policy, rid: str, program: str, now: float) -> str:  # type: ignore[no-untyped-def]
+    worker = policy.on_request(_req(rid, program), now).worker
+    policy.on_turn_end(TurnEnd(program, rid, worker, 100, 10, 0), now + 1.0)
+    return worker
+
+
+def test_round_robin_with_affinity_keeps_programs_and_leaves_the_rotation_alone() -> None:
+    policy = make_policy("round_robin", {"session_affinity_ttl_s": 30.0}, VIEW, np.random.default_rng(0))
+    assert [_turn(policy, f"{p}.0", p, 0.0) for p in "abcd"] == ["w0", "w1", "w2", "w0"]
+    # a bound program's turns do not advance the rotation: e's first turn takes w1, next in line
+    assert [_turn(policy, f"{p}.1", p, 10.0) for p in "abcd"] == ["w0", "w1", "w2", "w0"]
+    assert _turn(policy, "e.0", "e", 10.0) == "w1"
+    # a's last request ended at 11 s; 30 s idle is still bound, 30.5 s is not: it joins the rotation
+    assert _turn(policy, "a.2", "a", 41.0) == "w0"
+    assert _turn(policy, "a.3", "a", 72.5) == "w2"
+
+
+def test_affinity_binds_afresh_when_the_program_ends_or_its_worker_is_lost() -> None:
+    policy = make_policy("round_robin", {"session_affinity_ttl_s": 30.0}, VIEW, np.random.default_rng(0))
+    assert _turn(policy, "a.0", "a", 0.0) == "w0"
+    policy.on_program_end("a", 2.0)
+    assert _turn(policy, "a.1", "a", 3.0) == "w1"  # a program id seen again is a new session
+    policy.on_worker_lost("w1", 5.0)
+    assert _turn(policy, "a.2", "a", 6.0) == "w0"  # bound to w1: the third pick of w0, w2 is w0
+    policy.on_worker_joined("w1", 7.0)
+    assert _turn(policy, "a.3", "a", 8.0) == "w0"
+
+
+def test_least_loaded_with_affinity_is_verls_global_load_balancer() -> None:
+    """verl 0.9.1's GlobalRequestLoadBalancer: a trajectory stays on its server; a new one goes to
+    the server with the fewest requests in flight; bound requests count towards that load."""
+    policy = make_policy("least_loaded", {"session_affinity_ttl_s": 1e6}, VIEW, np.random.default_rng(0))
+    first = {p: policy.on_request(_req(f"{p}.0", p), 0.0).worker for p in "abc"}
+    assert sorted(first.values()) == ["w0", "w1", "w2"]
+    # a's second call is bound and lands on a's worker although it is now the busiest
+    assert policy.on_request(_req("a.1", "a"), 1.0) == Route(first["a"])
+    assert policy.active == {w: 1 + (w == first["a"]) for w in ("w0", "w1", "w2")}
+    policy.on_turn_end(TurnEnd("b", "b.0", first["b"], 100, 10, 0), 2.0)
+    assert policy.on_request(_req("d.0", "d"), 2.0) == Route(first["b"])  # the only idle server
+    # per request, without affinity, a's second call would have gone to an idle worker
+    blind = make_policy("least_loaded", {}, VIEW, np.random.default_rng(0))
+    blind_first = {p: blind.on_request(_req(f"{p}.0", p), 0.0).worker for p in "abc"}
+    blind.on_turn_end(TurnEnd("b", "b.0", blind_first["b"], 100, 10, 0), 1.0)
+    assert blind.on_request(_req("a.1", "a"), 1.0) == Route(blind_first["b"])
+
+
+def test_random_with_affinity_draws_once_per_session() -> None:
+    policy = make_policy("random", {"session_affinity_ttl_s": 30.0}, VIEW, np.random.default_rng(7))
+    workers = {_turn(policy, f"a.{i}", "a", float(i)) for i in range(10)}
+    assert len(workers) == 1

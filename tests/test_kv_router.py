@@ -147,9 +147,10 @@ def test_session_affinity_hard_binds_until_idle_ttl() -> None:
         router.on_request(_request(f"x{i}", 3200, base=7000 + 1000 * i, program=f"o{i}"), 1.0)
     assert router.on_request(_request("b", 64, program="s"), 20.0).worker == first
     router.on_turn_end(TurnEnd("s", "b", first, 64, 10, 0), 21.0)
-    assert "s" in router._bindings
+    assert router.sessions.get("s") is not None
     router.on_request(_request("c", 64, program="s"), 52.0)  # idle 31 s > 30 s: binding expired
-    assert router._bindings["s"].last_used == 52.0
+    binding = router.sessions.get("s")
+    assert binding is not None and binding.last_used == 52.0
 
 
 def test_soft_affinity_leaves_a_busy_worker() -> None:

@@ -103,7 +103,8 @@ def test_kv_router_forgets_the_lost_workers_cache_and_sessions() -> None:
     policy.on_turn_end(TurnEnd("a", "a.0", "w1", 160, 0, 0, ok=False), 2.0)
     # The session was bound to w1 (hard affinity); it binds afresh to w0, not to the lost worker.
     assert policy.on_request(_req("a.0r2", "a", 160, prompt), 2.0) == Route("w0")
-    assert policy._bindings["a"].worker == "w0"
+    binding = policy.sessions.get("a")
+    assert binding is not None and binding.worker == "w0"
     policy.on_worker_joined("w1", 3.0)
     assert list(policy.costs(_req("b.0", "b", 160, prompt), 3.0)[0]) == ["w0", "w1"]
 

@@ -86,7 +86,7 @@ class _Router:
             raise ValueError(f"{len(config.kv_event_endpoints)} KV event endpoints for {len(self.view.workers)} workers")
         self.block_size = self.view.workers[0].block_size
         policy_seed = np.random.SeedSequence([self.scenario.seed, 2]).spawn(2)[0]
-        policy = make_policy(self.scenario.policy.name, self.scenario.policy.params, self.view, np.random.default_rng(policy_seed))
+        policy = make_policy(self.scenario.policy.name, self.scenario.policy.effective_params, self.view, np.random.default_rng(policy_seed))
         self.writer = EventWriter(Path(config.events_path))
         self._t0 = time.monotonic()
         self.host = PolicyHost(

@@ -1,5 +1,5 @@
 """Program-blind baselines: uniform random and fewest-active-requests routing, per request
-(Dynamo's ``--router-mode random`` and ``least-loaded``)."""
+(Dynamo's ``--router-mode random`` and ``least-loaded``), optionally behind session affinity."""
 
 from __future__ import annotations
 
@@ -9,20 +9,21 @@ import numpy as np
 from pydantic import BaseModel
 
 from tasim.model import RequestSpec
-from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
+from tasim.policies.base import ProgramDecision, TurnEnd, pick_uniform
+from tasim.policies.session_affinity import ProgramBlindRouter
 from tasim.view import ClusterView
 
 
-class RandomRouting(Policy):
+class RandomRouting(ProgramBlindRouter):
     name: ClassVar[str] = "random"
     summary: ClassVar[str] = "each request to a uniformly random worker (seeded)"
 
-    def on_request(self, request: RequestSpec, now: float) -> Route:
+    def choose(self, request: RequestSpec, now: float) -> str:
         workers = self.serving
-        return Route(workers[int(self.rng.integers(len(workers)))])
+        return workers[int(self.rng.integers(len(workers)))]
 
 
-class LeastLoaded(Policy):
+class LeastLoaded(ProgramBlindRouter):
     name: ClassVar[str] = "least_loaded"
     summary: ClassVar[str] = "each request to the worker with the fewest active requests (ties at random)"
 
@@ -31,17 +32,17 @@ class LeastLoaded(Policy):
         self.active = {w: 0 for w in view.worker_ids}
         self._where: dict[str, str] = {}
 
-    def on_request(self, request: RequestSpec, now: float) -> Route:
+    def choose(self, request: RequestSpec, now: float) -> str:
         active = self.active
         fewest = min(active[w] for w in self.serving)
-        ties = [w for w in self.serving if active[w] == fewest]
-        worker = pick_uniform(self.rng, ties)
+        return pick_uniform(self.rng, [w for w in self.serving if active[w] == fewest])
+
+    def dispatched(self, request: RequestSpec, worker: str) -> None:
         self.active[worker] += 1
         self._where[request.id] = worker
-        return Route(worker)
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
         worker = self._where.pop(turn.request, None)
         if worker is not None:
             self.active[worker] -= 1
-        return ()
+        return super().on_turn_end(turn, now)

@@ -28,6 +28,7 @@ from tasim.model import RequestSpec
 from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.prefix_index import ApproxIndex, EventIndex
+from tasim.policies.session_affinity import SessionBindings
 from tasim.view import ClusterView
 
 
@@ -60,12 +61,6 @@ class _Booking:
     prefill_tokens: int
     blocks: tuple[int, ...]
     prefill_done: bool = False
-
-
-@dataclass(slots=True)
-class _Binding:
-    worker: str
-    last_used: float
 
 
 def worker_cost(
@@ -118,7 +113,7 @@ class KvRouter(Policy):
         self._active_sum = {w: 0 for w in workers}
         self._requests = {w: 0 for w in workers}
         self._bookings: dict[str, _Booking] = {}
-        self._bindings: dict[str, _Binding] = {}
+        self.sessions = SessionBindings(p.session_affinity_ttl_s)
 
     # --- decisions -------------------------------------------------------------------------
 
@@ -153,8 +148,7 @@ class KvRouter(Policy):
         costs, overlaps = self._costs(request, hashes, now)
         worker = self._bound_worker(request.program, costs, now) or self._pick(costs)
         self._book(request, hashes, worker, overlaps[worker], now)
-        if self.p.session_affinity_ttl_s is not None and request.program not in self._bindings:
-            self._bindings[request.program] = _Binding(worker, now)
+        self.sessions.bind(request.program, worker, now)
         return Route(worker)
 
     def _eligible(self) -> list[str]:
@@ -168,16 +162,10 @@ class KvRouter(Policy):
         return idle or workers
 
     def _bound_worker(self, program: str, costs: dict[str, float], now: float) -> str | None:
-        ttl = self.p.session_affinity_ttl_s
-        binding = self._bindings.get(program)
-        if ttl is None or binding is None:
+        worker = self.sessions.worker(program, now)
+        if self.p.session_affinity_mode == "soft" and worker not in costs:
             return None
-        if now - binding.last_used > ttl:
-            del self._bindings[program]
-            return None
-        if self.p.session_affinity_mode == "soft" and binding.worker not in costs:
-            return None
-        return binding.worker
+        return worker
 
     def _pick(self, costs: dict[str, float]) -> str:
         workers = list(costs)
@@ -217,13 +205,11 @@ class KvRouter(Policy):
             self._active[w].unbook(booking.blocks)
             self._active_sum[w] -= len(booking.blocks)
             self._requests[w] -= 1
-        binding = self._bindings.get(turn.program)
-        if binding is not None:
-            binding.last_used = now  # the idle TTL restarts when a request ends
+        self.sessions.request_ended(turn.program, now)
         return ()
 
     def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
-        self._bindings.pop(program, None)
+        self.sessions.program_ended(program)
         return ()
 
     def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
@@ -232,7 +218,7 @@ class KvRouter(Policy):
         super().on_worker_lost(worker, now)
         if self.index is not None:
             self.index.forget(worker)
-        self._bindings = {p: b for p, b in self._bindings.items() if b.worker != worker}
+        self.sessions.worker_lost(worker)
         return ()
 
     def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float) -> None:

@@ -2,6 +2,7 @@
 
 This is what Dynamo's frontend does with ``--router-mode round-robin`` and what the
 ThunderAgent paper calls the stateless vLLM baseline when there is more than one replica.
+With session affinity a program's later requests skip the rotation and go to its worker.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import numpy as np
 from pydantic import BaseModel
 
 from tasim.model import RequestSpec
-from tasim.policies.base import Policy, Route
+from tasim.policies.session_affinity import ProgramBlindRouter
 from tasim.view import ClusterView
 
 
-class RoundRobin(Policy):
+class RoundRobin(ProgramBlindRouter):
     name: ClassVar[str] = "round_robin"
     summary: ClassVar[str] = "each request to the next worker in turn"
 
@@ -24,8 +25,8 @@ class RoundRobin(Policy):
         super().__init__(view, params, rng)
         self._next = 0
 
-    def on_request(self, request: RequestSpec, now: float) -> Route:
+    def choose(self, request: RequestSpec, now: float) -> str:
         workers = self.serving
         worker = workers[self._next % len(workers)]
         self._next += 1
-        return Route(worker)
+        return worker

@@ -57,7 +57,7 @@ class Simulation:
         self.view = cluster_view(scenario)
         policy_seed, arrival_seed = np.random.SeedSequence([scenario.seed, 2]).spawn(2)
         self.policy: Policy = policy or make_policy(
-            scenario.policy.name, scenario.policy.params, self.view, np.random.default_rng(policy_seed)
+            scenario.policy.name, scenario.policy.effective_params, self.view, np.random.default_rng(policy_seed)
         )
         self.arrival_rng = np.random.default_rng(arrival_seed)
         perf = make_perf_model(cluster)

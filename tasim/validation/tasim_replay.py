@@ -27,7 +27,8 @@ def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scen
         update={
             "cluster": cluster.model_copy(update={"engine": engine, "perf": perf}),
             "workload": workload,
-            "policy": scenario.policy.model_copy(update={"name": router, "params": {}}),
+            # Dynamo's replay runs its router with its defaults, so tasim's does too
+            "policy": scenario.policy.model_copy(update={"name": router, "params": {}, "defaults": {}}),
             "duration_s": _UNBOUNDED_S,
             "metrics": scenario.metrics.model_copy(update={"warmup_s": 0.0, "sample_interval_s": _UNBOUNDED_S}),
         }

@@ -1,0 +1,113 @@
+"""Session affinity as Dynamo 1.6.1's frontend offers it in every router mode
+(``--router-session-affinity-ttl-secs``, keyed by ``X-Dynamo-Session-ID``; tasim keys it by
+program).
+
+A session's first dispatch binds it to the worker its router chose; its later requests go
+straight there, without consulting the router (a round-robin rotation does not advance). The
+binding lapses when the session has been idle, with no request ending, for the TTL, or when its
+worker is lost; the next request then binds afresh. The verl Dynamo recipe turns this on for
+RL rollouts so that a trajectory's turns stay with their prefix cache. With a TTL longer than
+any trajectory, ``least_loaded`` plus affinity is verl 0.9.1's own ``GlobalRequestLoadBalancer``
+(sticky per trajectory, otherwise the fewest requests in flight, ties at random).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasim.model import RequestSpec
+from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
+from tasim.view import ClusterView
+
+
+@dataclass(slots=True)
+class Binding:
+    worker: str
+    last_used: float
+
+
+class SessionBindings:
+    """Program → worker bindings with an idle TTL; ``ttl_s`` None keeps none (affinity off)."""
+
+    def __init__(self, ttl_s: float | None) -> None:
+        self.ttl_s = ttl_s
+        self._bindings: dict[str, Binding] = {}
+
+    def get(self, program: str) -> Binding | None:
+        return self._bindings.get(program)
+
+    def worker(self, program: str, now: float) -> str | None:
+        """The live binding's worker, dropping a binding idle for longer than the TTL."""
+        binding = self._bindings.get(program)
+        if binding is None or self.ttl_s is None:
+            return None
+        if now - binding.last_used > self.ttl_s:
+            del self._bindings[program]
+            return None
+        return binding.worker
+
+    def bind(self, program: str, worker: str, now: float) -> None:
+        if self.ttl_s is not None and program not in self._bindings:
+            self._bindings[program] = Binding(worker, now)
+
+    def request_ended(self, program: str, now: float) -> None:
+        binding = self._bindings.get(program)
+        if binding is not None:
+            binding.last_used = now  # the idle TTL restarts when a request ends
+
+    def program_ended(self, program: str) -> None:
+        self._bindings.pop(program, None)
+
+    def worker_lost(self, worker: str) -> None:
+        """Its sessions bind afresh, as Dynamo rebinds a session whose worker left."""
+        self._bindings = {p: b for p, b in self._bindings.items() if b.worker != worker}
+
+
+class AffinityParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    session_affinity_ttl_s: float | None = Field(
+        None, gt=0, description="bind a program to its first worker for this idle TTL (Dynamo's session affinity)"
+    )
+
+
+class ProgramBlindRouter(Policy):
+    """A per-request router (`choose`) behind Dynamo's session affinity."""
+
+    params_model = AffinityParams
+
+    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+        super().__init__(view, params, rng)
+        p: AffinityParams = params  # type: ignore[assignment]
+        self.sessions = SessionBindings(p.session_affinity_ttl_s)
+
+    def choose(self, request: RequestSpec, now: float) -> str:
+        raise NotImplementedError
+
+    def dispatched(self, request: RequestSpec, worker: str) -> None:
+        """Every request sent to ``worker``, chosen or bound (for load counts)."""
+
+    def on_request(self, request: RequestSpec, now: float) -> Route:
+        worker = self.sessions.worker(request.program, now)
+        if worker is None:
+            worker = self.choose(request, now)
+            self.sessions.bind(request.program, worker, now)
+        self.dispatched(request, worker)
+        return Route(worker)
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        self.sessions.request_ended(turn.program, now)
+        return ()
+
+    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        self.sessions.program_ended(program)
+        return ()
+
+    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        super().on_worker_lost(worker, now)
+        self.sessions.worker_lost(worker)
+        return ()
