@@ -148,3 +148,26 @@ def test_a_finite_agent_workload_ends_when_its_programs_have_run() -> None:
     finished = [e for e in log if isinstance(e, ev.ProgramFinished)]
     assert sorted(e.program for e in finished) == [f"p{i}" for i in range(5)]
     assert isinstance(log[-1], ev.RunEnded) and log[-1].t == finished[-1].t < 60
+
+
+def test_policy_defaults_reach_whichever_policy_a_run_selects() -> None:
+    """A deployment's per-policy parameters (policy.defaults) apply to the selected policy, as
+    compare and --policy select it, and policy.params override them."""
+
+    def routes(policy: dict) -> dict[str, set[str]]:
+        raw = _scenario().model_dump() | {"policy": policy}
+        log = _run(Scenario.model_validate(raw))
+        by_program: dict[str, set[str]] = {}
+        for e in log:
+            if isinstance(e, ev.RequestRouted):
+                by_program.setdefault(e.request.split(".")[0], set()).add(e.worker)
+        return by_program
+
+    defaults = {"round_robin": {"session_affinity_ttl_s": 100.0}}
+    sticky = routes({"name": "round_robin", "params": {}, "defaults": defaults})
+    assert all(len(workers) == 1 for workers in sticky.values())
+    assert set().union(*sticky.values()) == {"w0", "w1"}
+    blind = routes({"name": "round_robin", "params": {"session_affinity_ttl_s": None}, "defaults": defaults})
+    assert any(len(workers) == 2 for workers in blind.values())
+    other = Scenario.model_validate(_scenario().model_dump() | {"policy": {"name": "random", "defaults": defaults}})
+    assert other.policy.effective_params == {}
