@@ -256,11 +256,14 @@ def _check_params(policy: str, params: dict[str, Any], where: str) -> None:
         validate_params(policy, params)
     except ValidationError as exc:
         err = exc.errors()[0]
-        field = ".".join(_key(str(p)) for p in err["loc"])
+        field = ".".join([where, *(_key(str(p)) for p in err["loc"])])
         if err["type"] == "extra_forbidden":
             allowed = ", ".join(policy_class(policy).params_model.model_fields) or "none"
-            raise ValueError(f"{where}.{field}: unknown parameter of {policy} (allowed: {allowed})") from None
-        raise ValueError(f"{where}.{field}: {err['msg']} (got {reprlib.repr(err.get('input'))})") from None
+            raise ValueError(f"{field}: unknown parameter of {policy} (allowed: {allowed})") from None
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["loc"]:  # a field's own value; a rule across fields (empty loc) names them itself
+            message += f" (got {reprlib.repr(err.get('input'))})"
+        raise ValueError(f"{field}: {message}") from None
 
 
 class MetricsConfig(_Strict):

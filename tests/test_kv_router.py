@@ -8,7 +8,7 @@ import pytest
 from tasim.model import RequestSpec
 from tasim.policies import TurnEnd, make_policy
 from tasim.policies.kv_router import KvRouter, KvRouterParams, worker_cost
-from tasim.policies.prefix_index import ApproxIndex, EventIndex
+from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
 from tasim.view import ClusterView, WorkerInfo
 
 
@@ -131,6 +131,29 @@ def test_approximate_mode_routes_repeat_prompt_to_same_worker() -> None:
     router.on_turn_end(TurnEnd("p", "a", first, 320, 10, 0), 0.2)
     assert not router.wants_kv_events
     assert all(router.on_request(_request(f"r{i}", 320), 1.0 + i).worker == first for i in range(1))
+
+
+def test_predict_on_route_credits_a_routed_prefix_before_its_events() -> None:
+    """--router-predicted-ttl-secs: the routed prompt counts as cached on its worker at once; a
+    worker's overlap is the larger of the event index's and the prediction's, and the
+    prediction lapses after its TTL (refreshed by a later routing of the same blocks)."""
+    router = _router(seed=0, router_predicted_ttl_secs=10.0)
+    assert isinstance(router.index, PredictOnRouteIndex) and router.wants_kv_events
+    first = router.on_request(_request("a", 320), 0.0).worker  # 20 blocks, no KV event yet
+    other = "w1" if first == "w0" else "w0"
+    router.on_first_token("a", first, 0.1)
+    router.on_turn_end(TurnEnd("p", "a", first, 320, 10, 0), 0.2)
+    costs, overlaps = router.costs(_request("b", 320), 5.0)
+    assert overlaps == {first: 20, other: 0}
+    assert costs[first] == pytest.approx(20 - 20 + 20) and costs[other] == pytest.approx(20 + 20)
+    router.on_kv_stored(other, _request("x", 160).block_hashes, 6.0)  # events name 10 blocks there
+    assert router.costs(_request("b", 320), 6.0)[1] == {first: 20, other: 10}
+    assert router.costs(_request("b", 320), 10.0)[1] == {first: 0, other: 10}  # 10 s after routing
+    plain = _router(seed=0)
+    plain.on_request(_request("a", 320), 0.0)
+    assert plain.costs(_request("b", 320), 5.0)[1] == {"w0": 0, "w1": 0}
+    with pytest.raises(ValueError, match="needs use_kv_events"):
+        KvRouterParams(router_predicted_ttl_secs=5.0, use_kv_events=False)
 
 
 def test_credit_zero_builds_no_index() -> None:

@@ -22,12 +22,12 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.model import RequestSpec
 from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
-from tasim.policies.prefix_index import ApproxIndex, EventIndex
+from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
 from tasim.policies.session_affinity import SessionBindings
 from tasim.view import ClusterView
 
@@ -42,6 +42,9 @@ class KvRouterParams(BaseModel):
     router_temperature: float = Field(0.0, ge=0, description="0 = argmin; > 0 = softmax over normalised costs")
     use_kv_events: bool = Field(True, description="prefix index from KV events; false = approximate (own decisions, TTL)")
     router_ttl_secs: float = Field(120.0, gt=0, description="approximate mode: block lifetime after last routing")
+    router_predicted_ttl_secs: float | None = Field(
+        None, gt=0, description="predict-on-route: routed prompts also count as cached for this long (needs use_kv_events)"
+    )
     max_tree_size: int = Field(1 << 20, gt=0, description="approximate mode: index size guard in blocks")
     kv_event_lag_s: float = Field(0.0, ge=0, description="delay before KV events reach the index")
     router_track_prefill_tokens: bool = Field(True, description="include the (P + ISL) / bs prefill term")
@@ -53,6 +56,13 @@ class KvRouterParams(BaseModel):
     session_affinity_mode: Literal["hard", "soft"] = Field(
         "hard", description="hard: always the bound worker; soft: the bound worker while it is eligible"
     )
+
+    @model_validator(mode="after")
+    def _predictions_need_events(self) -> "KvRouterParams":
+        if self.router_predicted_ttl_secs is not None and not self.use_kv_events:
+            # Dynamo refuses this pair too: one approximate index would be fed twice
+            raise ValueError("router_predicted_ttl_secs needs use_kv_events: true (approximate mode already predicts)")
+        return self
 
 
 @dataclass(slots=True)
@@ -102,11 +112,14 @@ class KvRouter(Policy):
         self.block_size = view.workers[0].block_size
         self._kv_blocks = {w.id: w.kv_blocks for w in view.workers}
         # Credit 0 means Dynamo builds no indexer at all: pure load balancing.
-        self.index: EventIndex | ApproxIndex | None = None
-        if p.overlap_score_credit > 0:
-            self.index = EventIndex(workers, p.kv_event_lag_s) if p.use_kv_events else ApproxIndex(
-                workers, p.router_ttl_secs, p.max_tree_size
-            )
+        self.index: EventIndex | ApproxIndex | PredictOnRouteIndex | None = None
+        if p.overlap_score_credit > 0 and not p.use_kv_events:
+            self.index = ApproxIndex(workers, p.router_ttl_secs, p.max_tree_size)
+        elif p.overlap_score_credit > 0:
+            self.index = EventIndex(workers, p.kv_event_lag_s)
+            if p.router_predicted_ttl_secs is not None:
+                predicted = ApproxIndex(workers, p.router_predicted_ttl_secs, p.max_tree_size)
+                self.index = PredictOnRouteIndex(self.index, predicted)
         self.wants_kv_events = self.index is not None and p.use_kv_events
         self._prefill = {w: 0 for w in workers}
         self._active = {w: BookedBlocks() for w in workers}

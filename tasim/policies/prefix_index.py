@@ -10,6 +10,9 @@ answers it exactly as Dynamo's radix tree walk does.
   decision it records the request's blocks on the chosen worker, each expiring ``ttl_s`` after its
   last insertion; a size guard prunes the earliest-expiring blocks (deepest first on ties) down
   to 80 % when the index exceeds ``max_size`` blocks.
+* `PredictOnRouteIndex` (``--router-predicted-ttl-secs``) is an `EventIndex` plus an
+  `ApproxIndex` of the router's own decisions with a short TTL, so a prefix counts from the moment
+  it is routed rather than from its first KV event; a worker's overlap is the larger of the two.
 """
 
 from __future__ import annotations
@@ -130,3 +133,29 @@ class ApproxIndex:
             self._size -= 1
             return True
         return False
+
+
+class PredictOnRouteIndex:
+    def __init__(self, events: EventIndex, predicted: ApproxIndex) -> None:
+        self.events = events
+        self.predicted = predicted
+
+    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+        self.events.stored(worker, blocks, now)
+
+    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+        self.events.removed(worker, blocks, now)
+
+    def routed(self, worker: str, hashes: Sequence[BlockHash], now: float) -> None:
+        self.predicted.routed(worker, hashes, now)
+
+    def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
+        predicted = self.predicted.overlaps(hashes, now)
+        return {w: max(n, predicted[w]) for w, n in self.events.overlaps(hashes, now).items()}
+
+    def forget(self, worker: str) -> None:
+        self.events.forget(worker)
+        self.predicted.forget(worker)
+
+    def size(self) -> int:
+        return self.events.size() + self.predicted.size()
