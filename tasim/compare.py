@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tasim.cli import UsageError
+from tasim.metrics import summary_value
 from tasim.parallel import map_in_processes
 from tasim.rundir import run_simulation
 from tasim.policies import POLICIES
@@ -28,18 +29,34 @@ from tasim.scenario import Scenario, ScenarioError, apply_override, load_scenari
 RUNS_DIR = "runs"
 COMPARE_FILE = "compare.json"
 
-# (header, summary key, sub-key of a mean/percentile dict, format): short two-line headers and
-# fixed precision keep the table inside an 80-column terminal; compare.json has exact values
-TABLE_COLUMNS: tuple[tuple[str, str, str | None, str], ...] = (
-    ("steps/\nmin", "steps_per_min", None, ",.1f"),
-    ("output\ntok/s", "output_tokens_per_s", None, ",.1f"),
-    ("prefix\nhit", "prefix_hit_rate", None, ".3f"),
-    ("TTFT\nmean s", "ttft_s", "mean", ",.3f"),
-    ("e2e\nmean s", "e2e_s", "mean", ",.2f"),
-    ("pre-\nempts", "preemptions", None, ","),
-    ("pauses", "pauses", None, ","),
-    ("working\nset", "working_set_ratio", None, ".3f"),
+# (header, path into the summary, format): short two-line headers and fixed precision keep the
+# table inside an 80-column terminal; compare.json has exact values
+Column = tuple[str, tuple[str, ...], str]
+CACHE_COLUMNS: tuple[Column, ...] = (
+    ("prefix\nhit", ("prefix_hit_rate",), ".3f"),
+    ("pre-\nempts", ("preemptions",), ","),
+    ("pauses", ("pauses",), ","),
+    ("working\nset", ("working_set_ratio",), ".3f"),
 )
+SERVING_COLUMNS: tuple[Column, ...] = (
+    ("steps/\nmin", ("steps_per_min",), ",.1f"),
+    ("output\ntok/s", ("output_tokens_per_s",), ",.1f"),
+    CACHE_COLUMNS[0],
+    ("TTFT\nmean s", ("ttft_s", "mean"), ",.3f"),
+    ("e2e\nmean s", ("e2e_s", "mean"), ",.2f"),
+    *CACHE_COLUMNS[1:],
+)
+# an RL engineer judges a rollout by the training step it costs, not by per-call latency
+ROLLOUT_COLUMNS: tuple[Column, ...] = (
+    ("rollout\ntok/s", ("rollout", "rollout_tokens_per_s"), ",.1f"),
+    ("step\nmean s", ("rollout", "step_time_s", "mean"), ",.0f"),
+    ("strag-\ngler", ("rollout", "straggler_share"), ".3f"),
+    *CACHE_COLUMNS,
+)
+
+
+def table_columns(scenario: Scenario) -> tuple[Column, ...]:
+    return ROLLOUT_COLUMNS if scenario.workload.kind == "rl_rollout" else SERVING_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -200,8 +217,8 @@ def records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[dict[str, A
 # --- output ----------------------------------------------------------------------------------
 
 
-def _cell(summary: dict[str, Any], key: str, sub: str | None, spec: str) -> str:
-    value = summary[key][sub] if sub else summary[key]
+def _cell(summary: dict[str, Any], path: tuple[str, ...], spec: str) -> str:
+    value = summary_value(summary, path)
     return "-" if value is None else format(value, spec)  # None: no request completed in the window
 
 
@@ -223,12 +240,13 @@ def comparison_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
         # the full key is in the title; its last part, split into words, wraps in a narrow column
         table.add_column(plan.sweep.key.rsplit(".", 1)[-1].replace("_", " "), justify="right", overflow="ellipsis")
     table.add_column("policy", style="bold", no_wrap=True)
-    for header, *_ in TABLE_COLUMNS:
+    columns = table_columns(plan.scenario)
+    for header, *_ in columns:
         table.add_column(header, justify="right", overflow="fold")
     for i, (run, summary) in enumerate(zip(plan.runs, summaries)):
         point_index, policy_index = divmod(i, len(plan.policies))
         point = [Text(plan.sweep.texts[point_index])] if plan.sweep else []  # as the user wrote it
-        cells = [_cell(summary, key, sub, spec) for _, key, sub, spec in TABLE_COLUMNS]
+        cells = [_cell(summary, path, spec) for _, path, spec in columns]
         last_of_point = len(plan.policies) > 1 and policy_index == len(plan.policies) - 1
         table.add_row(*point, Text(run.policy), *cells, end_section=last_of_point)
     return table

@@ -371,3 +371,11 @@ _HANDLERS = {
     ev.WorkerSample: MetricsFold._sample,
     ev.RunEnded: MetricsFold._run_ended,
 }
+
+
+def summary_value(summary: dict[str, Any], path: tuple[str, ...]) -> Any:
+    """A value of a (nested) summary, e.g. ``("rollout", "step_time_s", "mean")``."""
+    value: Any = summary
+    for key in path:
+        value = value[key]
+    return value

@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 
 from tasim import events as ev
 from tasim.eventlog import find_events, read_events
+from tasim.metrics import summary_value
 
 if TYPE_CHECKING:
     from tasim.compare import Plan, Run
@@ -46,14 +47,14 @@ def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
 
 
 def sweep_plot(
-    plan: Plan, summaries: Sequence[dict[str, Any]], metric: str, ylabel: str, title: str, path: Path
+    plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path
 ) -> Path:
-    """``metric`` against the swept value, one line per policy."""
+    """The summary value at ``metric`` against the swept value, one line per policy."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     xs = _sweep_axis(ax, plan)
     for policy in plan.policies:
-        ys = [s[metric] for run, s in zip(plan.runs, summaries) if run.policy == policy]
+        ys = [summary_value(s, metric) for run, s in zip(plan.runs, summaries) if run.policy == policy]
         ax.plot(xs, ys, marker="o", label=policy)
     ax.set_ylim(bottom=0)
     ax.set_ylabel(ylabel)
@@ -102,9 +103,12 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
     """throughput.png and hit_rate.png (with a sweep) and kv_utilization.png, under ``out``."""
     written = []
     if plan.sweep is not None:
-        written.append(sweep_plot(plan, summaries, "steps_per_min", "steps per minute (LLM calls/min)",
-                                  "Throughput", out / "throughput.png"))
-        written.append(sweep_plot(plan, summaries, "prefix_hit_rate", "prefix hit rate (fraction of prompt tokens)",
+        if plan.scenario.workload.kind == "rl_rollout":
+            throughput = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
+        else:
+            throughput = ("steps_per_min",), "steps per minute (LLM calls/min)", "Throughput"
+        written.append(sweep_plot(plan, summaries, *throughput, out / "throughput.png"))
+        written.append(sweep_plot(plan, summaries, ("prefix_hit_rate",), "prefix hit rate (fraction of prompt tokens)",
                                   "Prefix cache hit rate", out / "hit_rate.png"))
     last = plan.last_point()
     point = ", ".join(f"{k}={v}" for k, v in last[0].point.items())

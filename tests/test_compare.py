@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 import pytest
 from pydantic import BaseModel, Field, PositiveInt
 
-from conftest import TINY, assert_usage_error, tasim
+from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 from tasim.render import param_rows
 
 SHORT = ("--set", "duration_s=40")
@@ -67,6 +67,28 @@ def test_without_sweep_one_run_per_policy_and_only_the_kv_plot(tmp_path: Path) -
     assert (tmp_path / "runs" / "round_robin" / "summary.json").exists()
     assert (tmp_path / "kv_utilization.png").read_bytes().startswith(PNG_MAGIC)
     assert not (tmp_path / "throughput.png").exists()
+
+
+def test_rl_rollouts_are_compared_by_rollout_throughput_and_step_time(tmp_path: Path) -> None:
+    """For rl_rollout workloads the table shows what a training step costs, and the throughput
+    plot is rollout throughput, not calls per minute."""
+    small = ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.steps=1",
+             "workload.training_s=5", "workload.turns=3"]
+    args = [arg for o in small for arg in ("--set", o)]
+    result = tasim("compare", str(SCENARIOS / "rl-rollout.yaml"), *args, "--policies", "round_robin,thunderagent",
+                   "--sweep", "workload.max_concurrency=2,4", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    top = next(i for i, line in enumerate(lines) if "strag-" in line)
+    assert lines[top].split()[:3] == ["rollout", "step", "strag-"]
+    assert " ".join(lines[top + 1].split()).startswith("max concurrency policy tok/s mean s gler")
+    assert "TTFT" not in result.stdout
+    entries = json.loads((tmp_path / "compare.json").read_text())
+    rollout = entries[0]["summary"]["rollout"]
+    first_row = lines[top + 3].split()
+    assert first_row[:5] == ["2", "round_robin", f"{rollout['rollout_tokens_per_s']:,.1f}",
+                             f"{rollout['step_time_s']['mean']:,.0f}", f"{rollout['straggler_share']:.3f}"]
+    assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_results_do_not_depend_on_jobs(tmp_path: Path, swept: tuple[Path, list[dict[str, Any]]]) -> None:
