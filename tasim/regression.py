@@ -16,7 +16,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from tasim.metrics import MetricsFold
 from tasim.parallel import map_in_processes

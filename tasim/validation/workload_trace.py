@@ -120,5 +120,5 @@ def _agent_records(scenario: Scenario, workload: AgentWorkload) -> Iterator[dict
         next_id = base + max(blocks_for(context, bs), system_blocks)
         if next_id > MAX_TRACE_ID:
             raise UnsupportedWorkload(
-                f"workload: the exported trace needs more than 2**30 block ids; use fewer programs or a larger block size"
+                "workload: the exported trace needs more than 2**30 block ids; use fewer programs or a larger block size"
             )
