@@ -25,10 +25,10 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.model import RequestSpec
-from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd, pick_uniform
+from tasim.policies.base import ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
-from tasim.policies.session_affinity import SessionBindings
+from tasim.policies.session_affinity import SessionAffinityPolicy
 from tasim.view import ClusterView
 
 
@@ -99,7 +99,7 @@ def worker_cost(
     )
 
 
-class KvRouter(Policy):
+class KvRouter(SessionAffinityPolicy):
     name: ClassVar[str] = "kv_router"
     summary: ClassVar[str] = "Dynamo 1.6.1 KV-aware router: prefix overlap vs. booked load, per request"
     params_model: ClassVar[type[BaseModel]] = KvRouterParams
@@ -126,7 +126,6 @@ class KvRouter(Policy):
         self._active_sum = {w: 0 for w in workers}
         self._requests = {w: 0 for w in workers}
         self._bookings: dict[str, _Booking] = {}
-        self.sessions = SessionBindings(p.session_affinity_ttl_s)
 
     # --- decisions -------------------------------------------------------------------------
 
@@ -218,12 +217,7 @@ class KvRouter(Policy):
             self._active[w].unbook(booking.blocks)
             self._active_sum[w] -= len(booking.blocks)
             self._requests[w] -= 1
-        self.sessions.request_ended(turn.program, now)
-        return ()
-
-    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
-        self.sessions.program_ended(program)
-        return ()
+        return super().on_turn_end(turn, now)
 
     def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
         """Forget what it cached and the sessions bound to it (they bind afresh, as Dynamo
@@ -231,7 +225,6 @@ class KvRouter(Policy):
         super().on_worker_lost(worker, now)
         if self.index is not None:
             self.index.forget(worker)
-        self.sessions.worker_lost(worker)
         return ()
 
     def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float) -> None:

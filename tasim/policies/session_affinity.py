@@ -75,15 +75,32 @@ class AffinityParams(BaseModel):
     )
 
 
-class ProgramBlindRouter(Policy):
-    """A per-request router (`choose`) behind Dynamo's session affinity."""
-
-    params_model = AffinityParams
+class SessionAffinityPolicy(Policy):
+    """A policy whose params carry ``session_affinity_ttl_s``: keeps `sessions` up to date as
+    requests end, programs end and workers are lost. Overrides call these first or last."""
 
     def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
-        p: AffinityParams = params  # type: ignore[assignment]
-        self.sessions = SessionBindings(p.session_affinity_ttl_s)
+        self.sessions = SessionBindings(params.session_affinity_ttl_s)  # type: ignore[attr-defined]
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        self.sessions.request_ended(turn.program, now)
+        return ()
+
+    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        self.sessions.program_ended(program)
+        return ()
+
+    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
+        super().on_worker_lost(worker, now)
+        self.sessions.worker_lost(worker)
+        return ()
+
+
+class ProgramBlindRouter(SessionAffinityPolicy):
+    """A per-request router (`choose`) behind Dynamo's session affinity."""
+
+    params_model = AffinityParams
 
     def choose(self, request: RequestSpec, now: float) -> str:
         raise NotImplementedError
@@ -98,16 +115,3 @@ class ProgramBlindRouter(Policy):
             self.sessions.bind(request.program, worker, now)
         self.dispatched(request, worker)
         return Route(worker)
-
-    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
-        self.sessions.request_ended(turn.program, now)
-        return ()
-
-    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
-        self.sessions.program_ended(program)
-        return ()
-
-    def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
-        super().on_worker_lost(worker, now)
-        self.sessions.worker_lost(worker)
-        return ()
