@@ -55,10 +55,6 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
 )
 
 
-def table_columns(scenario: Scenario) -> tuple[Column, ...]:
-    return ROLLOUT_COLUMNS if scenario.workload.kind == "rl_rollout" else SERVING_COLUMNS
-
-
 @dataclass(frozen=True)
 class Sweep:
     """One swept scenario field: ``texts`` as the user wrote them, ``values`` parsed as YAML."""
@@ -92,6 +88,11 @@ class Plan:
     @property
     def scenario(self) -> Scenario:
         return self.runs[0].scenario
+
+    @property
+    def rollouts(self) -> bool:
+        """RL rollout steps: judged by rollout throughput and step time, in table and plots."""
+        return self.scenario.workload.kind == "rl_rollout"
 
     def last_point(self) -> list[Run]:
         """The runs at the last sweep point (the largest, for numbers), one per policy."""
@@ -240,7 +241,7 @@ def comparison_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
         # the full key is in the title; its last part, split into words, wraps in a narrow column
         table.add_column(plan.sweep.key.rsplit(".", 1)[-1].replace("_", " "), justify="right", overflow="ellipsis")
     table.add_column("policy", style="bold", no_wrap=True)
-    columns = table_columns(plan.scenario)
+    columns = ROLLOUT_COLUMNS if plan.rollouts else SERVING_COLUMNS
     for header, *_ in columns:
         table.add_column(header, justify="right", overflow="fold")
     for i, (run, summary) in enumerate(zip(plan.runs, summaries)):

@@ -103,7 +103,7 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
     """throughput.png and hit_rate.png (with a sweep) and kv_utilization.png, under ``out``."""
     written = []
     if plan.sweep is not None:
-        if plan.scenario.workload.kind == "rl_rollout":
+        if plan.rollouts:
             throughput = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
         else:
             throughput = ("steps_per_min",), "steps per minute (LLM calls/min)", "Throughput"
