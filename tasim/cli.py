@@ -102,6 +102,21 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     dynamo.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     dynamo.add_argument("--out", type=Path, help="output directory (default: runs/validate-<scenario>)")
+    vllm = against.add_parser(
+        "vllm", help="run the scenario on tasim's engine and on vLLM's own scheduler, and compare request by request"
+    )
+    vllm.add_argument("scenario", help="scenario YAML file (any workload; any policy but continuum)")
+    vllm.add_argument(
+        "--step-ms", type=_positive_float, default=10.0,
+        help="the fixed time of every engine step on both sides (default 10)",
+    )
+    vllm.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario field (repeatable)",
+    )
+    vllm.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
+    vllm.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
+    vllm.add_argument("--out", type=Path, help="output directory (default: runs/validate-vllm-<scenario>)")
 
     live = commands.add_parser("live", help="serve the policy as a Dynamo router and drive the scenario's programs through it")
     live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
@@ -229,6 +244,8 @@ def _print_unsquashed(renderable: Any) -> None:
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.against == "vllm":
+        return _validate_vllm(args)
     from tasim.validation.against_dynamo import VALIDATION_FILE, validate, validation_record, validation_table
     from tasim.validation.dynamo_replay import ROUTERS
 
@@ -246,6 +263,32 @@ def _validate(args: argparse.Namespace) -> int:
     if trace.excluded:
         print(f"left out {trace.excluded} requests whose prompt + output need more KV blocks than a worker has")
     Console().print(f"wrote {out}/{VALIDATION_FILE}", markup=False, highlight=False)
+    return 0
+
+
+# The engine settings `validate vllm` takes from vLLM's flavour rather than from the scenario.
+_VLLM_FLAVOUR_KEYS = ("cluster.engine.flavour", "cluster.engine.eviction", "cluster.engine.reuse_output_blocks")
+
+
+def _validate_vllm(args: argparse.Namespace) -> int:
+    for assignment in args.overrides:
+        key = assignment.partition("=")[0].strip()
+        if key in _VLLM_FLAVOUR_KEYS:
+            raise UsageError(f"--set {key}: validate vllm runs tasim's vllm engine flavour, which fixes it (leave it out)")
+    scenario = _scenario_from_args(args)
+    from tasim.validation.against_vllm import (
+        VALIDATION_FILE, decision_table, mismatch_table, summary_table, validate, validation_record,
+    )
+
+    out = _output_dir(args.out or Path("runs") / f"validate-vllm-{scenario.name}")
+    result = validate(scenario, out, args.step_ms)
+    write_json(out / VALIDATION_FILE, validation_record(scenario, args.step_ms, result))
+    _print_unsquashed(decision_table(result))
+    mismatches = mismatch_table(result)
+    if mismatches is not None:
+        _print_unsquashed(mismatches)
+    _print_unsquashed(summary_table(result))
+    Console().print(f"wrote {out}/{VALIDATION_FILE} and both event logs under {out}/", markup=False, highlight=False)
     return 0
 
 

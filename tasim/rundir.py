@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from rich.console import Console
 
@@ -19,6 +19,9 @@ from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError, EventWriter
 from tasim.events import Event
 from tasim.metrics import MetricsFold
 from tasim.scenario import Scenario
+
+if TYPE_CHECKING:
+    from tasim.sim.engine import EngineFactory
 
 SUMMARY_FILE = "summary.json"
 RUN_FILE = "run.json"
@@ -31,11 +34,14 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_simulation(
-    scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False, check: bool = False
+    scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False, check: bool = False,
+    engine_factory: "EngineFactory | None" = None, observe: Callable[[Event], None] | None = None,
 ) -> dict[str, Any]:
     """Simulate ``scenario``, write the event log, summary and run metadata under ``out``.
     ``check``: check the simulator's invariants as it runs (`tasim.sim.checks`); a broken one
-    raises `InvariantViolation` and leaves the log written so far as ``<log>.partial``."""
+    raises `InvariantViolation` and leaves the log written so far as ``<log>.partial``.
+    ``engine_factory``: another engine than tasim's (decode steps are then simulated one by one);
+    ``observe`` sees every event as it is written."""
     from tasim.sim.runner import Simulation  # keeps `tasim schema` and `report` light
 
     out.mkdir(parents=True, exist_ok=True)
@@ -48,10 +54,15 @@ def run_simulation(
     def emit(event: Event) -> None:
         writer.write(event)
         fold.apply(event)
+        if observe is not None:
+            observe(event)
 
     started = time.perf_counter()
     try:
-        simulation = Simulation(scenario, emit, check=check)
+        if engine_factory is None:
+            simulation = Simulation(scenario, emit, check=check)
+        else:
+            simulation = Simulation(scenario, emit, check=check, fast_forward=False, engine_factory=engine_factory)
         if progress:
             _run_with_progress(simulation, scenario.duration_s)
         else:

@@ -41,9 +41,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
 
-class EngineConfig(_Strict):
-    """One engine replica (vLLM-v1 semantics)."""
+EngineFlavour = Literal["vllm", "mocker"]
+# Where vLLM v1 and Dynamo's mocker differ, what each flavour's engine does by default (an
+# explicit `eviction` or `reuse_output_blocks` still wins). vLLM also keeps one block of its
+# pool as the null block, which holds no KV (`ClusterConfig.cache_blocks_per_worker`).
+FLAVOUR_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vllm": {"eviction": "lru", "reuse_output_blocks": True},
+    "mocker": {"eviction": "lineage", "reuse_output_blocks": False},
+}
 
+
+class EngineConfig(_Strict):
+    """One engine replica: vLLM v1's scheduler, or Dynamo's mocker where the two differ."""
+
+    flavour: EngineFlavour = Field(
+        "vllm",
+        description="whose engine this models: vLLM v1 (0.31.0: LRU eviction, generated blocks reusable, one null "
+        "block) or Dynamo 1.6.1's mocker (leaves-first eviction, generated blocks not reusable, every block usable)",
+    )
     block_size: PositiveInt = Field(16, le=4096, description="tokens per KV block")
     kv_blocks: PositiveInt | Literal["auto"] = Field(
         "auto", description="KV pool size in blocks; 'auto' derives it from GPU memory left after weights"
@@ -68,14 +83,33 @@ class EngineConfig(_Strict):
         2.0, le=1024, description="per-GPU memory kept for activations (auto sizing)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _flavour_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            flavour = data.get("flavour", "vllm")
+            if flavour in FLAVOUR_DEFAULTS:
+                return {**FLAVOUR_DEFAULTS[flavour], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _as_vllm_runs(self) -> "EngineConfig":
+        if self.flavour == "vllm":
+            if self.kv_blocks == 1:
+                raise ValueError("kv_blocks must be at least 2 with flavour vllm (one block is vLLM's null block)")
+            if self.eviction == "lineage":
+                raise ValueError("eviction lineage is Dynamo mocker's order; flavour vllm evicts lru (or set flavour: mocker)")
+        return self
+
 
 class PerfConfig(_Strict):
-    model: Literal["roofline", "dynamo_polynomial"] = "roofline"
+    model: Literal["roofline", "dynamo_polynomial", "fixed"] = "roofline"
     speedup_ratio: PositiveFloat = Field(1.0, description="divides every step time (Dynamo mocker semantics)")
     mfu: float = Field(0.5, gt=0, le=1, description="roofline: achieved fraction of peak FLOP/s")
     bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="roofline: achieved fraction of HBM bandwidth")
     step_overhead_ms: NonNegativeFloat = Field(3.0, description="roofline: fixed scheduler/launch cost per step")
     allreduce_latency_us: NonNegativeFloat = Field(10.0, description="roofline: latency per TP all-reduce")
+    step_ms: PositiveFloat = Field(10.0, le=3_600_000, description="fixed: every step takes this long (comparing schedulers step by step)")
 
 
 class ClusterConfig(_Strict):
@@ -104,10 +138,16 @@ class ClusterConfig(_Strict):
 
     @model_validator(mode="after")
     def _fits(self) -> "ClusterConfig":
-        self.kv_blocks_per_worker()  # raises ValueError when the weights do not fit
+        if self.cache_blocks_per_worker() < 1:  # raises ValueError itself when the weights do not fit
+            raise ValueError("the KV pool has no block beside vLLM's null block (raise GPU memory or lower the model)")
         return self
 
+    def cache_blocks_per_worker(self) -> int:
+        """Blocks that hold KV: the pool less vLLM's null block in the vllm flavour."""
+        return self.kv_blocks_per_worker() - (1 if self.engine.flavour == "vllm" else 0)
+
     def kv_blocks_per_worker(self) -> int:
+        """The engine's pool in blocks, as it is configured (vLLM's and the mocker's num_gpu_blocks)."""
         engine = self.engine
         if engine.kv_blocks != "auto":
             return engine.kv_blocks
@@ -320,6 +360,13 @@ class Scenario(_Strict):
     def max_context_tokens(self) -> int:
         configured = getattr(self.workload, "max_context_tokens", None)
         return configured or specs.models()[self.cluster.model].max_context
+
+
+def with_engine_flavour(scenario: Scenario, flavour: EngineFlavour) -> Scenario:
+    """The scenario with its engine as ``flavour``'s engine runs, whatever the scenario chose for
+    eviction and output reuse: for comparing against that engine (Dynamo's mocker, vLLM)."""
+    engine = scenario.cluster.engine.model_copy(update={"flavour": flavour, **FLAVOUR_DEFAULTS[flavour]})
+    return scenario.model_copy(update={"cluster": scenario.cluster.model_copy(update={"engine": engine})})
 
 
 # --- loading ---------------------------------------------------------------------------------

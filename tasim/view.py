@@ -46,7 +46,7 @@ def cluster_view(scenario: "Scenario") -> ClusterView:
     """The scenario's workers, named ``w0 … wN-1``: identical in simulation and live mode."""
     cluster = scenario.cluster
     engine = cluster.engine
-    blocks = cluster.kv_blocks_per_worker()
+    blocks = cluster.cache_blocks_per_worker()
     return ClusterView(
         tuple(
             WorkerInfo(f"w{i}", engine.block_size, blocks, engine.max_num_seqs, engine.max_num_batched_tokens)

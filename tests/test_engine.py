@@ -242,3 +242,24 @@ def test_kv_events_are_published_when_the_step_completes(recorder: Recorder) -> 
     assert (recorder.stored, recorder.removed) == ([1, 2], [])  # ...but not yet reported
     engine.end_step(step, step.end)
     assert (recorder.stored, recorder.removed) == ([1, 2, 3, 4], [2])
+
+
+@pytest.mark.parametrize(("duplicates", "d_hit", "removed"), [(True, 32, [309]), (False, 16, [101, 309])],
+                         ids=["vLLM: duplicates cached", "mocker: duplicates private"])
+def test_a_recomputed_block_keeps_its_hash_cached_when_vllm_caches_duplicates(
+    recorder: Recorder, duplicates: bool, d_hit: int, removed: list[int]
+) -> None:
+    """B re-sends A's block-aligned prompt, so it recomputes block 101 (a hit stops one token
+    short). C then evicts A's copy of 101. vLLM still has B's copy, so D hits both blocks; the
+    mocker freed B's copy as private, so D hits one and 101 was reported removed."""
+    engine = Engine("w0", EngineConfig(block_size=16, num_blocks=12, cache_duplicates=duplicates), UnitStep(), recorder)
+    engine.submit(spec("A", 32, 1, [100, 101], block_size=16))
+    run_until_idle(engine)
+    engine.submit(spec("B", 32, 1, [100, 101], block_size=16))
+    engine.submit(spec("C", 160, 1, list(range(300, 310)), block_size=16))
+    run_until_idle(engine)
+    engine.submit(spec("D", 33, 1, [100, 101], block_size=16))
+    run_until_idle(engine)
+    assert {entry[1]: entry[2] for entry in recorder.log if entry[0] == "admitted"} == {"A": 0, "B": 16, "C": 0, "D": d_hit}
+    assert recorder.removed == removed
+    assert engine.audit(every_block=True) is None

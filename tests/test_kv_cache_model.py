@@ -16,51 +16,75 @@ import pytest
 from tasim.sim.kv_cache import BlockPool, Hold
 
 
-class ReferencePool:
-    """Per-block state: hash -> [refs, parent hash or None, children, tick]."""
+class _Block:
+    """One physical cached block of the reference."""
 
-    def __init__(self, num_blocks: int, eviction: str) -> None:
+    __slots__ = ("hash", "refs", "parent", "children", "tick")
+
+    def __init__(self, block: int, parent: int | None) -> None:
+        self.hash, self.refs, self.parent, self.children, self.tick = block, 1, parent, 0, 0
+
+
+class ReferencePool:
+    """Per-block state: hash -> its cached copies, oldest (the primary) first; a copy holds
+    [refs, parent hash or None, children, tick]. Without ``duplicates`` a hash has one copy and a
+    block computed while its hash is cached stays private."""
+
+    def __init__(self, num_blocks: int, eviction: str, duplicates: bool = False) -> None:
         self.num_blocks = num_blocks
         self.lineage = eviction == "lineage"
+        self.duplicates = duplicates
         self.free = num_blocks
-        self.blocks: dict[int, list] = {}
+        self.blocks: dict[int, list[_Block]] = {}
         self.tick = 0
         self.stored: list[int] = []
         self.removed: list[int] = []
 
+    def _all(self) -> list[_Block]:
+        return [copy for copies in self.blocks.values() for copy in copies]
+
     @property
     def inactive(self) -> int:
-        return sum(1 for entry in self.blocks.values() if entry[0] == 0)
+        return sum(1 for copy in self._all() if copy.refs == 0)
+
+    @property
+    def cached(self) -> int:
+        return len(self._all())
 
     def prefix_hits(self, hashes: list[int], limit: int) -> tuple[int, int]:
         resident = 0
         while resident < limit and hashes[resident] in self.blocks:
             resident += 1
-        return resident, sum(1 for block in hashes[:resident] if self.blocks[block][0])
+        return resident, sum(1 for block in hashes[:resident] if self.blocks[block][0].refs)
 
-    def acquire(self, hashes: list[int], count: int) -> list[int]:
-        for block in hashes[:count]:
-            self.blocks[block][0] += 1
-        return list(hashes[:count])
+    def acquire(self, hashes: list[int], count: int) -> list[_Block]:
+        held = [self.blocks[block][0] for block in hashes[:count]]
+        for copy in held:
+            copy.refs += 1
+        return held
 
-    def release(self, held: list[int]) -> None:
-        for block in reversed(held):
-            entry = self.blocks[block]
-            entry[0] -= 1
-            if entry[0] == 0:
+    def release(self, held: list[_Block]) -> None:
+        for copy in reversed(held):
+            copy.refs -= 1
+            if copy.refs == 0:
                 self.tick += 1
-                entry[3] = self.tick
+                copy.tick = self.tick
 
-    def register(self, hashes: list[int], start: int, stop: int, held: list[int]) -> None:
+    def register(self, hashes: list[int], start: int, stop: int, held: list[_Block]) -> None:
         for j in range(start, stop):
             if hashes[j] in self.blocks:
-                continue  # private duplicate
-            parent = hashes[j - 1] if j and held and held[-1] == hashes[j - 1] else None
+                if self.duplicates:
+                    copy = _Block(hashes[j], None)
+                    self.blocks[hashes[j]].append(copy)
+                    held.append(copy)
+                continue  # else a private duplicate
+            parent = hashes[j - 1] if j and held and held[-1].hash == hashes[j - 1] else None
             if parent is not None:
-                self.blocks[parent][2] += 1
-            self.blocks[hashes[j]] = [1, parent, 0, 0]
+                self.blocks[parent][0].children += 1
+            copy = _Block(hashes[j], parent)
+            self.blocks[hashes[j]] = [copy]
             self.stored.append(hashes[j])
-            held.append(hashes[j])
+            held.append(copy)
 
     def allocate(self, count: int) -> bool:
         if count <= self.free:
@@ -76,21 +100,28 @@ class ReferencePool:
 
     def evict_one(self) -> None:
         victim = min(
-            (entry[3], block) for block, entry in self.blocks.items()
-            if entry[0] == 0 and not (self.lineage and entry[2])
-        )[1]
-        parent = self.blocks.pop(victim)[1]
-        if parent is not None:
-            self.blocks[parent][2] -= 1
-        self.removed.append(victim)
+            (copy for copy in self._all() if copy.refs == 0 and not (self.lineage and copy.children)),
+            key=lambda copy: copy.tick,
+        )
+        copies = self.blocks[victim.hash]
+        copies.remove(victim)
+        if copies:
+            return  # another copy keeps the hash cached
+        del self.blocks[victim.hash]
+        if victim.parent is not None:
+            self.blocks[victim.parent][0].children -= 1
+        self.removed.append(victim.hash)
 
     def inactive_order(self) -> list[int]:
-        saved = ({block: list(entry) for block, entry in self.blocks.items()}, self.removed)
+        saved = ({block: [copy for copy in copies] for block, copies in self.blocks.items()}, self.removed)
+        state = {id(copy): (copy.refs, copy.children, copy.tick) for copy in self._all()}
         self.removed = []
         while self.inactive:
             self.evict_one()
         order = self.removed
         self.blocks, self.removed = saved
+        for copy in self._all():
+            copy.refs, copy.children, copy.tick = state[id(copy)]
         return order
 
     def clear(self) -> None:
@@ -128,7 +159,7 @@ def _chains(rng: random.Random, count: int) -> list[list[int]]:
 class _Holder:
     chain: list[int]
     hold: Hold
-    held: list[int]
+    held: list[_Block]
     done: int  # leading blocks registered or hit
     phys: int = 0  # physical blocks taken (hits cost none)
     private: int = field(default=0)
@@ -137,7 +168,7 @@ class _Holder:
 def _check(pool: BlockPool, ref: ReferencePool, chains: list[list[int]], rng: random.Random) -> None:
     assert pool.drain_events() == ref.drain()
     assert (pool.free, pool.inactive) == (ref.free, ref.inactive)
-    assert pool.cached_blocks == len(ref.blocks)
+    assert pool.cached_blocks == ref.cached
     for chain in rng.sample(chains, 3):
         limit = rng.randint(0, len(chain))
         assert pool.prefix_hits(chain, limit) == ref.prefix_hits(chain, limit)
@@ -148,11 +179,20 @@ def _check(pool: BlockPool, ref: ReferencePool, chains: list[list[int]], rng: ra
 CASES = [(seed, 8 + seed, 300) for seed in range(40)] + [(seed, 400, 1500) for seed in range(40, 44)]
 
 
-@pytest.mark.parametrize("eviction", ["lru", "lineage"])
+# (eviction, duplicates cached): the mocker's two orders with private duplicates, and vLLM's.
+POOLS = [("lru", False), ("lineage", False), ("lru", True)]
+
+
+def _hashes(held: list[_Block]) -> list[int]:
+    return [copy.hash for copy in held]
+
+
+@pytest.mark.parametrize(("eviction", "duplicates"), POOLS, ids=["lru", "lineage", "lru, duplicates cached"])
 @pytest.mark.parametrize(("seed", "size", "steps"), CASES)
-def test_pool_matches_per_block_reference(eviction: str, seed: int, size: int, steps: int) -> None:
+def test_pool_matches_per_block_reference(eviction: str, duplicates: bool, seed: int, size: int, steps: int) -> None:
     rng = random.Random(seed)
-    pool, ref = BlockPool(size, eviction), ReferencePool(size, eviction)  # type: ignore[arg-type]
+    pool = BlockPool(size, eviction, cache_duplicates=duplicates)  # type: ignore[arg-type]
+    ref = ReferencePool(size, eviction, duplicates)
     chains = _chains(rng, 12 if size < 100 else 60)
     holders: list[_Holder] = []
     for _ in range(steps):
@@ -177,7 +217,7 @@ def test_pool_matches_per_block_reference(eviction: str, seed: int, size: int, s
                     holder.done += count
         elif action < 0.97:  # a request finishes (or a pin is dropped)
             holder = holders.pop(rng.randrange(len(holders)))
-            assert holder.hold.block_hashes() == holder.held
+            assert holder.hold.block_hashes() == _hashes(holder.held)
             pool.release(holder.hold)
             pool.release_private(holder.private)
             ref.release(holder.held)
@@ -187,7 +227,8 @@ def test_pool_matches_per_block_reference(eviction: str, seed: int, size: int, s
             ref.clear()
         _check(pool, ref, chains, rng)
         for holder in holders:
-            assert holder.hold.block_hashes() == holder.held
+            assert holder.hold.block_hashes() == _hashes(holder.held)
+        assert pool.audit([holder.hold for holder in holders], sum(holder.private for holder in holders), True) is None
     assert pool.inactive_order() == ref.inactive_order()
 
 

@@ -4,9 +4,8 @@ The run directory gets the stack's working files and process logs (``stack/``), 
 simulator writes, so ``tasim report`` works on it), ``summary.json`` (the simulator's keys plus
 ``programs_leaked``: programs the router saw start but never saw end) and ``run.json`` (the
 scenario, engine, time scale and the driver's counts). With ``compare_sim`` the same scenario and
-programs are simulated into ``DIR/sim``; on the mocker the simulation uses Dynamo's polynomial
-step times, leaves-first eviction and no reuse of generated blocks, which is what the mocker
-runs.
+programs are simulated into ``DIR/sim``; on the mocker the simulation runs the mocker's engine
+flavour and Dynamo's polynomial step times, which is what the mocker runs.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from tasim.live.stack import Engine, LiveStack
 from tasim.live.tiny_model import vocab_size
 from tasim.metrics import MetricsFold
 from tasim.rundir import RUN_FILE, SUMMARY_FILE, write_json
-from tasim.scenario import Scenario
+from tasim.scenario import Scenario, with_engine_flavour
 
 SIM_DIR = "sim"
 STACK_DIR = "stack"  # discovery store, generated model, router config and process logs
@@ -84,6 +83,8 @@ def run_live(
     driver: Driver = "http",
 ) -> dict[str, Any]:
     scenario = prepare_scenario(scenario, driver, programs)
+    if engine == "mocker":  # the router sizes its workers as the mocker does: no null block
+        scenario = with_engine_flavour(scenario, "mocker")
     out.mkdir(parents=True, exist_ok=True)
     partial = out / (EVENTS_PLAIN + ".partial")
     started = time.perf_counter()
@@ -124,16 +125,14 @@ def run_live(
 
 
 def simulated_twin(scenario: Scenario, engine: Engine) -> Scenario:
-    """What to simulate next to a live run: on the mocker, its polynomial step times, its
-    leaves-first eviction order, no reuse of generated blocks (the mocker caches them under
-    random token ids of its own, not the ids it returns), and no cache reset between RL steps
-    (it has no call for one)."""
+    """What to simulate next to a live run: on the mocker, its engine flavour (leaves-first
+    eviction, no reuse of generated blocks: it caches them under random token ids of its own,
+    not the ids it returns), its polynomial step times, and no cache reset between RL steps (it
+    has no call for one)."""
     if engine != "mocker":
         return scenario
-    data = scenario.model_dump(mode="json")
+    data = with_engine_flavour(scenario, "mocker").model_dump(mode="json")
     data["cluster"]["perf"]["model"] = "dynamo_polynomial"
-    data["cluster"]["engine"]["eviction"] = "lineage"
-    data["cluster"]["engine"]["reuse_output_blocks"] = False
     if data["workload"].get("kind") == "rl_rollout":
         data["workload"]["reset_prefix_cache"] = False  # the mocker cannot empty its cache
     return Scenario.model_validate(data)

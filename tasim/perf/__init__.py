@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tasim.perf.base import PerfModel, StepShape
+from tasim.perf.fixed import FixedStep
 from tasim.perf.polynomial import DynamoPolynomial
 from tasim.perf.roofline import Roofline
 
 if TYPE_CHECKING:
     from tasim.scenario import ClusterConfig
 
-PERF_MODELS = ("roofline", "dynamo_polynomial")
+PERF_MODELS = ("roofline", "dynamo_polynomial", "fixed")
 
 
 def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
@@ -20,6 +21,8 @@ def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
     perf = cluster.perf
     if perf.model == "dynamo_polynomial":
         return DynamoPolynomial(perf.speedup_ratio)
+    if perf.model == "fixed":
+        return FixedStep(perf.step_ms, perf.speedup_ratio)
     return Roofline(
         specs.models()[cluster.model],
         specs.gpus()[cluster.gpu],
@@ -34,4 +37,4 @@ def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
     )
 
 
-__all__ = ["PERF_MODELS", "DynamoPolynomial", "PerfModel", "Roofline", "StepShape", "make_perf_model"]
+__all__ = ["PERF_MODELS", "DynamoPolynomial", "FixedStep", "PerfModel", "Roofline", "StepShape", "make_perf_model"]

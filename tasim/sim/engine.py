@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Callable, Literal, Protocol, Sequence, Sized
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
 from tasim.perf.base import PerfModel, StepShape
@@ -42,6 +42,8 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     preemption: Literal["newest_first", "oldest_first"] = "newest_first"
     eviction: Eviction = "lru"
+    max_model_len: int = 1 << 40  # the longest request (prompt + output) the engine serves
+    cache_duplicates: bool = False  # vLLM: a recomputed cached block is a second cached copy (see kv_cache)
 
 
 class EngineListener(Protocol):
@@ -61,6 +63,51 @@ class EngineListener(Protocol):
     def on_finished(self, worker: str, request: RequestSpec, cached_tokens: int, now: float) -> None: ...
 
     def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None: ...
+
+
+class BlockCounts(Protocol):
+    """What a worker sample reads of a KV pool."""
+
+    @property
+    def active(self) -> int: ...
+
+    @property
+    def cached_blocks(self) -> int: ...
+
+
+class StepEngine(Protocol):
+    """One engine replica as the simulation drives it, a step at a time: tasim's `Engine`, or
+    vLLM's own scheduler behind the same calls (`tasim.validation.vllm_oracle`)."""
+
+    worker: str
+    iterations: int
+    pool: BlockCounts
+    running: Sized
+    waiting: Sized
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def submit(self, spec: RequestSpec) -> None: ...
+
+    def begin_step(self, now: float) -> "Step": ...
+
+    def complete_step(self, step: "Step", now: float) -> None: ...
+
+    def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None: ...
+
+    def clear_prefix_cache(self, now: float) -> None: ...
+
+    def pin(self, program: str, hashes: tuple[BlockHash, ...]) -> int: ...
+
+    def unpin(self, program: str) -> bool: ...
+
+    def has_pin(self, program: str) -> bool: ...
+
+    def audit(self, every_block: bool = False) -> str | None: ...
+
+
+EngineFactory = Callable[[str, EngineConfig, PerfModel, EngineListener], StepEngine]
 
 
 class EngineRequest:
@@ -112,7 +159,7 @@ class Engine:
         self.config = config
         self.perf = perf
         self.listener = listener
-        self.pool = BlockPool(config.num_blocks, config.eviction)
+        self.pool = BlockPool(config.num_blocks, config.eviction, config.cache_duplicates)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.iterations = 0
@@ -377,25 +424,38 @@ class Engine:
         req.phys = req.full_done = 0
 
     def _shape(self, step: Step) -> StepShape:
-        # Sums kept in locals: this runs once per engine iteration over the whole batch.
-        scheduled_tokens = kv_read = prefill_seqs = prefill_prompt = prefill_prefix = decode_seqs = decode_kv = 0
-        attn_pairs = 0.0
-        for req, n in step.scheduled:
-            c = req.computed
-            length = req.prompt + req.generated
-            scheduled_tokens += n
-            attn_pairs += n * (c + n / 2)
-            kv_read += c
-            prompt_chunk = min(c + n, req.prompt) - c
-            if prompt_chunk > 0:
-                prefill_seqs += 1
-                prefill_prompt += prompt_chunk
-                prefill_prefix += c
-            if c + n == length:
-                decode_seqs += 1
-            if req.generated:  # decoding, or recomputing after preemption: the mocker counts both
-                decode_kv += length
-        return StepShape(
-            scheduled_tokens, attn_pairs, kv_read, prefill_seqs, prefill_prompt, prefill_prefix, decode_seqs, decode_kv,
-            self.config.num_blocks * self.config.block_size,
-        )
+        return step_shape(step.scheduled, self.config.num_blocks * self.config.block_size)
+
+
+class ScheduledWork(Protocol):
+    """What a step's shape reads of a scheduled request, before the step runs."""
+
+    computed: int  # tokens whose KV is computed (or cached)
+    prompt: int
+    generated: int
+
+
+def step_shape(scheduled: Sequence[tuple[ScheduledWork, int]], kv_capacity_tokens: int) -> StepShape:
+    """The work of one step that computes ``n`` more tokens of each scheduled request."""
+    # Sums kept in locals: this runs once per engine iteration over the whole batch.
+    scheduled_tokens = kv_read = prefill_seqs = prefill_prompt = prefill_prefix = decode_seqs = decode_kv = 0
+    attn_pairs = 0.0
+    for req, n in scheduled:
+        c = req.computed
+        length = req.prompt + req.generated
+        scheduled_tokens += n
+        attn_pairs += n * (c + n / 2)
+        kv_read += c
+        prompt_chunk = min(c + n, req.prompt) - c
+        if prompt_chunk > 0:
+            prefill_seqs += 1
+            prefill_prompt += prompt_chunk
+            prefill_prefix += c
+        if c + n == length:
+            decode_seqs += 1
+        if req.generated:  # decoding, or recomputing after preemption: the mocker counts both
+            decode_kv += length
+    return StepShape(
+        scheduled_tokens, attn_pairs, kv_read, prefill_seqs, prefill_prompt, prefill_prefix, decode_seqs, decode_kv,
+        kv_capacity_tokens,
+    )

@@ -11,6 +11,13 @@ chained hash when the step that computes its last token is scheduled; only hashe
 resident emit a *stored* event, and only evicting the last copy emits *removed*. Allocation uses
 free blocks first and evicts inactive ones only when none are free.
 
+A block computed while its hash is already cached (a fully cached prompt's last block, which is
+always recomputed, or two prefills of one prefix overlapping) is a *duplicate*. Dynamo's mocker
+keeps it private to its request (freed, uncached, when the request ends). vLLM caches it as a
+second copy (``cache_duplicates``): the copy is referenced, released and evicted like any cached
+block, lookups use the oldest copy (the *primary*), and when the primary is evicted the next
+oldest copy takes its place, so the hash stays resident while any copy is.
+
 Eviction order of inactive blocks, by *release tick* (each block that loses its last reference
 gets the next tick; a holder releases its blocks deepest first):
 
@@ -55,7 +62,7 @@ class _Extent:
     duplicate), and ``children`` counts the extents whose parent this one is; they all hang off
     its last block. Empty once evicted."""
 
-    __slots__ = ("hashes", "start", "stop", "refs", "parent", "children", "tick", "serial")
+    __slots__ = ("hashes", "start", "stop", "refs", "parent", "children", "tick", "serial", "duplicate")
 
     def __init__(self, hashes: Sequence[BlockHash], start: int, stop: int, parent: _Extent | None, serial: int) -> None:
         self.hashes = hashes
@@ -66,32 +73,42 @@ class _Extent:
         self.children = 0
         self.tick = 0
         self.serial = serial  # breaks tick ties between heap entries of different extents
+        self.duplicate = False  # a one-block later copy of a cached hash, not (yet) its primary
 
 
 class Hold:
     """The cached blocks one holder references: depth ranges ``[start, stop)`` of its chain
-    ``hashes``. A new range starts after a gap, a block the holder computed as a private copy
-    because another copy was already cached. ``last`` is the extent holding its deepest block."""
+    ``hashes``, and the duplicates it computed (``copies``, one block each). A new range starts
+    after a gap: a block the holder computed while another copy was already cached (a private
+    block, or one of ``copies``). ``last`` is the extent holding its deepest range block."""
 
-    __slots__ = ("hashes", "ranges", "blocks", "last")
+    __slots__ = ("hashes", "ranges", "blocks", "last", "copies")
 
     def __init__(self, hashes: Sequence[BlockHash]) -> None:
         self.hashes = hashes
         self.ranges: list[list[int]] = []
         self.blocks = 0
         self.last: _Extent | None = None
+        self.copies: list[_Extent] = []
 
     def block_hashes(self) -> list[BlockHash]:
-        return [block for start, stop in self.ranges for block in self.hashes[start:stop]]
+        depths = [depth for start, stop in self.ranges for depth in range(start, stop)]
+        depths += [copy.start for copy in self.copies]
+        return [self.hashes[depth] for depth in sorted(depths)]
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, eviction: Eviction = "lru") -> None:
+    def __init__(self, num_blocks: int, eviction: Eviction = "lru", cache_duplicates: bool = False) -> None:
         if num_blocks <= 0:
             raise ValueError("num_blocks must be positive")
+        if cache_duplicates and eviction == "lineage":
+            raise ValueError("cached duplicates are vLLM's, which evicts lru")
         self.num_blocks = num_blocks
         self.eviction = eviction
         self._lineage = eviction == "lineage"
+        self._duplicates = cache_duplicates
+        # hash -> its cached duplicates (not the primary, which `_heads` reaches), oldest first
+        self._copies: dict[BlockHash, list[_Extent]] = {}
         self.free = num_blocks
         # Extents by their first block's hash. A chain that holds a resident block at depth d
         # holds the one before it in the same extent or in one ending at d (chained hashes), so
@@ -182,10 +199,18 @@ class BlockPool:
                 if id(parent) not in live or parent.stop != extent.start:
                     return f"extent {head} hangs off a block that is not cached"
                 children[id(parent)] = children.get(id(parent), 0) + 1
+        duplicates = [copy for copies in self._copies.values() for copy in copies]
+        for copy in duplicates:
+            if not copy.duplicate or copy.stop != copy.start + 1 or self._extent_at(copy.hashes, copy.start) is None:
+                return f"duplicate of block {copy.hashes[copy.start]} is not a cached copy beside a primary"
+            cached += 1
+            inactive += 0 if copy.refs else 1
         if (cached, inactive) != (self._cached, self._inactive_count):
             return f"counted {cached} cached, {inactive} inactive; the pool says {self._cached}, {self._inactive_count}"
         referenced: dict[int, int] = {}
         for hold in holds:
+            for copy in hold.copies:
+                referenced[id(copy)] = referenced.get(id(copy), 0) + 1
             for start, stop in hold.ranges:
                 depth = start
                 while depth < stop:
@@ -196,7 +221,7 @@ class BlockPool:
                     referenced[id(extent)] = referenced.get(id(extent), 0) + 1
                     depth = extent.stop
         active_cached = 0
-        for head, extent in self._heads.items():
+        for head, extent in [*self._heads.items(), *((copy.hashes[copy.start], copy) for copy in duplicates)]:
             if extent.refs != referenced.get(id(extent), 0):
                 return f"block {head} has {extent.refs} references but {referenced.get(id(extent), 0)} holders"
             active_cached += extent.stop - extent.start if extent.refs else 0
@@ -205,7 +230,7 @@ class BlockPool:
         if self.active != active_cached + private:
             return f"{self.active} active blocks, but holders reference {active_cached} and occupy {private} privately"
         reachable = {id(extent) for tick, _, extent in self._candidates if extent.tick == tick}
-        for head, extent in self._heads.items():
+        for head, extent in [*self._heads.items(), *((copy.hashes[copy.start], copy) for copy in duplicates)]:
             if extent.refs == 0 and not (lineage and extent.children) and id(extent) not in reachable:
                 return f"unreferenced block {head} cannot be evicted (no candidate entry)"
         return None
@@ -247,13 +272,15 @@ class BlockPool:
         candidates = self._candidates
         lineage = self._lineage
         tick = self._tick
-        for start, stop in reversed(hold.ranges):
+        for start, stop in self._release_order(hold):
             path = []
             depth = start
             while depth < stop:
                 extent = heads[hashes[depth]]
                 path.append(extent)
                 depth = extent.stop
+            if not path:  # one of its duplicates
+                path = [next(copy for copy in hold.copies if copy.start == start)]
             for extent in reversed(path):
                 extent.refs -= 1
                 if extent.refs == 0:
@@ -262,12 +289,22 @@ class BlockPool:
                     if not (lineage and extent.children):
                         heapq.heappush(candidates, (extent.tick, extent.serial, extent))
         hold.ranges = []
+        hold.copies = []
         hold.blocks = 0
         hold.last = None
         self._inactive_count += tick - self._tick
         self._tick = tick
         if len(candidates) > 2 * self._inactive_count + 64:
             self._compact_candidates()
+
+    @staticmethod
+    def _release_order(hold: Hold) -> list[list[int]] | list[tuple[int, int]]:
+        """The holder's ranges and duplicates, deepest first; a duplicate as an empty range
+        ``(depth, depth)`` (its extent is in ``hold.copies``, not reachable by hash)."""
+        if not hold.copies:
+            return list(reversed(hold.ranges))
+        spans = [(start, stop) for start, stop in hold.ranges] + [(copy.start, copy.start) for copy in hold.copies]
+        return sorted(spans, reverse=True)
 
     def release_private(self, count: int) -> None:
         self.free += count
@@ -289,24 +326,24 @@ class BlockPool:
     def register_run(self, hold: Hold, start: int, stop: int) -> None:
         """Register blocks ``start`` to ``stop`` of the holder's chain, which its request just
         completed, and reference them. A block cached since the request's prefix hit (another
-        request registered it) stays a private copy, and the block after it starts a new range
-        without a parent link."""
+        request registered it) is a duplicate (see the module docstring), and the block after it
+        starts a new range without a parent link."""
         hashes = hold.hashes
         heads = self._heads
         ranges = hold.ranges
         depth = start
         if depth and not (ranges and ranges[-1][1] == depth):
-            # The block before is a private copy, so this one may sit inside the extent that
-            # holds the cached copy.
+            # The block before is a duplicate, so this one may sit inside the extent that holds
+            # the cached copy.
             extent = self._extent_at(hashes, depth)
             if extent is not None:
-                depth = shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop))
+                depth = self._duplicated(hold, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
         # From here the block before ``depth`` is either ours or in an extent ending at or
         # diverging from our chain at ``depth``, so a cached block at ``depth`` starts an extent.
         while depth < stop:
             extent = heads.get(hashes[depth])
             if extent is not None:
-                depth = shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop))
+                depth = self._duplicated(hold, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
                 continue
             end = depth + 1
             while end < stop and hashes[end] not in heads:
@@ -345,6 +382,32 @@ class BlockPool:
             self.free += inactive
 
     # --- internals -------------------------------------------------------------------------
+
+    def _duplicated(self, hold: Hold, start: int, stop: int) -> int:
+        """The holder computed blocks ``start`` to ``stop`` of its chain, all already cached:
+        private blocks, or (``cache_duplicates``) cached copies it references. Returns ``stop``."""
+        if self._duplicates:
+            for depth in range(start, stop):
+                copy = _Extent(hold.hashes, depth, depth + 1, None, next(self._serials))
+                copy.duplicate = True
+                self._copies.setdefault(hold.hashes[depth], []).append(copy)
+                hold.copies.append(copy)
+            hold.blocks += stop - start
+            self._cached += stop - start
+        return stop
+
+    def _promote(self, block: BlockHash) -> bool:
+        """The primary copy of ``block`` is being evicted: its oldest duplicate, if any, takes
+        its place (returns whether one did)."""
+        copies = self._copies.get(block)
+        if copies is None:
+            return False
+        copy = copies.pop(0)
+        if not copies:
+            del self._copies[block]
+        copy.duplicate = False
+        self._heads[block] = copy
+        return True
 
     def _register_new(self, hold: Hold, start: int, stop: int) -> None:
         """Register blocks ``start`` to ``stop`` of the holder's chain, none of them cached."""
@@ -402,11 +465,21 @@ class BlockPool:
             tick, _, extent = heapq.heappop(candidates)
             if extent.refs or extent.tick != tick or extent.start == extent.stop or (lineage and extent.children):
                 continue  # stale: referenced, released again, evicted or split since it was pushed
+            if extent.duplicate:  # its hash stays cached by the primary: no event
+                self._copies[extent.hashes[extent.start]].remove(extent)
+                if not self._copies[extent.hashes[extent.start]]:
+                    del self._copies[extent.hashes[extent.start]]
+                extent.stop = extent.start
+                evicted += 1
+                continue
             floor = tick  # every other candidate's tick is above this
             while True:
                 take = min(extent.stop - extent.start, count - evicted)
                 cut = extent.stop - take
-                removed += reversed(extent.hashes[cut:extent.stop])
+                gone = extent.hashes[cut:extent.stop]
+                if self._copies:  # a hash with a duplicate stays cached by it
+                    gone = [block for block in gone if not self._promote(block)]
+                removed += reversed(gone)
                 batches.append((False, len(removed)))
                 evicted += take
                 floor = max(floor, extent.tick + take - 1)
@@ -415,7 +488,8 @@ class BlockPool:
                     extent.tick += take
                     heapq.heappush(candidates, (extent.tick, extent.serial, extent))
                     break
-                del heads[extent.hashes[cut]]
+                if heads.get(extent.hashes[cut]) is extent:  # else a duplicate took its place
+                    del heads[extent.hashes[cut]]
                 parent = extent.parent
                 if parent is None:
                     break

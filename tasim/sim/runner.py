@@ -24,7 +24,7 @@ from tasim.scenario import Scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
 from tasim.sim.drivers import start_workload
-from tasim.sim.engine import Engine, EngineConfig
+from tasim.sim.engine import Engine, EngineConfig, EngineFactory, StepEngine
 from tasim.sim.runs import Run
 from tasim.view import cluster_view
 from tasim.workloads import Script
@@ -35,15 +35,45 @@ _PRIVATE_OUTPUT_OWNER_BASE = 1 << 33
 Progress = Callable[[float], None]
 
 
+def engine_config(scenario: Scenario) -> EngineConfig:
+    """What each worker's engine is given by the scenario."""
+    engine = scenario.cluster.engine
+    blocks = scenario.cluster.cache_blocks_per_worker()
+    return EngineConfig(
+        block_size=engine.block_size,
+        num_blocks=blocks,
+        max_num_seqs=engine.max_num_seqs,
+        max_num_batched_tokens=engine.max_num_batched_tokens,
+        enable_prefix_caching=engine.enable_prefix_caching,
+        enable_chunked_prefill=engine.enable_chunked_prefill,
+        preemption=engine.preemption,
+        eviction=engine.eviction,
+        max_model_len=served_len(scenario),
+        cache_duplicates=engine.flavour == "vllm",
+    )
+
+
+def served_len(scenario: Scenario) -> int:
+    """The longest request (prompt + output) the engine serves. vLLM's is the model's context cut
+    to what the pool holds: it refuses to start with a longer one, so a deployment lowers it, and
+    its front end then refuses longer requests. The mocker takes any request and drops, when it
+    reaches the queue's head, one that can never fit."""
+    if scenario.cluster.engine.flavour == "vllm":
+        return min(scenario.max_context_tokens, scenario.cluster.cache_blocks_per_worker() * scenario.cluster.engine.block_size)
+    return scenario.max_context_tokens
+
+
 class Simulation:
     """``policy`` overrides the scenario's policy with a ready object (e.g. one not in the
     registry); it must have been built for this simulation's `view`. ``fast_forward=False``
     simulates every decode step on its own (same outcome, much slower; for checking).
     ``check=True`` checks the invariants of `tasim.sim.checks` as it runs and raises
-    `InvariantViolation` at the first broken one."""
+    `InvariantViolation` at the first broken one. ``engine_factory`` builds each worker's engine
+    (default: tasim's `Engine`; only it folds decode steps)."""
 
     def __init__(
-        self, scenario: Scenario, emit: Emit, policy: Policy | None = None, fast_forward: bool = True, check: bool = False
+        self, scenario: Scenario, emit: Emit, policy: Policy | None = None, fast_forward: bool = True, check: bool = False,
+        engine_factory: EngineFactory = Engine,
     ) -> None:
         self.scenario = scenario
         self.emit = EventChecks(emit) if check else emit
@@ -53,7 +83,6 @@ class Simulation:
         cluster = scenario.cluster
         engine_cfg = cluster.engine
         self.block_size = engine_cfg.block_size
-        num_blocks = cluster.kv_blocks_per_worker()
         self.view = cluster_view(scenario)
         policy_seed, arrival_seed = np.random.SeedSequence([scenario.seed, 2]).spawn(2)
         self.policy: Policy = policy or make_policy(
@@ -61,17 +90,8 @@ class Simulation:
         )
         self.arrival_rng = np.random.default_rng(arrival_seed)
         perf = make_perf_model(cluster)
-        config = EngineConfig(
-            block_size=engine_cfg.block_size,
-            num_blocks=num_blocks,
-            max_num_seqs=engine_cfg.max_num_seqs,
-            max_num_batched_tokens=engine_cfg.max_num_batched_tokens,
-            enable_prefix_caching=engine_cfg.enable_prefix_caching,
-            enable_chunked_prefill=engine_cfg.enable_chunked_prefill,
-            preemption=engine_cfg.preemption,
-            eviction=engine_cfg.eviction,
-        )
-        self.engines = {w.id: Engine(w.id, config, perf, self) for w in self.view.workers}
+        config = engine_config(scenario)
+        self.engines = {w.id: engine_factory(w.id, config, perf, self) for w in self.view.workers}
         self._wake: dict[str, simpy.Event | None] = {w: None for w in self.engines}
         self._runs: dict[str, Run | None] = {w: None for w in self.engines}  # what each worker sleeps through
         self._workers: dict[str, simpy.Process] = {}
@@ -79,6 +99,9 @@ class Simulation:
         self._held: dict[str, RequestSpec] = {}
         self._last_request: dict[str, RequestSpec] = {}  # per program, for pins
         self._pin_serial: dict[str, int] = {}  # per program: which pin a TTL timer belongs to
+        # vLLM's front end refuses a prompt as long as it serves, and cuts the output of a
+        # shorter one to fit (see `served_len`); the mocker takes any request
+        self._served_len = config.max_model_len if engine_cfg.flavour == "vllm" else None
         self._log_kv = scenario.metrics.log_kv_events
         self._reuse_output = engine_cfg.reuse_output_blocks
         self._private_outputs = 0
@@ -111,14 +134,14 @@ class Simulation:
                 self._audit(engine, every_block=True)
         self.emit(ev.RunEnded(env.now, iterations, len(self._waiters)))
 
-    def _audit(self, engine: Engine, every_block: bool = False) -> None:
+    def _audit(self, engine: StepEngine, every_block: bool = False) -> None:
         problem = engine.audit(every_block)
         if problem is not None:
             raise InvariantViolation(f"t={self.env.now:.6f} {engine.worker}: {problem}")
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _worker(self, engine: Engine, index: int) -> Generator[simpy.Event, object, None]:
+    def _worker(self, engine: StepEngine, index: int) -> Generator[simpy.Event, object, None]:
         """Run the engine one `Run` at a time (see `tasim.sim.clock` for the order of
         simultaneous events)."""
         env = self.env
@@ -253,6 +276,13 @@ class Simulation:
         if engine is None:
             raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
         self.emit(ev.RequestRouted(self.env.now, spec.id, worker))
+        served = self._served_len
+        if served is not None and spec.prompt_tokens + spec.output_tokens > served:
+            if spec.prompt_tokens >= served:
+                reason = f"prompt of {spec.prompt_tokens} tokens reaches max_model_len {served}"
+                self.on_dropped(worker, spec, reason, self.env.now)
+                return
+            spec = replace(spec, output_tokens=served - spec.prompt_tokens, block_hashes=spec.block_hashes[: served // self.block_size])
         self._changing(worker)
         engine.submit(spec if self._reuse_output else self._private_output(spec))
         self._wake_worker(worker)
@@ -297,7 +327,7 @@ class Simulation:
         self.emit(ev.ProgramPinned(self.env.now, pin.program, pin.worker, blocks, pin.ttl_s))
         self.env.process(self._expire_pin(engine, pin.program, pin.ttl_s, serial))
 
-    def _expire_pin(self, engine: Engine, program: str, ttl_s: float, serial: int) -> Generator[simpy.Event, object, None]:
+    def _expire_pin(self, engine: StepEngine, program: str, ttl_s: float, serial: int) -> Generator[simpy.Event, object, None]:
         yield self.env.timeout(ttl_s)
         if self._pin_serial.get(program) == serial:  # not replaced by a later pin meanwhile
             self._unpin(engine, program)
@@ -306,7 +336,7 @@ class Simulation:
         for engine in self.engines.values():
             self._unpin(engine, program)
 
-    def _unpin(self, engine: Engine, program: str) -> None:
+    def _unpin(self, engine: StepEngine, program: str) -> None:
         if engine.has_pin(program):
             self._changing(engine.worker)
             engine.unpin(program)

@@ -29,7 +29,7 @@ from operator import itemgetter
 import numpy as np
 
 from tasim.model import BlockHash
-from tasim.sim.engine import Engine, EngineRequest, Step
+from tasim.sim.engine import Engine, EngineRequest, Step, StepEngine
 
 # The longest run planned at once: runs are cut by arrivals, so planning far ahead is wasted.
 MAX_RUN_STEPS = 1024
@@ -54,7 +54,7 @@ class _Boundary:
 class Run:
     """The steps a worker sleeps through; see the module docstring."""
 
-    def __init__(self, engine: Engine, first: Step) -> None:
+    def __init__(self, engine: StepEngine, first: Step) -> None:
         self.engine = engine
         self.first = first
         self.steps = 1
@@ -127,11 +127,13 @@ class Run:
         engine.complete_step(self.first, now)
 
     def _apply(self, boundary: _Boundary) -> None:
-        pool = self.engine.pool
+        engine = self.engine
+        assert isinstance(engine, Engine), "only tasim's engine has folded steps"
+        pool = engine.pool
         for req, allocate, register in boundary.actions:
             if allocate:
                 if not pool.allocate(1):  # planned within the available blocks
-                    raise AssertionError(f"{self.engine.worker}: fast-forwarded allocation failed")
+                    raise AssertionError(f"{engine.worker}: fast-forwarded allocation failed")
                 req.phys += 1
             if register:
                 pool.register_run(req.hold, req.full_done, req.full_done + 1)
@@ -139,8 +141,11 @@ class Run:
         boundary.stored, boundary.removed = pool.drain_events()
 
     def extend(self) -> None:
-        """Fold the pure decode steps that follow the first one, if it is one."""
+        """Fold the pure decode steps that follow the first one, if it is one (tasim's own
+        engine only: folding plans its block pool ahead)."""
         engine = self.engine
+        if not isinstance(engine, Engine):
+            return
         first = self.first
         running = engine.running
         count = len(running)
@@ -156,7 +161,7 @@ class Run:
         last = min(MAX_RUN_STEPS, min(req.target - req.generated for req, _ in first.scheduled))
         if last < 2:
             return
-        planned = self._plan_boundaries(last, head_blocks)
+        planned = self._plan_boundaries(engine, last, head_blocks)
         if planned is None:
             return
         last, boundaries = planned
@@ -173,10 +178,11 @@ class Run:
             boundary.end = self.ends[boundary.index - 1]
         self._boundaries = boundaries
 
-    def _plan_boundaries(self, last: int, head_blocks: frozenset[BlockHash]) -> tuple[int, list[_Boundary]] | None:
+    def _plan_boundaries(
+        self, engine: Engine, last: int, head_blocks: frozenset[BlockHash]
+    ) -> tuple[int, list[_Boundary]] | None:
         """The steps 2..``last`` that allocate or register blocks, with their actions, and
         ``last`` lowered where the run must stop early; None when no step can be folded."""
-        engine = self.engine
         bs = engine.config.block_size
         caching = engine.config.enable_prefix_caching
         # (step, running position, 0 = allocate | 1 = register, request, block registered)

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 from rich.table import Table
 
-from tasim.scenario import Scenario
+from tasim.scenario import Scenario, with_engine_flavour
 from tasim.validation.dynamo_replay import Router, engine_args, run_dynamo
 from tasim.validation.measures import METRICS, Difference, Metric, all_within, differences, summarize
 from tasim.validation.tasim_replay import run_tasim
@@ -54,7 +54,9 @@ def validate(
     scenario: Scenario, out: Path, routers: Sequence[Router], repeats: int = 3
 ) -> tuple[ReplayTrace, list[RouterResult]]:
     """Replay on both sides; randomized routers ``repeats`` times each (tasim with seeds
-    ``seed``, ``seed + 1``, ...), deterministic ones once."""
+    ``seed``, ``seed + 1``, ...), deterministic ones once. tasim's engine runs as the mocker's
+    flavour: the one Dynamo's replay simulates."""
+    scenario = with_engine_flavour(scenario, "mocker")
     trace = replay_trace(scenario, out.resolve())
     results = []
     for router in routers:

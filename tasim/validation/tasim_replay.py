@@ -14,10 +14,10 @@ _UNBOUNDED_S = 1e7
 
 
 def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scenario:
-    """``scenario`` replaying ``trace`` under ``router`` with the mocker's models: polynomial
-    step times, leaves-first (lineage) eviction, and the KV pool size fixed to a number."""
+    """``scenario`` (mocker-flavoured, `against_dynamo.validate`) replaying ``trace`` under
+    ``router`` with the mocker's timing and the KV pool size fixed to a number."""
     cluster = scenario.cluster
-    engine = cluster.engine.model_copy(update={"eviction": "lineage", "kv_blocks": cluster.kv_blocks_per_worker()})
+    engine = cluster.engine.model_copy(update={"kv_blocks": cluster.kv_blocks_per_worker()})
     perf = cluster.perf.model_copy(update={"model": "dynamo_polynomial"})
     workload = MooncakeTraceWorkload(
         kind="mooncake_trace", path=str(trace.path), trace_block_size=trace.trace_block_size,

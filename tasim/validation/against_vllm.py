@@ -1,0 +1,281 @@
+"""``tasim validate vllm``: one scenario through tasim's engine and through vLLM's own scheduler
+(`tasim.validation.vllm_engine`), compared request by request.
+
+Both runs are tasim simulations of the same scenario and seed: the same programs, arrivals, tool
+gaps, routing and a fixed step time, so every step of either engine starts at the same instant
+as long as the two have decided alike. Per request the decisions compared are each admission
+(its time and the prefix-cache hit it got, re-admissions after a preemption included), the
+preemptions, the first token and the finish; then the run summaries, folded from both event
+logs by the same code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from rich.table import Table
+
+from tasim import events as ev
+from tasim.rundir import run_simulation
+from tasim.scenario import Scenario, with_engine_flavour
+from tasim.validation import ValidationUnavailable
+
+VALIDATION_FILE = "validation.json"
+SIDES = ("tasim", "vllm")
+DECISIONS = ("admission step", "prefix-hit tokens", "preemptions", "first-token step", "finish step")
+SHOWN_MISMATCHES = 10
+RECORDED_MISMATCHES = 200
+# Policies that need an engine feature vLLM's scheduler does not have.
+_PINNING_POLICIES = frozenset({"continuum"})
+
+
+@dataclass(slots=True)
+class RequestDecisions:
+    """What one engine decided for one request; times in steps (seconds / step time)."""
+
+    admissions: list[tuple[float, int]] = field(default_factory=list)  # (step, prefix-hit tokens)
+    preemptions: list[float] = field(default_factory=list)
+    first_token: float | None = None
+    finished: float | None = None
+    dropped: str | None = None
+
+    def value(self, decision: str) -> Any:
+        if decision == "admission step":
+            return [step for step, _ in self.admissions]
+        if decision == "prefix-hit tokens":
+            return [hit for _, hit in self.admissions]
+        if decision == "preemptions":
+            return self.preemptions
+        if decision == "first-token step":
+            return self.first_token
+        if decision == "finish step":
+            return self.finished if self.dropped is None else f"dropped: {self.dropped}"
+        raise KeyError(decision)
+
+
+class DecisionLog:
+    """Folds one event stream into the decisions per request."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s = step_s
+        self.requests: dict[str, RequestDecisions] = {}
+
+    def __call__(self, event: ev.Event) -> None:
+        steps = round(event.t / self.step_s, 6)
+        if isinstance(event, ev.RequestArrived):
+            self.requests[event.request] = RequestDecisions()
+        elif isinstance(event, (ev.PrefillStarted, ev.RequestReadmitted)):
+            self.requests[event.request].admissions.append((steps, event.cached_tokens))
+        elif isinstance(event, ev.RequestPreempted):
+            self.requests[event.request].preemptions.append(steps)
+        elif isinstance(event, ev.FirstToken):
+            self.requests[event.request].first_token = steps
+        elif isinstance(event, ev.RequestFinished):
+            self.requests[event.request].finished = steps
+        elif isinstance(event, ev.RequestDropped):
+            self.requests[event.request].dropped = event.reason
+
+
+@dataclass(frozen=True, slots=True)
+class Mismatch:
+    request: str
+    decision: str
+    tasim: Any
+    vllm: Any
+
+
+@dataclass(frozen=True)
+class Comparison:
+    requests: int
+    identical: dict[str, int]  # per decision: requests on which both engines agree
+    mismatches: list[Mismatch]
+    summaries: dict[str, dict[str, Any]]  # per side
+    walls: dict[str, float]
+
+    @property
+    def all_identical(self) -> bool:
+        return all(count == self.requests for count in self.identical.values())
+
+
+def oracle_scenario(scenario: Scenario, step_ms: float) -> Scenario:
+    """The scenario as both engines run it: tasim's engine in vLLM's flavour (whatever flavour
+    the scenario chose), and a fixed step time."""
+    scenario = with_engine_flavour(scenario, "vllm")
+    reason = unsupported(scenario)
+    if reason:
+        raise ValidationUnavailable(reason)
+    cluster = scenario.cluster
+    perf = cluster.perf.model_copy(update={"model": "fixed", "step_ms": step_ms, "speedup_ratio": 1.0})
+    return scenario.model_copy(update={"cluster": cluster.model_copy(update={"perf": perf})})
+
+
+def unsupported(scenario: Scenario) -> str | None:
+    """Why the scenario cannot run on vLLM's scheduler, or None."""
+    from tasim.validation.vllm_engine import vllm_unsupported
+    from tasim.sim.runner import engine_config
+
+    if scenario.policy.name in _PINNING_POLICIES:
+        return f"policy {scenario.policy.name} pins KV blocks, which vLLM's scheduler cannot (choose another policy)"
+    return vllm_unsupported(engine_config(scenario))
+
+
+def validate(scenario: Scenario, out: Path, step_ms: float) -> Comparison:
+    """Run both engines on ``scenario`` (with a fixed step of ``step_ms``), writing each run
+    under ``out/<side>``, and compare them."""
+    from tasim.validation.vllm_engine import VllmEngine
+
+    oracle = oracle_scenario(scenario, step_ms)
+    logs, summaries, walls = {}, {}, {}
+    factories: dict[str, Callable[..., Any] | None] = {"tasim": None, "vllm": VllmEngine}
+    for side, factory in factories.items():
+        log = logs[side] = DecisionLog(step_ms / 1000.0)
+        started = time.perf_counter()
+        summaries[side] = run_simulation(oracle, out / side, engine_factory=factory, observe=log)
+        walls[side] = time.perf_counter() - started
+    return compare(logs["tasim"].requests, logs["vllm"].requests, summaries, walls)
+
+
+def compare(
+    ours: dict[str, RequestDecisions], theirs: dict[str, RequestDecisions],
+    summaries: dict[str, dict[str, Any]], walls: dict[str, float],
+) -> Comparison:
+    identical = dict.fromkeys(DECISIONS, 0)
+    mismatches: list[Mismatch] = []
+    for request in sorted(ours.keys() | theirs.keys(), key=_arrival_order(ours, theirs)):
+        a, b = ours.get(request), theirs.get(request)
+        for decision in DECISIONS:
+            mine = a.value(decision) if a else "never arrived"
+            other = b.value(decision) if b else "never arrived"
+            if mine == other:
+                identical[decision] += 1
+            else:
+                mismatches.append(Mismatch(request, decision, mine, other))
+    return Comparison(len(ours.keys() | theirs.keys()), identical, mismatches, summaries, walls)
+
+
+def _arrival_order(*logs: dict[str, RequestDecisions]) -> Callable[[str], tuple[int, int]]:
+    """Requests in the order they first arrived on either side (dicts keep arrival order)."""
+    rank: dict[str, tuple[int, int]] = {}
+    for side, log in enumerate(logs):
+        for position, request in enumerate(log):
+            rank.setdefault(request, (position, side))
+    return rank.__getitem__
+
+
+# --- presenting ---------------------------------------------------------------------------
+
+# (label, summary key or path, unit): the run summaries compared beside the decisions
+SUMMARY_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("requests completed", ("requests_completed",)),
+    ("requests dropped", ("requests_dropped",)),
+    ("steps/min", ("steps_per_min",)),
+    ("output tokens/s", ("output_tokens_per_s",)),
+    ("prefix hit rate", ("prefix_hit_rate",)),
+    ("preemptions", ("preemptions",)),
+    ("recomputed tokens", ("recomputed_tokens",)),
+    ("TTFT mean (s)", ("ttft_s", "mean")),
+    ("E2E mean (s)", ("e2e_s", "mean")),
+    ("engine iterations", ("engine_iterations",)),
+)
+
+
+def _lookup(summary: dict[str, Any], path: Sequence[str]) -> Any:
+    value: Any = summary
+    for key in path:
+        value = value[key] if value is not None else None
+    return value
+
+
+def decision_table(result: Comparison) -> Table:
+    table = Table(title=f"tasim against vLLM {_vllm_version()}'s scheduler: {result.requests} requests", title_justify="left")
+    table.add_column("decision, per request")
+    table.add_column("identical", justify="right")
+    table.add_column("differ", justify="right")
+    for decision in DECISIONS:
+        same = result.identical[decision]
+        differ = result.requests - same
+        table.add_row(decision, f"{same}", f"{differ}{' ✓' if differ == 0 else ' ✗'}")
+    return table
+
+
+def summary_table(result: Comparison) -> Table:
+    table = Table(title="run summaries (difference: tasim − vLLM)", title_justify="left")
+    for column in ("metric", "tasim", "vLLM", "difference"):
+        table.add_column(column, justify="left" if column == "metric" else "right")
+    for label, path in SUMMARY_ROWS:
+        mine, other = (_lookup(result.summaries[side], path) for side in SIDES)
+        table.add_row(label, _number(mine), _number(other), _difference(mine, other))
+    table.add_row("wall time (s)", f"{result.walls['tasim']:.2f}", f"{result.walls['vllm']:.2f}", "")
+    return table
+
+
+def mismatch_table(result: Comparison, limit: int = SHOWN_MISMATCHES) -> Table | None:
+    if not result.mismatches:
+        return None
+    shown = result.mismatches[:limit]
+    table = Table(title=f"first {len(shown)} of {len(result.mismatches)} differences (times in steps)", title_justify="left")
+    for column in ("request", "decision", "tasim", "vLLM"):
+        table.add_column(column)
+    for m in shown:
+        table.add_row(m.request, m.decision, _short(m.tasim), _short(m.vllm))
+    return table
+
+
+def validation_record(scenario: Scenario, step_ms: float, result: Comparison) -> dict[str, Any]:
+    from tasim.sim.runner import engine_config
+
+    config = engine_config(scenario)
+    return {
+        "scenario": scenario.name,
+        "vllm_version": _vllm_version(),
+        "step_ms": step_ms,
+        "workers": scenario.cluster.backends,
+        "policy": scenario.policy.name,
+        "engine": {
+            "block_size": config.block_size, "num_blocks": config.num_blocks, "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "enable_prefix_caching": config.enable_prefix_caching,
+            "enable_chunked_prefill": config.enable_chunked_prefill, "max_model_len": config.max_model_len,
+        },
+        "requests": result.requests,
+        "identical": result.identical,
+        "all_identical": result.all_identical,
+        "mismatches": [
+            {"request": m.request, "decision": m.decision, "tasim": m.tasim, "vllm": m.vllm}
+            for m in result.mismatches[:RECORDED_MISMATCHES]
+        ],
+        "mismatch_count": len(result.mismatches),
+        "summary": result.summaries,
+        "wall_s": result.walls,
+    }
+
+
+def _vllm_version() -> str:
+    from tasim.validation.vllm_engine import VLLM_VERSION
+
+    return VLLM_VERSION
+
+
+def _number(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return f"{value:,.4f}" if abs(value) < 10 else f"{value:,.1f}"
+
+
+def _difference(mine: Any, other: Any) -> str:
+    if mine is None or other is None:
+        return "" if mine == other else "✗"
+    diff = mine - other
+    same = diff == 0 or abs(diff) <= 1e-9 * max(abs(mine), abs(other))
+    text = _number(diff) if isinstance(diff, int) else f"{diff:+.4g}"
+    return f"{text} {'✓' if same else '✗'}"
+
+
+def _short(value: Any, width: int = 60) -> str:
+    text = str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"

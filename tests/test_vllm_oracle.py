@@ -1,0 +1,140 @@
+"""tasim's engine against vLLM v1's own scheduler (``tasim validate vllm``): the same scenario on
+both, compared request by request. vLLM is in the project's test install (the `oracle` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import SCENARIOS, assert_usage_error, tasim
+from tasim.scenario import Scenario, load_scenario, parse_scenario
+from tasim.validation.against_vllm import DECISIONS, DecisionLog, compare, oracle_scenario, validate
+
+pytest.importorskip("vllm", reason="the oracle extra (make install) brings vLLM")
+
+STEP_MS = 10.0
+TOOL_LOOP = {
+    "name": "tool-loop", "duration_s": 100_000,
+    "cluster": {"engine": {"block_size": 16, "kv_blocks": 2001, "max_num_seqs": 256, "max_num_batched_tokens": 2048}},
+    "workload": {
+        "kind": "agent", "arrival": "closed", "concurrency": 60, "programs": 60, "system_prompt_tokens": 512,
+        "task_prompt_tokens": 200, "turns": 4, "output_tokens": 50, "observation_tokens": 300, "tool_latency_s": 0.3,
+    },
+}
+
+
+def _validate(scenario: Scenario, tmp_path: Path) -> None:
+    result = validate(scenario, tmp_path, STEP_MS)
+    assert result.requests > 0
+    assert result.mismatches == [], result.mismatches[:3]
+    assert result.all_identical
+
+
+@st.composite
+def workloads(draw: st.DrawFn) -> Scenario:
+    """Small random engines and agent programs with tool gaps: thrashing or not, chunked prefill
+    on or off, prefix caching on or off, one or two workers under four policies."""
+    block = draw(st.sampled_from([4, 8, 16]))
+    chunked = draw(st.booleans())
+    budget = draw(st.sampled_from([64, 128, 256, 1024]))
+    blocks = draw(st.integers(20, 300))
+    longest = blocks * block if chunked else min(blocks * block, budget)
+    raw = {
+        "name": "random", "seed": draw(st.integers(0, 1000)), "duration_s": 1e6,
+        "cluster": {
+            "backends": draw(st.sampled_from([1, 1, 2])),
+            "engine": {
+                "block_size": block, "kv_blocks": blocks + 1, "max_num_seqs": draw(st.sampled_from([2, 4, 8, 64])),
+                "max_num_batched_tokens": budget, "enable_chunked_prefill": chunked,
+                "enable_prefix_caching": draw(st.booleans()) or draw(st.booleans()),
+            },
+        },
+        "workload": {
+            "kind": "agent", "arrival": "closed", "concurrency": draw(st.integers(1, 12)),
+            "programs": draw(st.integers(1, 20)), "system_prompt_tokens": draw(st.sampled_from([0, 3 * block, 37, 100])),
+            "task_prompt_tokens": {"kind": "uniform", "low": 1, "high": 120},
+            "turns": {"kind": "uniform", "low": 1, "high": 5},
+            "output_tokens": {"kind": "uniform", "low": 1, "high": 40},
+            "observation_tokens": {"kind": "uniform", "low": 0, "high": 60},
+            "tool_latency_s": {"kind": "uniform", "low": 0.0, "high": 0.2},
+            "max_context_tokens": longest,
+        },
+        "policy": {"name": draw(st.sampled_from(["round_robin", "least_loaded", "kv_router", "thunderagent"]))},
+    }
+    return parse_scenario(raw, "random")
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(workloads())
+def test_vllm_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scenario) -> None:
+    _validate(scenario, tmp_path)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["workload.max_requests=120", "cluster.backends=2", "cluster.engine.kv_blocks=600"],
+    ["workload.max_requests=120", "cluster.engine.kv_blocks=400", "cluster.engine.enable_chunked_prefill=false",
+     "cluster.engine.max_num_batched_tokens=40000"],
+], ids=["round robin, 2 workers", "no chunked prefill"])
+@pytest.mark.parametrize("trace", ["mooncake-conversation.yaml", "mooncake-synthetic.yaml"])
+def test_mooncake_traces_agree(tmp_path: Path, trace: str, overrides: list[str]) -> None:
+    _validate(load_scenario(SCENARIOS / trace, overrides + ["policy.name=round_robin"]), tmp_path)
+
+
+def test_a_pool_one_block_larger_is_caught(tmp_path: Path) -> None:
+    """The comparison finds a real difference: given vLLM's null block as one more block for KV,
+    tasim does not preempt p51's second turn at step 129, where vLLM (one block short) does and
+    re-admits it a step later with 1,088 of its tokens still cached."""
+    from tasim.rundir import run_simulation
+    from tasim.validation.vllm_engine import VllmEngine
+
+    scenario = oracle_scenario(parse_scenario(TOOL_LOOP, "tool-loop"), STEP_MS)
+    logs = {side: DecisionLog(STEP_MS / 1000) for side in ("tasim", "vllm")}
+    larger = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(
+        update={"engine": scenario.cluster.engine.model_copy(update={"flavour": "mocker", "eviction": "lru", "reuse_output_blocks": True})})})
+    summaries = {
+        "tasim": run_simulation(larger, tmp_path / "tasim", observe=logs["tasim"]),
+        "vllm": run_simulation(scenario, tmp_path / "vllm", engine_factory=VllmEngine, observe=logs["vllm"]),
+    }
+    result = compare(logs["tasim"].requests, logs["vllm"].requests, summaries, {"tasim": 0.0, "vllm": 0.0})
+    assert [(m.request, m.decision, m.tasim, m.vllm) for m in result.mismatches[:4]] == [
+        ("p51.1", "admission step", [87.0], [87.0, 130.0]),
+        ("p51.1", "prefix-hit tokens", [752], [752, 1088]),
+        ("p51.1", "preemptions", [], [129.0]),
+        ("p51.1", "finish step", 137.0, 138.0),
+    ]
+    assert not result.all_identical
+
+
+def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
+    scenario = tmp_path / "tool-loop.yaml"
+    scenario.write_text(json.dumps(TOOL_LOOP))
+    out = tmp_path / "out"
+    result = tasim("validate", "vllm", str(scenario), "--set", "workload.concurrency=30", "--set", "workload.programs=30",
+                   "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for decision in DECISIONS:
+        assert f"{decision} " in result.stdout
+    assert "✗" not in result.stdout
+    record = json.loads((out / "validation.json").read_text())
+    assert record["all_identical"] is True
+    assert record["requests"] == 120
+    assert record["identical"] == dict.fromkeys(DECISIONS, 120)
+    assert record["engine"]["num_blocks"] == 2000  # 2001 configured, one is vLLM's null block
+    assert (out / "tasim" / "events.jsonl").is_file() and (out / "vllm" / "events.jsonl").is_file()
+
+
+@pytest.mark.parametrize("args, fragments", [
+    (["--policy", "continuum"], ("continuum pins KV blocks",)),
+    (["--set", "cluster.engine.eviction=lineage"], ("--set cluster.engine.eviction", "vllm engine flavour")),
+    (["--set", "cluster.engine.preemption=oldest_first"], ("cluster.engine.preemption", "newest_first")),
+    (["--set", "cluster.engine.enable_chunked_prefill=false"], ("max_num_batched_tokens (2048)", "without chunked prefill")),
+    (["--step-ms", "0"], ("--step-ms",)),
+])
+def test_cli_refuses_what_vllm_cannot_run(tmp_path: Path, args: list[str], fragments: tuple[str, ...]) -> None:
+    scenario = tmp_path / "tool-loop.yaml"
+    scenario.write_text(json.dumps(TOOL_LOOP))
+    assert_usage_error(tasim("validate", "vllm", str(scenario), "--out", str(tmp_path / "out"), *args), *fragments)
