@@ -20,7 +20,8 @@ from tasim import __version__
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.render import param_rows, print_summary, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
-from tasim.scenario import Scenario, ScenarioError, load_scenario
+from tasim.policy_spec import PolicySpec, PolicySpecError
+from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, shown
 from tasim.sim.checks import InvariantViolation
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
@@ -29,6 +30,12 @@ from tasim.live.errors import LiveError  # no Dynamo import: the core install ha
 
 EXIT_USAGE = 2
 EXIT_INVARIANT = 3  # `simulate --check` found a bug in tasim itself
+
+
+POLICY_HELP = (
+    "policy NAME or NAME[key=value,...] (replaces the scenario's policy and its params; "
+    "--set policy.params.KEY=VALUE applies on top)"
+)
 
 
 class UsageError(Exception):
@@ -47,7 +54,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     simulate = commands.add_parser("simulate", help="run one scenario in the simulator")
     simulate.add_argument("scenario", help="scenario YAML file")
-    simulate.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
+    simulate.add_argument("--policy", metavar="SPEC", help=POLICY_HELP)
     simulate.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     simulate.add_argument("--out", type=Path, help="output directory (default: runs/<scenario>-<policy>-s<seed>)")
     simulate.add_argument(
@@ -67,7 +74,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     compare = commands.add_parser("compare", help="run one scenario under several policies (and one swept field)")
     compare.add_argument("scenario", help="scenario YAML file")
-    compare.add_argument("--policies", required=True, metavar="A,B,...", help="comma-separated policy names")
+    compare.add_argument(
+        "--policies", required=True, metavar="SPEC,SPEC,...",
+        help="comma-separated policies, each NAME or NAME[key=value,...], e.g. 'thunderagent[variant=dynamo],least_loaded'",
+    )
     compare.add_argument(
         "--sweep", metavar="KEY=V1,V2,...",
         help="run every policy at each value of one scenario field, e.g. --sweep workload.concurrency=16,32,64",
@@ -120,7 +130,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     live = commands.add_parser("live", help="serve the policy as a Dynamo router and drive the scenario's programs through it")
     live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
-    live.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
+    live.add_argument("--policy", metavar="SPEC", help=POLICY_HELP)
     live.add_argument("--engine", choices=("mocker", "vllm", "sglang"), default="mocker", help="workers: Dynamo's mocker (CPU, default) or real engines on GPUs")
     live.add_argument(
         "--driver", choices=("http", "verl"), default="http",
@@ -163,13 +173,39 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _refuse_replacing(overrides: Sequence[str], flag: str, sets: Override) -> None:
+    """A --set that would replace what ``flag`` sets is refused: one of the two would be lost."""
+    for assignment in overrides:
+        if Override.parse(assignment).overwrites(sets):
+            raise UsageError(f"--set {shown(assignment)}: {flag} sets {'.'.join(sets.key)} too (give one of them)")
+
+
+def _seeded(args: argparse.Namespace) -> list[str]:
+    """The --set overrides, then --seed's."""
+    if args.seed is None:
+        return list(args.overrides)
+    _refuse_replacing(args.overrides, f"--seed {args.seed}", Override(("seed",), args.seed))
+    return [*args.overrides, f"seed={args.seed}"]
+
+
+def _policy_overrides(args: argparse.Namespace) -> list[str]:
+    """--policy's overrides, refusing a --set that would undo part of it or be undone by it."""
+    if args.policy is None:
+        return []
+    try:
+        spec = PolicySpec.parse(args.policy)
+    except PolicySpecError as exc:
+        raise UsageError(f"--policy {exc}") from None
+    for assignment in args.overrides:
+        problem = spec.conflict(Override.parse(assignment), f"--policy {shown(spec.label)}")
+        if problem:
+            raise UsageError(f"--set {shown(assignment)}: {problem}")
+    return spec.overrides()
+
+
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
-    overrides = list(args.overrides)
-    if args.seed is not None:
-        overrides.append(f"seed={args.seed}")
-    if args.policy is not None:
-        overrides += [f"policy.name={args.policy}", "policy.params={}"]
-    return load_scenario(args.scenario, overrides)
+    # --policy's first, so a --set policy.params.KEY=VALUE lands on top of the params it clears
+    return load_scenario(args.scenario, [*_policy_overrides(args), *_seeded(args)])
 
 
 def _default_out(scenario: Scenario) -> Path:
@@ -206,11 +242,10 @@ def _report(args: argparse.Namespace) -> int:
 def _compare(args: argparse.Namespace) -> int:
     from tasim import compare  # keeps `simulate` and `report` free of the pool and plotting code
 
-    policies = compare.parse_policies(args.policies)
+    specs = compare.parse_policies(args.policies)
     sweep = compare.parse_sweep(args.sweep) if args.sweep else None
-    compare.check_overrides(args.overrides)
-    overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
-    plan = compare.plan_runs(args.scenario, policies, sweep, overrides)
+    compare.check_overrides(args.overrides, sweep, args.seed)
+    plan = compare.plan_runs(args.scenario, specs, sweep, _seeded(args))
     out = _output_dir(args.out or Path("runs") / f"compare-{plan.scenario.name}")
     jobs = min(args.jobs or compare.default_jobs(plan), len(plan.runs))
     progress = Console(stderr=True)
@@ -218,7 +253,7 @@ def _compare(args: argparse.Namespace) -> int:
 
     def on_done(run: compare.Run, summary: dict[str, Any]) -> None:
         line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['steps_per_min']:.1f} steps/min"
-        progress.print(line, markup=False, highlight=False)
+        progress.print(line, markup=False, highlight=False, soft_wrap=True)  # one line each, however long the label
 
     summaries = compare.execute(plan, out, jobs, on_done)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,13 +283,17 @@ def _validate(args: argparse.Namespace) -> int:
         return _validate_vllm(args)
     from tasim.validation.against_dynamo import VALIDATION_FILE, validate, validation_record, validation_table
     from tasim.validation.dynamo_replay import ROUTERS
+    from tasim.validation.tasim_replay import lost_in_replay
 
     routers = [name.strip() for name in args.routers.split(",") if name.strip()]
     unknown = [name for name in routers if name not in ROUTERS]
     if not routers or unknown:
         raise UsageError(f"--routers {args.routers!r}: unknown router (allowed: {', '.join(ROUTERS)})")
-    overrides = list(args.overrides) + ([f"seed={args.seed}"] if args.seed is not None else [])
-    scenario = load_scenario(args.scenario, overrides)
+    for assignment in args.overrides:
+        problem = lost_in_replay(Override.parse(assignment))
+        if problem:
+            raise UsageError(f"--set {shown(assignment)}: {problem}")
+    scenario = load_scenario(args.scenario, _seeded(args))
     out = _output_dir(args.out or Path("runs") / f"validate-{scenario.name}")
     trace, results = validate(scenario, out, list(dict.fromkeys(routers)), args.repeats)
     out.mkdir(parents=True, exist_ok=True)
@@ -266,19 +305,16 @@ def _validate(args: argparse.Namespace) -> int:
     return 0
 
 
-# The engine settings `validate vllm` takes from vLLM's flavour rather than from the scenario.
-_VLLM_FLAVOUR_KEYS = ("cluster.engine.flavour", "cluster.engine.eviction", "cluster.engine.reuse_output_blocks")
-
-
 def _validate_vllm(args: argparse.Namespace) -> int:
-    for assignment in args.overrides:
-        key = assignment.partition("=")[0].strip()
-        if key in _VLLM_FLAVOUR_KEYS:
-            raise UsageError(f"--set {key}: validate vllm runs tasim's vllm engine flavour, which fixes it (leave it out)")
-    scenario = _scenario_from_args(args)
     from tasim.validation.against_vllm import (
-        VALIDATION_FILE, decision_table, mismatch_table, summary_table, validate, validation_record,
+        VALIDATION_FILE, decision_table, lost_in_oracle, mismatch_table, summary_table, validate, validation_record,
     )
+
+    for assignment in args.overrides:
+        problem = lost_in_oracle(Override.parse(assignment))
+        if problem:
+            raise UsageError(f"--set {shown(assignment)}: {problem}")
+    scenario = _scenario_from_args(args)
 
     out = _output_dir(args.out or Path("runs") / f"validate-vllm-{scenario.name}")
     result = validate(scenario, out, args.step_ms)
@@ -299,6 +335,8 @@ def _live(args: argparse.Namespace) -> int:
         raise UsageError(f"live mode needs the live extra (pip install -e '.[live]' or make install): {exc}") from None
     if args.model is not None and not (args.model / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
+    if args.programs is not None:
+        _refuse_replacing(args.overrides, f"--programs {args.programs}", Override(("workload", "programs"), args.programs))
     scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs)
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")

@@ -1,7 +1,8 @@
 """``tasim compare``: one scenario under several policies, optionally over one swept field.
 
-Every (sweep value × policy) combination is validated before anything runs, so a typo in the
-last value does not cost the earlier runs. Runs are independent and deterministic, so they go
+A policy is a `PolicySpec`, so one policy may run twice with different parameters. Every
+(sweep value × policy) combination is validated before anything runs, so a typo in the last
+value does not cost the earlier runs. Runs are independent and deterministic, so they go
 to a process pool and the results do not depend on how many run at once. Plots live in
 `tasim.plots`, imported only when wanted, so this module stays free of matplotlib.
 """
@@ -9,7 +10,6 @@ to a process pool and the results do not depend on how many run at once. Plots l
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -23,11 +23,12 @@ from tasim.cli import UsageError
 from tasim.metrics import summary_value
 from tasim.parallel import map_in_processes
 from tasim.rundir import run_simulation
-from tasim.policies import POLICIES
-from tasim.scenario import Scenario, ScenarioError, apply_override, load_scenario
+from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe, split_outside_brackets
+from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, shown
 
 RUNS_DIR = "runs"
 COMPARE_FILE = "compare.json"
+MAX_DIRNAME = 255  # bytes: a file system's limit on one name
 
 # (header, path into the summary, format): short two-line headers and fixed precision keep the
 # table inside an 80-column terminal; compare.json has exact values
@@ -68,20 +69,31 @@ class Sweep:
         # bool is an int subclass, but true/false are categories, not points on an axis
         return all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.values)
 
+    def overrides(self) -> list[Override]:
+        """What each point sets, applied after every other override of its run."""
+        parts = tuple(self.key.split("."))
+        return [Override(parts, value) for value in self.values]
+
 
 @dataclass(frozen=True)
 class Run:
-    """One combination: ``point`` is {sweep key: value}, empty without a sweep."""
+    """One combination: ``point`` is {sweep key: value}, empty without a sweep; ``label`` names
+    it in messages, ``dirname`` is its directory under ``runs/``."""
 
-    policy: str
+    spec: PolicySpec
     point: dict[str, Any]
     label: str
+    dirname: str
     scenario: Scenario
+
+    @property
+    def policy(self) -> str:
+        return self.spec.name
 
 
 @dataclass(frozen=True)
 class Plan:
-    policies: tuple[str, ...]
+    specs: tuple[PolicySpec, ...]
     sweep: Sweep | None
     runs: tuple[Run, ...]
 
@@ -96,40 +108,24 @@ class Plan:
 
     def last_point(self) -> list[Run]:
         """The runs at the last sweep point (the largest, for numbers), one per policy."""
-        return list(self.runs[-len(self.policies):])
+        return list(self.runs[-len(self.specs):])
 
 
 # --- parsing and validation ------------------------------------------------------------------
 
 
-def parse_policies(text: str) -> tuple[str, ...]:
-    names = tuple(name.strip() for name in text.split(","))
-    allowed = ", ".join(sorted(POLICIES))
-    for name in names:
-        if name not in POLICIES:
-            raise UsageError(f"--policies: unknown policy {name!r} (allowed: {allowed})")
-    if len(set(names)) != len(names):
-        raise UsageError(f"--policies {text}: a policy is named twice")
-    return names
-
-
-def _split_values(text: str) -> list[str]:
-    """Split on commas outside brackets, so a value may be a YAML flow list or mapping."""
-    parts, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    parts.append(text[start:])
-    return [part.strip() for part in parts]
-
-
-def _parse_value(text: str) -> Any:
-    """The value exactly as `load_scenario` will see it (same YAML parsing as --set)."""
-    probe: dict[str, Any] = {}
-    apply_override(probe, f"value={text}")
-    return probe["value"]
+def parse_policies(text: str) -> tuple[PolicySpec, ...]:
+    """``A,B[key=value,...],...``: commas inside a spec's brackets belong to it."""
+    specs = []
+    for item in split_outside_brackets(text):
+        try:
+            specs.append(PolicySpec.parse(item))
+        except PolicySpecError as exc:
+            raise UsageError(f"--policies {exc}") from None
+    for i, spec in enumerate(specs):
+        if spec in specs[:i]:
+            raise UsageError(f"--policies {shown(text)}: {spec.label} is given twice")
+    return tuple(specs)
 
 
 def parse_sweep(text: str) -> Sweep:
@@ -139,10 +135,10 @@ def parse_sweep(text: str) -> Sweep:
         raise UsageError(f"--sweep {text!r}: expected dotted.key=v1,v2,...")
     if key in ("policy", "policy.name"):
         raise UsageError(f"--sweep {key}: policies come from --policies (policy.params.<name> may be swept)")
-    texts = _split_values(values_text)
+    texts = split_outside_brackets(values_text)
     if "" in texts:
         raise UsageError(f"--sweep {text!r}: empty value (expected dotted.key=v1,v2,...)")
-    values = [_parse_value(t) for t in texts]
+    values = [parse_value(t) for t in texts]  # as load_scenario will see them
     if any(values.count(v) > 1 for v in values):
         raise UsageError(f"--sweep {text!r}: a value is given twice")
     sweep = Sweep(key, tuple(texts), tuple(values))
@@ -152,44 +148,74 @@ def parse_sweep(text: str) -> Sweep:
     return sweep
 
 
-def check_overrides(overrides: Sequence[str]) -> None:
-    """compare replaces the policy and its params per run, so a --set on them would be lost."""
+def check_overrides(overrides: Sequence[str], sweep: Sweep | None, seed: int | None) -> None:
+    """Every run sets its policy, its params and the swept value itself: a --set (or --seed)
+    they would replace is refused rather than lost."""
     for assignment in overrides:
-        if assignment.partition("=")[0].strip().split(".")[0] == "policy":
-            raise UsageError(f"--set {assignment}: policies come from --policies (sweep policy.params.<name> instead)")
+        override = Override.parse(assignment)
+        if override.key[0] == "policy":
+            raise UsageError(f"--set {shown(assignment)}: policies and their params come from --policies "
+                             "(e.g. --policies 'thunderagent[variant=dynamo],least_loaded')")
+        if sweep is not None and any(swept.overwrites(override) for swept in sweep.overrides()):
+            raise UsageError(f"--set {shown(assignment)}: --sweep {sweep.key} sets it in every run")
+    if seed is not None and sweep is not None and any(swept.overwrites(Override(("seed",), seed)) for swept in sweep.overrides()):
+        raise UsageError(f"--seed {seed}: --sweep {sweep.key} sets the seed in every run")
 
 
-def _label(policy: str, key: str, text: str) -> str:
-    # directory-safe: the value text may hold YAML punctuation or slashes
-    return re.sub(r"[^A-Za-z0-9._=+-]", "_", f"{policy}-{key}={text}")
-
-
-def _policy_overrides(overrides: Sequence[str], policy: str) -> list[str]:
-    return [*overrides, f"policy.name={policy}", "policy.params={}"]
-
-
-def _sweep_run(path: str, overrides: Sequence[str], policy: str, sweep: Sweep, text: str, value: Any) -> Run:
+def _load(path: str, overrides: Sequence[str], blame: str) -> Scenario:
     try:
-        scenario = load_scenario(path, [*_policy_overrides(overrides, policy), f"{sweep.key}={text}"])
+        return load_scenario(path, overrides)
     except ScenarioError as exc:
-        raise UsageError(f"--sweep {sweep.key}={text}: {exc}") from None
-    return Run(policy, {sweep.key: value}, _label(policy, sweep.key, text), scenario)
+        raise UsageError(f"{blame}: {exc}") from None
 
 
-def plan_runs(path: str, policies: Sequence[str], sweep: Sweep | None, overrides: Sequence[str]) -> Plan:
+def _sweep_run(path: str, overrides: Sequence[str], spec: PolicySpec, sweep: Sweep, text: str, value: Any) -> Run:
+    point = f"{sweep.key}={text}"
+    # with params of its own, the spec may be what the swept value does not fit
+    blame = f"--sweep {point}" + (f" with {spec.label}" if spec.params else "")
+    scenario = _load(path, [*overrides, *spec.overrides(), point], blame)
+    return Run(spec, {sweep.key: value}, f"{spec.label}-{point}", file_safe(f"{spec.dirname}-{point}"), scenario)
+
+
+def _check_sweep(specs: Sequence[PolicySpec], sweep: Sweep) -> None:
+    """A swept policy param must not be one a spec sets (the sweep would replace it, or, as a
+    default, do nothing)."""
+    for spec in specs:
+        for swept in sweep.overrides():
+            problem = spec.conflict(swept)
+            if problem:
+                raise UsageError(f"--sweep {sweep.key}: {problem}")
+
+
+def _check_dirnames(runs: Sequence[Run]) -> None:
+    seen: dict[str, Run] = {}
+    for run in runs:
+        if len(run.dirname.encode()) > MAX_DIRNAME:
+            raise UsageError(f"{shown(run.label)}: its run directory name would be over {MAX_DIRNAME} bytes (shorten the spec or the sweep value)")
+        if run.dirname in seen:
+            raise UsageError(f"{shown(seen[run.dirname].label)} and {shown(run.label)} would share the run directory {shown(run.dirname)}")
+        seen[run.dirname] = run
+
+
+def plan_runs(path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overrides: Sequence[str]) -> Plan:
     """Load and validate every combination; raises ScenarioError/UsageError before any run."""
-    # loaded without the sweep first, so an error here is the file's, --set's or the policy's
-    base = [Run(policy, {}, policy, load_scenario(path, _policy_overrides(overrides, policy))) for policy in policies]
+    load_scenario(path, overrides)  # alone first, so an error here is the file's or --set's
+    # each policy without the sweep next, so an error here is the spec's
+    base = [
+        Run(spec, {}, spec.label, spec.dirname, _load(path, [*overrides, *spec.overrides()], f"--policies {shown(spec.label)}"))
+        for spec in specs
+    ]
     if sweep is None:
-        return Plan(tuple(policies), None, tuple(base))
-    runs = tuple(
-        _sweep_run(path, overrides, policy, sweep, text, value)
-        for text, value in zip(sweep.texts, sweep.values)
-        for policy in policies
-    )
-    if len({run.label for run in runs}) != len(runs):
-        raise UsageError(f"--sweep {sweep.key}: two values give the same run directory name")
-    return Plan(tuple(policies), sweep, runs)
+        runs = tuple(base)
+    else:
+        _check_sweep(specs, sweep)
+        runs = tuple(
+            _sweep_run(path, overrides, spec, sweep, text, value)
+            for text, value in zip(sweep.texts, sweep.values)
+            for spec in specs
+        )
+    _check_dirnames(runs)
+    return Plan(tuple(specs), sweep, runs)
 
 
 def default_jobs(plan: Plan) -> int:
@@ -205,13 +231,16 @@ def execute(plan: Plan, out: Path, jobs: int, on_done: Callable[[Run, dict[str, 
 
 
 def _simulate(runs_dir: Path, run: Run) -> dict[str, Any]:
-    return run_simulation(run.scenario, runs_dir / run.label)
+    return run_simulation(run.scenario, runs_dir / run.dirname)
 
 
 def records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What compare.json holds, in plan order (sweep value, then policy as given)."""
+    """What compare.json holds, in plan order (sweep value, then policy as given): ``params``
+    are those the policy ran with (the spec's over the scenario's defaults, and a swept one)."""
     return [
-        {"policy": run.policy, "overrides": run.point, "summary": summary} for run, summary in zip(plan.runs, summaries)
+        {"policy": run.policy, "spec": run.spec.label, "params": run.scenario.policy.effective_params,
+         "overrides": run.point, "summary": summary}
+        for run, summary in zip(plan.runs, summaries)
     ]
 
 
@@ -245,9 +274,9 @@ def comparison_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
     for header, *_ in columns:
         table.add_column(header, justify="right", overflow="fold")
     for i, (run, summary) in enumerate(zip(plan.runs, summaries)):
-        point_index, policy_index = divmod(i, len(plan.policies))
+        point_index, policy_index = divmod(i, len(plan.specs))
         point = [Text(plan.sweep.texts[point_index])] if plan.sweep else []  # as the user wrote it
         cells = [_cell(summary, path, spec) for _, path, spec in columns]
-        last_of_point = len(plan.policies) > 1 and policy_index == len(plan.policies) - 1
-        table.add_row(*point, Text(run.policy), *cells, end_section=last_of_point)
+        last_of_point = len(plan.specs) > 1 and policy_index == len(plan.specs) - 1
+        table.add_row(*point, Text(run.spec.label), *cells, end_section=last_of_point)
     return table

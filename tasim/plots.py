@@ -49,13 +49,13 @@ def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
 def sweep_plot(
     plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path
 ) -> Path:
-    """The summary value at ``metric`` against the swept value, one line per policy."""
+    """The summary value at ``metric`` against the swept value, one line per policy spec."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     xs = _sweep_axis(ax, plan)
-    for policy in plan.policies:
-        ys = [summary_value(s, metric) for run, s in zip(plan.runs, summaries) if run.policy == policy]
-        ax.plot(xs, ys, marker="o", label=policy)
+    for spec in plan.specs:
+        ys = [summary_value(s, metric) for run, s in zip(plan.runs, summaries) if run.spec == spec]
+        ax.plot(xs, ys, marker="o", label=spec.label)
     ax.set_ylim(bottom=0)
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title} · {plan.scenario.name}")
@@ -87,7 +87,7 @@ def kv_utilization_plot(runs: Sequence[Run], run_dirs: Sequence[Path], title: st
         series = kv_samples(run_dir)
         for worker, (times, utils) in series.items():
             ax.plot(times, utils, linewidth=1, label=worker)
-        ax.set_title(run.policy)
+        ax.set_title(run.spec.label)
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(KV_LABEL)
         ax.grid(True, alpha=0.3)
@@ -113,5 +113,5 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
     last = plan.last_point()
     point = ", ".join(f"{k}={v}" for k, v in last[0].point.items())
     title = f"KV utilisation per worker · {plan.scenario.name}" + (f" · {point}" if point else "")
-    written.append(kv_utilization_plot(last, [runs_dir / run.label for run in last], title, out / "kv_utilization.png"))
+    written.append(kv_utilization_plot(last, [runs_dir / run.dirname for run in last], title, out / "kv_utilization.png"))
     return written

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
 
@@ -426,25 +427,70 @@ def _describe(error: Mapping[str, Any]) -> str:
     return f"{field}: {message}"
 
 
-def apply_override(raw: dict[str, Any], assignment: str) -> None:
-    """Apply ``dotted.key=value`` (value parsed as YAML) to the raw scenario mapping."""
-    key, sep, text = assignment.partition("=")
-    if not sep or not key.strip():
-        raise ScenarioError(f"--set {assignment!r}: expected dotted.key=value")
+def parse_value(text: str) -> Any:
+    """A ``--set`` value: parsed as YAML, or the text itself where YAML cannot read it (see
+    load_scenario); nothing but spaces is the empty string."""
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
-    except (yaml.YAMLError, ValueError, RecursionError):  # see load_scenario
-        value = text
-    parts = key.strip().split(".")
-    node = raw
-    for i, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ScenarioError(f"--set {key}: {'.'.join(parts[: i + 1])} is not a mapping")
-        node = child
-    node[parts[-1]] = value
+        return yaml.safe_load(text) if text.strip() else ""
+    except (yaml.YAMLError, ValueError, RecursionError):
+        return text
+
+
+def shown(text: str, limit: int = 80) -> str:
+    """User text for a one-line message: as written, or quoted (and cut) if empty, long or unprintable."""
+    return text if text and text.isprintable() and len(text) <= limit else reprlib.repr(text)
+
+
+def _holds(value: Any, path: Sequence[str]) -> bool:
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            return False
+        value = value[part]
+    return True
+
+
+@dataclass(frozen=True)
+class Override:
+    """One ``dotted.key=value`` scenario override: the key's parts and the value parsed as YAML.
+
+    Commands apply their flags' overrides and the user's ``--set`` ones in a fixed order, so
+    `overwrites` is how they find a user's override that would silently replace another (or be
+    replaced) and refuse it instead."""
+
+    key: tuple[str, ...]
+    value: Any
+
+    @classmethod
+    def parse(cls, assignment: str) -> "Override":
+        key, sep, text = assignment.partition("=")
+        if not sep or not key.strip():
+            raise ScenarioError(f"--set {shown(assignment)}: expected dotted.key=value")
+        return cls(tuple(key.strip().split(".")), parse_value(text))
+
+    def apply(self, raw: dict[str, Any]) -> None:
+        node = raw
+        for i, part in enumerate(self.key[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise ScenarioError(f"--set {'.'.join(self.key)}: {'.'.join(self.key[: i + 1])} is not a mapping")
+            node = child
+        node[self.key[-1]] = self.value
+
+    def writes(self, key: Sequence[str]) -> bool:
+        """Whether applying this sets the field ``key`` or something inside it."""
+        key = tuple(key)
+        if self.key[: len(key)] == key:  # at the field or below it
+            return True
+        depth = len(self.key)  # above it: a mapping that holds the field
+        return key[:depth] == self.key and _holds(self.value, key[depth:])
+
+    def overwrites(self, earlier: "Override") -> bool:
+        """Whether applying this after ``earlier`` replaces any of what ``earlier`` set."""
+        if self.key == earlier.key:
+            return self.value != earlier.value
+        return earlier.writes(self.key)
 
 
 def parse_scenario(raw: Any, source: str, overrides: Sequence[str] = ()) -> Scenario:
@@ -453,7 +499,7 @@ def parse_scenario(raw: Any, source: str, overrides: Sequence[str] = ()) -> Scen
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: top level must be a mapping of keys, got {type(raw).__name__}")
     for assignment in overrides:
-        apply_override(raw, assignment)
+        Override.parse(assignment).apply(raw)
     try:
         return Scenario.model_validate(raw)
     except ValidationError as exc:

@@ -142,3 +142,46 @@ def test_out_below_a_file_is_a_usage_error(tmp_path: Path) -> None:
     result = tasim("simulate", TINY, "--out", str(blocker / "sub"), "--quiet")
     assert_usage_error(result, f"--out {blocker / 'sub'}: {blocker} exists and is not a directory")
     assert blocker.read_text() == "kept\n"
+
+
+def test_set_policy_params_reach_the_policy_given_by_policy(tmp_path: Path) -> None:
+    """--policy replaces the scenario's params; a --set policy.params.X lands on top, and the
+    spec form gives the same run."""
+    short = ("--set", "duration_s=20", "--quiet")
+    by_set, by_spec = tmp_path / "set", tmp_path / "spec"
+    result = tasim("simulate", TINY, "--policy", "thunderagent", "--set", "policy.params.variant=dynamo", *short, "--out", str(by_set))
+    assert result.returncode == 0, result.stderr
+    assert json.loads((by_set / "run.json").read_text())["scenario"]["policy"] == {
+        "name": "thunderagent", "params": {"variant": "dynamo"}, "defaults": {}}
+    result = tasim("simulate", TINY, "--policy", "thunderagent[variant=dynamo]", *short, "--out", str(by_spec))
+    assert result.returncode == 0, result.stderr
+    assert (by_spec / "events.jsonl").read_bytes() == (by_set / "events.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["simulate", TINY, "--policy", "thunderagent", "--set", "policy.name=kv_router"],
+     "error: --set policy.name=kv_router: would replace what --policy thunderagent sets"),
+    (["simulate", TINY, "--policy", "thunderagent[variant=dynamo]", "--set", "policy.params.variant=upstream"],
+     "error: --set policy.params.variant=upstream: would replace what --policy thunderagent[variant=dynamo] sets"),
+    (["simulate", TINY, "--policy", "thunderagent[variant=dynamo]", "--set", "policy.defaults.thunderagent.variant=upstream"],
+     "error: --set policy.defaults.thunderagent.variant=upstream: would do nothing: "
+     "--policy thunderagent[variant=dynamo] sets variant itself"),
+    (["simulate", TINY, "--seed", "3", "--set", "seed=4"], "error: --set seed=4: --seed 3 sets seed too (give one of them)"),
+    (["simulate", TINY, "--policy", "thunderagent[variant]"],
+     "error: --policy thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])"),
+    (["live", TINY, "--policy", "thunderagent", "--set", "policy.name=kv_router"],
+     "error: --set policy.name=kv_router: would replace what --policy thunderagent sets"),
+    (["live", TINY, "--programs", "3", "--set", "workload.programs=4"],
+     "error: --set workload.programs=4: --programs 3 sets workload.programs too (give one of them)"),
+    # validate dynamo runs each router with Dynamo's defaults and the mocker's models
+    (["validate", "dynamo", TINY, "--set", "policy.params.variant=dynamo"],
+     "error: --set policy.params.variant=dynamo: validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)"),
+    (["validate", "dynamo", TINY, "--set", "cluster.perf.model=roofline"],
+     "error: --set cluster.perf.model=roofline: validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)"),
+])
+def test_an_override_that_would_be_lost_is_refused(tmp_path: Path, args: list[str], line: str) -> None:
+    out = tmp_path / "out"
+    result = tasim(*args, "--out", str(out))
+    assert_usage_error(result, line)
+    assert result.stderr.strip() == line
+    assert not out.exists()

@@ -103,10 +103,71 @@ def test_categorical_sweep_keeps_the_given_order(tmp_path: Path) -> None:
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_one_policy_twice_with_different_params(tmp_path: Path) -> None:
+    """Each spec's params merge over the scenario's defaults for that policy, a policy param can
+    still be swept, and runs, records, table and progress lines are told apart by spec."""
+    scenario = tmp_path / "tiny-defaults.yaml"
+    scenario.write_text(Path(TINY).read_text() + "policy: {defaults: {thunderagent: {idle_ttl_s: 30}}}\n")
+    out = tmp_path / "out"
+    upstream, dynamo = "thunderagent[variant=upstream]", "thunderagent[variant=dynamo,acting_decay_tau_s=2]"
+    result = tasim("compare", str(scenario), *SHORT, "--out", str(out), "--jobs", "2", "--policies", f"{upstream},{dynamo}",
+                   "--sweep", "policy.params.scheduler_interval_s=2,1")
+    assert result.returncode == 0, result.stderr
+    entries = json.loads((out / "compare.json").read_text())
+    upstream_params, dynamo_params = {"variant": "upstream"}, {"variant": "dynamo", "acting_decay_tau_s": 2}
+    assert [(e["policy"], e["spec"], e["params"], e["overrides"]) for e in entries] == [
+        ("thunderagent", upstream, {"idle_ttl_s": 30, **upstream_params, "scheduler_interval_s": 1},
+         {"policy.params.scheduler_interval_s": 1}),
+        ("thunderagent", dynamo, {"idle_ttl_s": 30, **dynamo_params, "scheduler_interval_s": 1},
+         {"policy.params.scheduler_interval_s": 1}),
+        ("thunderagent", upstream, {"idle_ttl_s": 30, **upstream_params, "scheduler_interval_s": 2},
+         {"policy.params.scheduler_interval_s": 2}),
+        ("thunderagent", dynamo, {"idle_ttl_s": 30, **dynamo_params, "scheduler_interval_s": 2},
+         {"policy.params.scheduler_interval_s": 2}),
+    ]
+    dirs = {"thunderagent-variant=upstream": upstream_params, "thunderagent-variant=dynamo-acting_decay_tau_s=2": dynamo_params}
+    assert sorted(path.name for path in (out / "runs").iterdir()) == sorted(
+        f"{d}-policy.params.scheduler_interval_s={i}" for d in dirs for i in (1, 2))
+    for name, params in dirs.items():
+        policy = json.loads((out / "runs" / f"{name}-policy.params.scheduler_interval_s=1" / "run.json").read_text())["scenario"]["policy"]
+        assert policy == {"name": "thunderagent", "params": {**params, "scheduler_interval_s": 1},
+                          "defaults": {"thunderagent": {"idle_ttl_s": 30}}}
+    rows = [line.split()[:3] for line in result.stdout.splitlines() if line.split()[1:2] in ([upstream], [dynamo])]
+    assert rows == [[str(e["overrides"]["policy.params.scheduler_interval_s"]), e["spec"], f"{e['summary']['steps_per_min']:,.1f}"]
+                    for e in entries]
+    assert sorted(line.split("] ", 1)[1].split(":")[0] for line in result.stderr.splitlines()) == sorted(
+        f"{spec}-policy.params.scheduler_interval_s={i}" for spec in (upstream, dynamo) for i in (1, 2))
+    assert (out / "throughput.png").read_bytes().startswith(PNG_MAGIC)
+
+
+LONG = "a" * 300
+
+
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
         (["--policies", "round_robin,nope"], ["--policies", "unknown policy 'nope'", "allowed:", "round_robin"]),
+        (["--policies", "thunderagent[variant]"],
+         ["--policies thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])"]),
+        (["--policies", "least_loaded,thunderagent[nope=1]"],
+         [f"--policies thunderagent[nope=1]: {TINY}: policy: params.nope: unknown parameter of thunderagent (allowed: variant, "]),
+        (["--policies", "thunderagent[variant=dynamo"],
+         ["--policies thunderagent[variant=dynamo: no closing ']' (expected name or name[key=value,...])"]),
+        (["--policies", "thunderagent[variant=dynamo],least_loaded,thunderagent[variant=dynamo]"],
+         ["--policies thunderagent[variant=dynamo],least_loaded,thunderagent[variant=dynamo]: "
+          "thunderagent[variant=dynamo] is given twice"]),
+        (["--policies", "thunderagent[variant=dynamo,pause_target=0.99]"],
+         [f"--policies thunderagent[variant=dynamo,pause_target=0.99]: {TINY}: policy: params: "
+          "pause_target (0.99) must be <= pause_threshold (0.95)"]),
+        (["--policies", "thunderagent", "--set", "policy.params.variant=dynamo"],
+         ["--set policy.params.variant=dynamo: policies and their params come from --policies"]),
+        (["--policies", "thunderagent[variant=dynamo],thunderagent", "--sweep", "policy.params.variant=upstream,dynamo"],
+         ["--sweep policy.params.variant: would replace what thunderagent[variant=dynamo] sets"]),
+        (["--policies", "round_robin", "--sweep", "workload.concurrency=2,4", "--set", "workload.concurrency=3"],
+         ["--set workload.concurrency=3: --sweep workload.concurrency sets it in every run"]),
+        (["--policies", "round_robin", "--sweep", "seed=1,2", "--seed", "3"], ["--seed 3: --sweep seed sets the seed in every run"]),
+        (["--policies", "round_robin", "--sweep", f"description={LONG},b"],
+         ["'round_robin-...aaaaaaaaaaaaa': its run directory name would be over 255 bytes"]),
         (["--policies", "round_robin", "--sweep", "workload.nope=1,2"],
          ["--sweep workload.nope=1", "unknown key", "allowed:", "concurrency"]),
         # the bad value is the last one: nothing may run for the good ones first

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from conftest import SCENARIOS, TINY, assert_usage_error, tasim
-from tasim.scenario import load_scenario
+from tasim.scenario import Override, load_scenario
 from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import validate
 from tasim.validation.measures import METRICS, differences
+from tasim.validation.tasim_replay import lost_in_replay
 
 SMALL_AGENTS = ["workload.concurrency=24", "workload.turns={kind: uniform, low: 3, high: 8}"]
 MOONCAKE_SLICE = ["workload.max_requests=300", "cluster.backends=2", "cluster.engine.kv_blocks=2048",
@@ -61,6 +62,19 @@ def test_validate_cli_writes_the_comparison(tmp_path: Path) -> None:
 ])
 def test_validate_rejects_bad_flags(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
     assert_usage_error(tasim("validate", "dynamo", TINY, "--out", str(tmp_path), *args), *fragments)
+
+
+@pytest.mark.parametrize(("assignment", "problem"), [
+    ("cluster.engine.block_size=64", None),
+    ("cluster.perf.model=dynamo_polynomial", None),  # what the replay sets anyway
+    ("metrics.warmup_s=0", None),
+    ("cluster.perf.model=roofline", "validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)"),
+    ("cluster.engine={eviction: lru, block_size: 64}", "validate dynamo sets cluster.engine.eviction to lineage itself (the mocker evicts leaves first)"),
+    ("metrics.warmup_s=5", "validate dynamo sets metrics.warmup_s to 0.0 itself (every request of the trace is measured)"),
+    ("policy.defaults.kv_router.router_temperature=0.5", "validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)"),
+])
+def test_overrides_the_replay_would_lose(assignment: str, problem: str | None) -> None:
+    assert lost_in_replay(Override.parse(assignment)) == problem
 
 
 def test_validate_names_the_workloads_it_supports(tmp_path: Path) -> None:

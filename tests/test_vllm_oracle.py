@@ -129,7 +129,8 @@ def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("args, fragments", [
     (["--policy", "continuum"], ("continuum pins KV blocks",)),
-    (["--set", "cluster.engine.eviction=lineage"], ("--set cluster.engine.eviction", "vllm engine flavour")),
+    (["--set", "cluster.engine.eviction=lineage"], ("--set cluster.engine.eviction=lineage", "validate vllm sets cluster.engine.eviction to lru")),
+    (["--set", "cluster.perf.mfu=0.3"], ("validate vllm sets cluster.perf itself",)),
     (["--set", "cluster.engine.preemption=oldest_first"], ("cluster.engine.preemption", "newest_first")),
     (["--set", "cluster.engine.enable_chunked_prefill=false"], ("max_num_batched_tokens (2048)", "without chunked prefill")),
     (["--step-ms", "0"], ("--step-ms",)),

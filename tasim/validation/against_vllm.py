@@ -20,7 +20,7 @@ from rich.table import Table
 
 from tasim import events as ev
 from tasim.rundir import run_simulation
-from tasim.scenario import Scenario, with_engine_flavour
+from tasim.scenario import FLAVOUR_DEFAULTS, Override, Scenario, with_engine_flavour
 from tasim.validation import ValidationUnavailable
 
 VALIDATION_FILE = "validation.json"
@@ -100,6 +100,26 @@ class Comparison:
         return all(count == self.requests for count in self.identical.values())
 
 
+# Every field `oracle_scenario` sets itself: the value it sets (None where it varies) and why.
+REPLACED_FIELDS: dict[str, tuple[Any, str]] = {
+    "cluster.engine.flavour": ("vllm", "it compares tasim's vllm engine flavour"),
+    "cluster.engine.eviction": (FLAVOUR_DEFAULTS["vllm"]["eviction"], "vLLM evicts least recently used blocks"),
+    "cluster.engine.reuse_output_blocks": (FLAVOUR_DEFAULTS["vllm"]["reuse_output_blocks"], "vLLM caches generated blocks"),
+    "cluster.perf": (None, "every step of both engines takes --step-ms"),
+}
+
+
+def lost_in_oracle(override: Override) -> str | None:
+    """Why a scenario override would be lost in the comparison (it sets that field to something
+    else), or None."""
+    for field, (value, why) in REPLACED_FIELDS.items():
+        key = tuple(field.split("."))
+        if override.writes(key) if value is None else Override(key, value).overwrites(override):
+            shown_value = "" if value is None else f" to {value}"
+            return f"validate vllm sets {field}{shown_value} itself ({why})"
+    return None
+
+
 def oracle_scenario(scenario: Scenario, step_ms: float) -> Scenario:
     """The scenario as both engines run it: tasim's engine in vLLM's flavour (whatever flavour
     the scenario chose), and a fixed step time."""
@@ -108,7 +128,7 @@ def oracle_scenario(scenario: Scenario, step_ms: float) -> Scenario:
     if reason:
         raise ValidationUnavailable(reason)
     cluster = scenario.cluster
-    perf = cluster.perf.model_copy(update={"model": "fixed", "step_ms": step_ms, "speedup_ratio": 1.0})
+    perf = type(cluster.perf)(model="fixed", step_ms=step_ms)
     return scenario.model_copy(update={"cluster": cluster.model_copy(update={"perf": perf})})
 
 

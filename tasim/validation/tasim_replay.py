@@ -3,14 +3,41 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from tasim import events as ev
-from tasim.scenario import MooncakeTraceWorkload, Scenario
+from tasim.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, Scenario
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace
 
 # Long enough for any trace to drain: the run ends when its last request completes.
 _UNBOUNDED_S = 1e7
+
+# The mocker's timing, which tasim's side of the replay uses whatever the scenario says (its
+# engine runs the mocker flavour: `against_dynamo.validate`).
+MOCKER_PERF_MODEL = "dynamo_polynomial"
+
+# Every field `replay_scenario` sets itself: the value it sets (None where it varies) and why.
+REPLACED_FIELDS: dict[str, tuple[Any, str]] = {
+    "policy": (None, "each router in --routers runs with Dynamo's defaults"),
+    "cluster.engine.flavour": ("mocker", "Dynamo's replay runs the mocker"),
+    "cluster.engine.eviction": (FLAVOUR_DEFAULTS["mocker"]["eviction"], "the mocker evicts leaves first"),
+    "cluster.engine.reuse_output_blocks": (FLAVOUR_DEFAULTS["mocker"]["reuse_output_blocks"], "the mocker caches its output under token ids of its own"),
+    "cluster.perf.model": (MOCKER_PERF_MODEL, "the mocker's step times"),
+    "metrics.warmup_s": (0.0, "every request of the trace is measured"),
+    "metrics.sample_interval_s": (_UNBOUNDED_S, "the replay takes no samples"),
+}
+
+
+def lost_in_replay(override: Override) -> str | None:
+    """Why a scenario override would be lost in the replay (it sets that field to something
+    else), or None."""
+    for field, (value, why) in REPLACED_FIELDS.items():
+        key = tuple(field.split("."))
+        if override.writes(key) if value is None else Override(key, value).overwrites(override):
+            shown_value = "" if value is None else f" to {value}"
+            return f"validate dynamo sets {field}{shown_value} itself ({why})"
+    return None
 
 
 def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scenario:
@@ -18,7 +45,7 @@ def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scen
     ``router`` with the mocker's timing and the KV pool size fixed to a number."""
     cluster = scenario.cluster
     engine = cluster.engine.model_copy(update={"kv_blocks": cluster.kv_blocks_per_worker()})
-    perf = cluster.perf.model_copy(update={"model": "dynamo_polynomial"})
+    perf = cluster.perf.model_copy(update={"model": MOCKER_PERF_MODEL})
     workload = MooncakeTraceWorkload(
         kind="mooncake_trace", path=str(trace.path), trace_block_size=trace.trace_block_size,
         arrival_speedup=trace.arrival_speedup,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from tasim.compare import Run, Sweep, plan_runs
+from tasim.policy_spec import PolicySpec
 from tasim.presets import PRESET_DIR
 from tasim.scenario import Scenario
 from tasim.validation.paper_shapes.paper import RL, RL_BASELINE, SERVING, SERVING_POLICIES, ServingCase
@@ -55,17 +56,18 @@ def _sweep(values: Sequence[int]) -> Sweep:
 
 
 def _jobs_of(preset: str, runs: Iterable[Run], out: Path) -> list[Job]:
-    return [Job((preset, r.policy, r.point.get(CONCURRENCY)), r.scenario, out / preset / r.label) for r in runs]
+    return [Job((preset, r.policy, r.point.get(CONCURRENCY)), r.scenario, out / preset / r.dirname) for r in runs]
 
 
 def plan(mode: Mode, out: Path) -> list[Job]:
     """Every run of the suite, validated up front (plan_runs raises before anything runs)."""
     jobs: list[Job] = []
     for case in SERVING:
-        planned = plan_runs(_preset(case.preset), SERVING_POLICIES, _sweep(mode.points(case)), mode.serving_overrides())
+        specs = [PolicySpec(name) for name in SERVING_POLICIES]
+        planned = plan_runs(_preset(case.preset), specs, _sweep(mode.points(case)), mode.serving_overrides())
         jobs += _jobs_of(case.preset, planned.runs, out)
     for rl in RL:
-        planned = plan_runs(_preset(rl.preset), (RL_BASELINE, "thunderagent"), None, mode.rl_overrides())
+        planned = plan_runs(_preset(rl.preset), [PolicySpec(RL_BASELINE), PolicySpec("thunderagent")], None, mode.rl_overrides())
         jobs += _jobs_of(rl.preset, planned.runs, out)
     # longest first, so the pool's tail is short: RL runs, then high concurrency, ThunderAgent's
     # pause/resume bookkeeping being the slowest serving policy
