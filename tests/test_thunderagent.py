@@ -101,7 +101,7 @@ def _two_paused_and_a_new_one(**params) -> ThunderAgent:
     end(ta, "P2", 200, 1200, 1.0)  # ACTING 1400: w1 use 1800
     assert list(ta.on_tick(5.0)) == [Pause("P1"), Pause("P2")]
     assert req(ta, "N1", 500, 6.0) == Hold(pause=True)  # queue not empty: new programs wait (G2)
-    assert req(ta, "P1", 1600, 7.0) == Hold()  # P1's next request waits: G1 (upstream size 1500)
+    assert req(ta, "P1", 1500, 7.0) == Hold()  # P1's next request waits: G1, size 1500
     return ta
 
 
@@ -143,6 +143,23 @@ def test_resume_places_largest_first(placement: str, expected: list[Resume]) -> 
     for program, tokens in (("X", 1200), ("Y", 800), ("Z", 2500)):
         _paused(ta, program, tokens)
     assert list(ta.on_tick(5.0)) == expected
+
+
+def test_upstream_orders_by_paused_size_but_fits_the_current_size() -> None:
+    # Upstream sorts the queue by PausedInfo.total_tokens (the size at the pause) but selects
+    # and places by Program.total_tokens, which a held request has already raised to its new
+    # prompt. Sizing by the paused figure would over-fill the backend the same tick.
+    ta = _ta()
+    _resident(ta, "R", "w0", 500)  # use 600: room 1000
+    _paused(ta, "A", 300)
+    _paused(ta, "B", 500)
+    assert req(ta, "A", 900, 1.0) == Hold()  # G1: paused at 300, now 900
+    assert req(ta, "B", 500, 1.0) == Hold()  # G1: 500 then and now
+    # Order A (300) before B (500). Select A (900 + 100 = 1000, cum 1000); B (600) no longer
+    # fits the room. Sized by the paused figures (400 + 600 = 1000) both would resume, use would
+    # reach 2200 and the same tick's pause pass would have to pause R.
+    assert list(ta.on_tick(5.0)) == [Resume("A", "w0")]
+    assert ta.used("w0") == 1600 and ta.programs["B"].paused
 
 
 def test_decay_makes_resume_optimistic_then_pause_evicts() -> None:

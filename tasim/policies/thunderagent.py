@@ -6,9 +6,10 @@ the global queue is empty, on the backend with the fewest active tokens that has
 are sticky after that. Every Δt = 5 s the scheduler first resumes, then pauses: a backend over
 capacity pauses its ACTING programs smallest first until it fits, then *marks* every REASONING
 program (smallest first) to pause when its turn ends. Resume takes the paused queue in groups
-G1 (a request is waiting) → G2 (new programs) → G3 (paused while in a tool), smallest first,
-selects greedily against the total free room, then places largest first on the backend with the
-most room. An optional 2^(−t/τ) decay discounts ACTING tokens on the resume side only. A request
+G1 (a request is waiting) → G2 (new programs) → G3 (paused while in a tool), each smallest first
+by the size a program had when paused, selects greedily by its current size (a waiting request's
+prompt) against the total free room, then places largest first on the backend with the most
+room. An optional 2^(−t/τ) decay discounts ACTING tokens on the resume side only. A request
 held 1,800 s is force-resumed (new programs to the backend with fewest programs, others to their
 origin) without a capacity check.
 
@@ -16,7 +17,8 @@ origin) without a capacity check.
 pause above 0.95 of capacity and drain to 0.80, resume only while below 0.95 − 0.10, a soft
 demotion band [0.80, 0.95), the decay (τ = 1 s) used to rank backends for forced resumes, resume
 ordering by current tokens, and an idle TTL (600 s) that releases ACTING programs whose next turn
-never comes.
+never comes. The TTL is tasim's addition: 1.6.1's program table only drops a program when it is
+released (``idle_ttl_s: None`` runs the port as shipped).
 
 Known upstream defects are switchable fixes, all off in ``upstream``: a turn that ends without
 usage (a failed request) still moves the program to ACTING; FIFO or aged admission of new
@@ -308,7 +310,10 @@ class ThunderAgent(Policy):
         only exists with a queue threshold); tasim records the state but has no such queue."""
         return self.soft_demoted_until.get(program, 0.0) > now
 
-    def _resume_size(self, q: ProgramState) -> int:
+    def _order_size(self, q: ProgramState) -> int:
+        """The size the resume queue is sorted by: upstream sorts by ``PausedInfo.total_tokens``
+        (the size when paused), Dynamo by the current size. Both then select and place by the
+        current size, for a held program its waiting prompt: what it occupies once resumed."""
         return q.paused_tokens if self.p.variant == "upstream" else q.tokens
 
     def _resume_order(self, now: float) -> list[ProgramState]:
@@ -324,8 +329,8 @@ class ThunderAgent(Policy):
             if g == 1 and self.p.admission_order == "fifo":
                 return g, q.queued_at
             if g == 1 and self.p.admission_order == "aged":
-                return g, self._resume_size(q) - self.p.aging_tokens_per_s * (now - q.queued_at)
-            return g, self._resume_size(q)
+                return g, self._order_size(q) - self.p.aging_tokens_per_s * (now - q.queued_at)
+            return g, self._order_size(q)
 
         return sorted(self.queue.values(), key=key)  # stable: ties keep pause order
 
@@ -343,19 +348,19 @@ class ThunderAgent(Policy):
         selected: list[ProgramState] = []
         cumulative = 0
         for q in self._resume_order(now):
-            need = self._resume_size(q) + buffer
+            need = q.tokens + buffer
             if cumulative + need <= total:
                 selected.append(q)
                 cumulative += need
         if not selected:
             return []
-        selected.sort(key=lambda q: -self._resume_size(q))
-        smallest = min(self._resume_size(q) for q in selected) + buffer
+        selected.sort(key=lambda q: -q.tokens)
+        smallest = min(q.tokens for q in selected) + buffer
         decisions: list[ProgramDecision] = []
         for q in selected:
             if not rooms:
                 break
-            need = self._resume_size(q) + buffer
+            need = q.tokens + buffer
             largest = max(rooms.values())
             if smallest > largest:
                 break
