@@ -3,7 +3,9 @@
 Every metric tasim reports is a fold over these events (see `tasim.metrics`), so a run can be
 re-reported, diffed and compared sim-vs-live. Events are frozen, slotted dataclasses; their
 JSON form is one object per line with a ``type`` key and the fields in declaration order, which
-keeps the log byte-identical for the same scenario and seed.
+keeps the log byte-identical for the same scenario and seed. A field with a default is written
+only when its value differs from it, so a field added that way leaves the logs of runs that do not
+use it unchanged, and older logs still read.
 """
 
 from __future__ import annotations
@@ -185,13 +187,25 @@ class ProgramPinned(Event):
 
 @_frozen
 class ProgramFinished(Event):
-    """``completed``: every call succeeded (false when a request was dropped, or for a program
-    with no call at all)."""
+    """The program's last call ended (its client is done with it). ``completed``: every call
+    succeeded (false when a request was dropped, or for a program with no call at all).
+    ``released``: its client's release (session-final) went with it; false when the client
+    releases it later (`ProgramReleased`) or never (``workload.release``). In live logs the
+    router writes this event when the release arrives (or its idle TTL ends the program)."""
 
     TYPE: ClassVar[str] = "program_finished"
     program: str
     context_tokens: int
     completed: bool
+    released: bool = True
+
+
+@_frozen
+class ProgramReleased(Event):
+    """The client of a finished program released it (``workload.release: {kind: after}``)."""
+
+    TYPE: ClassVar[str] = "program_released"
+    program: str
 
 
 @_frozen
@@ -293,6 +307,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ProgramResumed,
         ProgramPinned,
         ProgramFinished,
+        ProgramReleased,
         KvStored,
         KvRemoved,
         WorkerSample,
@@ -308,13 +323,25 @@ EVENT_TYPES: dict[str, type[Event]] = {
 _FIELDS: dict[type[Event], tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in EVENT_TYPES.values()
 }
+# Per event type, its fields that have a default, with the default (written only when different).
+_DEFAULTS: dict[type[Event], dict[str, Any]] = {
+    cls: defaults
+    for cls in EVENT_TYPES.values()
+    if (defaults := {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING})
+}
 
 
 def to_record(event: Event) -> dict[str, Any]:
-    """JSON-ready dict: ``type`` first, then the fields in declaration order."""
+    """JSON-ready dict: ``type`` first, then the fields in declaration order, those at their
+    default left out."""
     record: dict[str, Any] = {"type": event.TYPE}
     for name in _FIELDS[type(event)]:
         record[name] = getattr(event, name)
+    defaults = _DEFAULTS.get(type(event))
+    if defaults:
+        for name, default in defaults.items():
+            if record[name] == default:
+                del record[name]
     return record
 
 
@@ -325,11 +352,12 @@ def from_record(record: dict[str, Any]) -> Event:
     if cls is None:
         raise ValueError(f"unknown event type {kind!r} (allowed: {', '.join(sorted(EVENT_TYPES))})")
     names = _FIELDS[cls]
-    missing = [n for n in names if n not in record]
+    defaults = _DEFAULTS.get(cls, {})
+    missing = [n for n in names if n not in record and n not in defaults]
     if missing:
         raise ValueError(f"{kind} event lacks field(s) {', '.join(missing)}")
     values = []
     for name in names:
-        value = record[name]
+        value = record[name] if name in record else defaults[name]
         values.append(tuple(value) if isinstance(value, list) else value)
     return cls(*values)

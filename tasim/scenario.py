@@ -169,6 +169,41 @@ class ClusterConfig(_Strict):
 MAX_LIVE_PROGRAMS = 100_000
 
 
+class Release(_Strict):
+    """When a program's client releases it (sends its session-final) after its last call.
+
+    ``at_end``: right after the last call, as tasim's own clients and the verl recipe's do.
+    ``never``: not at all, as many agent harnesses do; then only the policy's own expiry ends
+    the program there (README, "Clients that never release"). ``after``: ``delay_s`` seconds
+    after the last call ended (a lazy client, or a lease)."""
+
+    kind: Literal["at_end", "never", "after"] = "at_end"
+    delay_s: PositiveFloat | None = Field(None, le=10_000_000, description="after: seconds from the last call's end to the release")
+
+    @model_validator(mode="after")
+    def _delay_with_after(self) -> "Release":
+        if self.kind == "after" and self.delay_s is None:
+            raise ValueError("delay_s is required when kind is 'after'")
+        if self.kind != "after" and self.delay_s is not None:
+            raise ValueError(f"delay_s is only for kind 'after' (kind is {self.kind!r})")
+        return self
+
+    @property
+    def after_last_call_s(self) -> float | None:
+        """Seconds from the end of the program's last call to its release; None: never."""
+        if self.kind == "never":
+            return None
+        return self.delay_s if self.kind == "after" else 0.0
+
+
+def _release_kind(value: Any) -> Any:
+    if isinstance(value, str):
+        return {"kind": value}  # `release: never` for {kind: never}
+    if not isinstance(value, (dict, Release)):
+        raise ValueError("expected at_end, never or a mapping such as {kind: after, delay_s: 30}")
+    return value
+
+
 class ProgramShape(_Strict):
     """What one agent program looks like: a chain of turns, each an LLM call followed by a tool
     call whose output is appended to the context before the next turn."""
@@ -182,6 +217,9 @@ class ProgramShape(_Strict):
     setup_s: Distribution = Field(0, description="environment set-up before a program's first call")
     max_context_tokens: PositiveInt | None = Field(
         None, le=10_000_000, description="a program ends before a turn whose prompt would exceed this (default: model context)"
+    )
+    release: Annotated[Release, BeforeValidator(_release_kind)] = Field(
+        Release(), description="when the client releases a program after its last call: at_end, never, or {kind: after, delay_s: X}"
     )
 
 
@@ -318,7 +356,8 @@ class MetricsConfig(_Strict):
 
 
 class LiveConfig(_Strict):
-    """Settings only live mode reads (the simulator's programs always end)."""
+    """Settings only live mode reads: the simulator has no router of its own, so there only the
+    policy ends a program its client never releases (``workload.release``)."""
 
     program_idle_ttl_s: PositiveFloat | None = Field(
         600.0, le=10_000_000, description="the live router ends a program idle this long (scenario seconds); null: never"

@@ -5,8 +5,11 @@ index), made concrete as token ids: a system prompt shared by every program, a t
 its own (or its prompt group's), and per turn the engine's actual output followed by a tool
 observation, so prompts grow turn by turn exactly as the engine cached them. Calls go to
 ``/v1/completions`` as token-id prompts (or as text, ``prompt_format="text"``) with
-``x-dynamo-session-id``; tool waits are the plan's latencies divided by ``time_scale``; every
-program ends with exactly one ``x-dynamo-session-final`` request, even when a call failed.
+``x-dynamo-session-id``; tool waits are the plan's latencies divided by ``time_scale``. A
+program's client releases it with one ``x-dynamo-session-final`` request (also when a call
+failed) as ``workload.release`` says: right after its last call, ``delay_s`` later (scaled like
+tool waits; the slot's next program starts meanwhile), or never. The run ends with the last
+program's last call, as a simulated one does: releases still due then are not sent.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ class HttpAgentDriver:
         self._detokenize = _detokenizer(model_path) if prompt_format == "text" else None
         self.record_calls = record_calls
         self.result = DriverResult()
+        self._later_finals: set[asyncio.Task[None]] = set()
 
     # --- token content -------------------------------------------------------------------------
 
@@ -105,11 +109,17 @@ class HttpAgentDriver:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
             self._session = session
-            if self.workload.arrival == "closed":
-                indexes = iter(range(self.count))
-                await asyncio.gather(*(self._slot(indexes) for _ in range(min(self.workload.concurrency, self.count))))
-            else:
-                await self._poisson()
+            try:
+                if self.workload.arrival == "closed":
+                    indexes = iter(range(self.count))
+                    await asyncio.gather(*(self._slot(indexes) for _ in range(min(self.workload.concurrency, self.count))))
+                else:
+                    await self._poisson()
+            finally:
+                pending = list(self._later_finals)  # releases not due before the run's end
+                for task in pending:
+                    task.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
         self.result.wall_s = time.perf_counter() - started
         return self.result
 
@@ -143,7 +153,19 @@ class HttpAgentDriver:
                     break
                 context = context + output + self.tokens.observation(plan, turn)
         finally:
+            await self._release(headers, plan.release_after_s)
+
+    async def _release(self, headers: dict[str, str], after_s: float | None) -> None:
+        if after_s == 0.0:
             await self._final(headers)
+        elif after_s is not None:
+            task = asyncio.create_task(self._final_after(headers, after_s / self.time_scale))
+            self._later_finals.add(task)
+            task.add_done_callback(self._later_finals.discard)
+
+    async def _final_after(self, headers: dict[str, str], wait_s: float) -> None:
+        await asyncio.sleep(wait_s)
+        await self._final(headers)
 
     async def _call(self, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
         body = {

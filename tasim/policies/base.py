@@ -126,6 +126,9 @@ class Policy:
         return ()
 
     def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        """The program's client released it (its session-final). A client that never releases
+        (``workload.release: never``) never causes this: whatever expiry the policy has of its
+        own is then all that ends the program here."""
         return ()
 
     def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:

@@ -4,7 +4,8 @@ Two kinds, both cheap enough to leave on for any run that fits in memory twice o
 
 * **The event stream** (`EventChecks` sits between the simulation and the log): time never goes
   backwards; a request arrives once, every later event names an open request, and it ends
-  exactly once, finished, or dropped or retried with a reason; a program starts once and finishes once; at
+  exactly once, finished, or dropped or retried with a reason; a program starts once and finishes once,
+  and is released later at most once, only if it did not finish released; at
   the end the requests still open are exactly the ones the run reports unfinished, and a run that
   stopped because its workload completed leaves no request or program open.
 * **Engine state** (`Engine.audit`, `BlockPool.audit`), after every run of steps a worker
@@ -48,6 +49,7 @@ class EventChecks:
         self._ended_requests: set[str] = set()
         self._open_programs: set[str] = set()
         self._ended_programs: set[str] = set()
+        self._unreleased_programs: set[str] = set()  # finished, not (yet) released by their clients
 
     def __call__(self, event: ev.Event) -> None:
         self._check(event)
@@ -87,6 +89,12 @@ class EventChecks:
                 self._fail(event, f"program {event.program} finished but is not running")
             self._open_programs.remove(event.program)
             self._ended_programs.add(event.program)
+            if not event.released:
+                self._unreleased_programs.add(event.program)
+        elif isinstance(event, ev.ProgramReleased):
+            if event.program not in self._unreleased_programs:
+                self._fail(event, f"program {event.program} released but it is not a finished, unreleased program")
+            self._unreleased_programs.remove(event.program)
         elif isinstance(event, ev.RunEnded):
             self._check_end(event)
 

@@ -195,7 +195,9 @@ class Simulation:
 
     def run_program(self, script: Script) -> Generator[simpy.Event, object, None]:
         """Run one program: each call waits its gap (set-up, tool or think time), is routed by
-        the policy, and completes before the next gap starts."""
+        the policy, and completes before the next gap starts. The program ends with its last
+        call; its client releases it then, later (on a process of its own, so a closed loop's
+        next program does not wait) or never, as ``script.release_after_s`` says."""
         env = self.env
         self.emit(ev.ProgramStarted(env.now, script.id, script.turns))
         self.policy.on_program_start(script.id, env.now)
@@ -223,11 +225,25 @@ class Simulation:
             context = spec.prompt_tokens + spec.output_tokens
         else:
             completed = script.turns > 0
-        self.emit(ev.ProgramFinished(env.now, script.id, context, completed))
-        self._apply(self.policy.on_program_end(script.id, env.now))
-        self._last_request.pop(script.id, None)
-        if self._pin_serial.pop(script.id, None) is not None:
-            self._unpin_everywhere(script.id)
+        release = script.release_after_s
+        self.emit(ev.ProgramFinished(env.now, script.id, context, completed, released=release == 0.0))
+        self._last_request.pop(script.id, None)  # no turn of it ends after this, so no pin comes
+        if release == 0.0:
+            self._release(script.id)
+        elif release is not None:
+            env.process(self._release_later(script.id, release))
+
+    def _release(self, program: str) -> None:
+        """The client's release (session-final): the policy forgets the program and its pin
+        goes (an unreleased program's pin lasts until its TTL)."""
+        self._apply(self.policy.on_program_end(program, self.env.now))
+        if self._pin_serial.pop(program, None) is not None:
+            self._unpin_everywhere(program)
+
+    def _release_later(self, program: str, delay_s: float) -> Generator[simpy.Event, object, None]:
+        yield self.env.timeout(delay_s)
+        self.emit(ev.ProgramReleased(self.env.now, program))
+        self._release(program)
 
     def clear_prefix_caches(self) -> None:
         """Drop every worker's cached KV (after a weight update); policies see the removals."""

@@ -39,15 +39,18 @@ class ProgramPlan:
     setup_s: float
     turns: tuple[TurnPlan, ...]
     group: int | None = None  # programs of one group share the task prompt
+    release_after_s: float | None = 0.0  # from the last call's end to the client's release; None: never
 
 
 @dataclass(frozen=True, slots=True)
 class Script:
-    """A program to run: ``calls`` yields (seconds to wait before the call, the call)."""
+    """A program to run: ``calls`` yields (seconds to wait before the call, the call);
+    ``release_after_s`` is when, after its last call, its client releases it (None: never)."""
 
     id: str
     turns: int
     calls: Iterable[tuple[float, RequestSpec]]
+    release_after_s: float | None = 0.0
 
 
 def plan_program(
@@ -77,11 +80,14 @@ def plan_program(
             break
         turns.append(TurnPlan(output, tool, observation))
         context += output + observation
-    return ProgramPlan(index, program_id or f"p{index}", shape.system_prompt_tokens, task, setup, tuple(turns), group)
+    return ProgramPlan(
+        index, program_id or f"p{index}", shape.system_prompt_tokens, task, setup, tuple(turns), group,
+        shape.release.after_last_call_s,
+    )
 
 
 def agent_script(plan: ProgramPlan, block_size: int) -> Script:
-    return Script(plan.id, len(plan.turns), _calls(plan, block_size))
+    return Script(plan.id, len(plan.turns), _calls(plan, block_size), plan.release_after_s)
 
 
 def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestSpec]]:

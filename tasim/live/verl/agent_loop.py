@@ -6,8 +6,10 @@ the worker's server client (`DynamoProgramClient`). What the loop does per turn 
 row's ``extra_info["tasim"]`` (built by `tasim.live.verl.driver` from the same program plans the
 simulator draws): call the model for the turn's output tokens, wait the tool's latency (divided
 by the time scale), append the observation's token ids (masked 0, as tool output is for verl's
-trainer), and go on; the trajectory's program ends with one session-final once its last turn is
-back, on every exit path.
+trainer), and go on. On every exit path the trajectory's program is released with one
+session-final as the row's ``release_after_s`` (``workload.release``) says: once its last turn
+is back (the recipe's client does this), that many scenario seconds later without holding up
+the trajectory, or never (a what-if: verl's clients always release).
 """
 
 from __future__ import annotations
@@ -19,6 +21,15 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
 AGENT_NAME = "tasim_agent"
+
+# Releases still to come for trajectories that have returned; verl's agent-loop workers keep
+# their event loop for the whole run, so these run on after ``run`` (held here until done).
+_later_releases: set["asyncio.Task[None]"] = set()
+
+
+async def _release_later(server_manager: Any, program: str, wait_s: float) -> None:
+    await asyncio.sleep(wait_s)
+    await server_manager.end_program(program)
 
 
 class TasimAgentLoop(AgentLoopBase):
@@ -53,8 +64,13 @@ class TasimAgentLoop(AgentLoopBase):
                     response_mask += [0] * len(observation)
                 context = prompt_ids + response_ids
         finally:
-            if turns:  # a program that never called has nothing at the router to release
+            after_s: float | None = plan["release_after_s"]
+            if turns and after_s == 0.0:  # a program that never called has nothing at the router to release
                 await asyncio.shield(self.server_manager.end_program(program))
+            elif turns and after_s is not None:
+                task = asyncio.create_task(_release_later(self.server_manager, program, after_s / time_scale))
+                _later_releases.add(task)
+                task.add_done_callback(_later_releases.discard)
         budget = self.rollout_config.response_length
         return AgentLoopOutput(
             prompt_ids=prompt_ids,

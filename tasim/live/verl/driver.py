@@ -66,7 +66,10 @@ def step_plans(scenario: Scenario, step: int) -> list[ProgramPlan]:
 def _row(plan: ProgramPlan, tokens: PlanTokens, time_scale: float) -> dict[str, Any]:
     """What the tasim_agent loop needs of a trajectory (see tasim.live.verl.agent_loop)."""
     turns = [(t.output_tokens, t.tool_latency_s, tokens.observation(plan, i)) for i, t in enumerate(plan.turns)]
-    return {"program": plan.id, "prompt_ids": tokens.prompt(plan), "turns": turns, "time_scale": time_scale}
+    return {
+        "program": plan.id, "prompt_ids": tokens.prompt(plan), "turns": turns, "time_scale": time_scale,
+        "release_after_s": plan.release_after_s,
+    }
 
 
 def _lengths(plans: list[ProgramPlan]) -> tuple[int, int]:
@@ -135,7 +138,7 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
         manager = AgentLoopManager.create(config, llm_client=client)
         # verl's workers set themselves up on their first batch (seconds each): do that on
         # trajectories without calls, which never reach the router, before the run's clock starts.
-        idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale}
+        idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
         manager.generate_sequences(_batch([idle] * agent_workers))
         stack.begin_run()
         for step, plans in enumerate(all_plans):
