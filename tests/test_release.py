@@ -165,7 +165,7 @@ def test_upstream_with_decay_admits_at_the_first_tick_after_the_weight_falls() -
     assert _one(log, ev.ProgramPaused, program="p0").t == resumed.t  # the pause side counts p0 in full
 
 
-def test_dynamo_idle_ttl_releases_the_finished_program() -> None:
+def test_an_idle_ttl_releases_the_finished_program() -> None:
     ttl = 12.0
     log = _run(_scenario("never", variant="dynamo", idle_ttl_s=ttl))
     t0 = _first_finish(log)

@@ -44,7 +44,7 @@ def test_variant_defaults_and_validation() -> None:
     up = ThunderAgentParams()
     dyn = ThunderAgentParams(variant="dynamo")
     assert (up.pause_threshold, up.pause_target, up.resume_hysteresis, up.idle_ttl_s) == (1.0, 1.0, 0.0, None)
-    assert (dyn.pause_threshold, dyn.pause_target, dyn.resume_hysteresis, dyn.idle_ttl_s) == (0.95, 0.80, 0.10, 600.0)
+    assert (dyn.pause_threshold, dyn.pause_target, dyn.resume_hysteresis, dyn.idle_ttl_s) == (0.95, 0.80, 0.10, None)
     assert dyn.acting_decay_tau_s == 1.0 and dyn.soft_demote_threshold == 0.80
     assert ThunderAgentParams(variant="dynamo", pause_target=0.7).pause_target == 0.7  # explicit wins
     with pytest.raises(ValidationError):

@@ -15,10 +15,10 @@ origin) without a capacity check.
 
 ``variant: dynamo`` follows Dynamo 1.6.1's ``dynamo.thunderagent_router``: exact token counts,
 pause above 0.95 of capacity and drain to 0.80, resume only while below 0.95 − 0.10, a soft
-demotion band [0.80, 0.95), the decay (τ = 1 s) used to rank backends for forced resumes, resume
-ordering by current tokens, and an idle TTL (600 s) that releases ACTING programs whose next turn
-never comes. The TTL is tasim's addition: 1.6.1's program table only drops a program when it is
-released (``idle_ttl_s: None`` runs the port as shipped).
+demotion band [0.80, 0.95), the decay (τ = 1 s) used to rank backends for forced resumes, and
+resume ordering by current tokens. Like upstream, 1.6.1's program table drops a program only when
+it is released; ``idle_ttl_s`` (tasim's addition, off in both variants) releases ACTING programs
+idle that long, for clients that never release.
 
 Known upstream defects are switchable fixes, all off in ``upstream``: a turn that ends without
 usage (a failed request) still moves the program to ACTING; FIFO or aged admission of new
@@ -58,7 +58,6 @@ _VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
         "resume_hysteresis": 0.0,
         "soft_demote_threshold": None,
         "acting_decay_tau_s": None,
-        "idle_ttl_s": None,
         "fix_failed_turn": False,
     },
     "dynamo": {
@@ -67,7 +66,6 @@ _VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
         "resume_hysteresis": 0.10,
         "soft_demote_threshold": 0.80,
         "acting_decay_tau_s": 1.0,
-        "idle_ttl_s": 600.0,
         "fix_failed_turn": True,
     },
 }
@@ -89,7 +87,9 @@ class ThunderAgentParams(BaseModel):
         None, gt=0, description="ACTING tokens count x 2^(-idle/tau); upstream: resume side, dynamo: forced-resume ranking"
     )
     resume_timeout_s: float = Field(1800.0, gt=0, description="a request held this long is force-resumed")
-    idle_ttl_s: float | None = Field(None, gt=0, description="release ACTING programs idle this long (dynamo 600)")
+    idle_ttl_s: float | None = Field(
+        None, gt=0, description="release ACTING programs idle this long (tasim's addition: neither source has one)"
+    )
     host_kv_tokens: int = Field(0, ge=0, description="host KV tier per backend added to capacity")
     fix_failed_turn: bool = Field(False, description="fix: a turn ending without usage still moves to ACTING")
     admission_order: Literal["smallest_first", "fifo", "aged"] = Field(
