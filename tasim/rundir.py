@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.console import Console
 
@@ -31,11 +31,13 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_simulation(
-    scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False, check: bool = False
+    scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False, check: bool = False,
+    observe: Callable[[Event], None] | None = None,
 ) -> dict[str, Any]:
     """Simulate ``scenario``, write the event log, summary and run metadata under ``out``.
     ``check``: check the simulator's invariants as it runs (`tasim.sim.checks`); a broken one
-    raises `InvariantViolation` and leaves the log written so far as ``<log>.partial``."""
+    raises `InvariantViolation` and leaves the log written so far as ``<log>.partial``.
+    ``observe`` also hears every event, for folds the summary does not hold."""
     from tasim.sim.runner import Simulation  # keeps `tasim schema` and `report` light
 
     out.mkdir(parents=True, exist_ok=True)
@@ -48,6 +50,8 @@ def run_simulation(
     def emit(event: Event) -> None:
         writer.write(event)
         fold.apply(event)
+        if observe is not None:
+            observe(event)
 
     started = time.perf_counter()
     try:
