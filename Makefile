@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench baseline validation reliability paper-shapes clean
+.PHONY: install demo test bench baseline validation reliability paper-shapes published clean
 
 install: $(STAMP)
 
@@ -45,6 +45,13 @@ validation: install
 # docs/validation.md and docs/paper-shapes/*.png (40 runs, ~12 min on 2 idle cores).
 paper-shapes: install
 	$(BIN)/python -m tasim.validation.paper_shapes
+
+# tasim against every published measurement (measurements/*.yaml): rewrites section 4 of
+# docs/validation.md and docs/published/*.png, with the committed records of earlier tasim
+# (measurements/baseline-*.json) as columns (51 runs, 47 min of simulation: ~26 min on 2 cores).
+published: install
+	$(BIN)/python -m tasim validate published $(sort $(wildcard measurements/*.yaml)) \
+		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/validation.md
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .benchmarks

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from tasim import __version__
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
-from tasim.render import param_rows, print_summary, side_by_side
+from tasim.render import param_rows, print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.policy_spec import PolicySpec, PolicySpecError
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, shown
@@ -27,6 +27,7 @@ from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
 from tasim.validation import ValidationUnavailable
 from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
+from tasim.measurements.schema import MeasurementError
 
 EXIT_USAGE = 2
 EXIT_INVARIANT = 3  # `simulate --check` found a bug in tasim itself
@@ -92,7 +93,7 @@ def _build_parser() -> argparse.ArgumentParser:
         "--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)"
     )
 
-    validate = commands.add_parser("validate", help="cross-validate tasim against another simulator")
+    validate = commands.add_parser("validate", help="cross-validate tasim against another simulator or published measurements")
     against = validate.add_subparsers(dest="against", required=True, parser_class=_Parser)
     dynamo = against.add_parser(
         "dynamo", help="replay the scenario's workload through Dynamo's own replay and through tasim, side by side"
@@ -127,6 +128,32 @@ def _build_parser() -> argparse.ArgumentParser:
     vllm.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
     vllm.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     vllm.add_argument("--out", type=Path, help="output directory (default: runs/validate-vllm-<scenario>)")
+
+    published = against.add_parser(
+        "published", help="hold the presets against published measurements (measurements/*.yaml), point by point"
+    )
+    published.add_argument("files", nargs="+", type=Path, metavar="FILE", help="measurement files (measurements/*.yaml)")
+    published.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario field in every run (repeatable); the points' own overrides and policies stay theirs",
+    )
+    published.add_argument(
+        "--system", dest="systems", action="append", default=[], metavar="NAME=POLICY",
+        help="run a source's system as another policy spec, e.g. --system 'ThunderAgent=thunderagent[variant=upstream]'",
+    )
+    published.add_argument("--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)")
+    published.add_argument("--out", type=Path, default=Path("runs/published"), help="directory of published.json (default: runs/published)")
+    published.add_argument("--doc", type=Path, help="rewrite the published-measurements span of this document (docs/validation.md)")
+    published.add_argument("--plots", type=Path, default=Path("docs/published"), help="PNG directory for --doc (default: docs/published)")
+    published.add_argument(
+        "--before", action="append", default=[], type=Path, metavar="JSON",
+        help="an earlier published.json, shown as a column of earlier tasim values (repeatable)",
+    )
+    published.add_argument("--label", default=f"tasim {__version__}", help="names this run's record when it is later a --before")
+    published.add_argument(
+        "--from-record", type=Path, metavar="JSON",
+        help="take tasim's values from this published.json instead of simulating (renders tables and --doc again)",
+    )
 
     live = commands.add_parser("live", help="serve the policy as a Dynamo router and drive the scenario's programs through it")
     live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
@@ -258,7 +285,7 @@ def _compare(args: argparse.Namespace) -> int:
     summaries = compare.execute(plan, out, jobs, on_done)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
-    _print_unsquashed(compare.comparison_table(plan, summaries))
+    print_unsquashed(compare.comparison_table(plan, summaries))
     from tasim.plots import write_plots
 
     plots = ", ".join(path.name for path in write_plots(plan, summaries, out, out / compare.RUNS_DIR))
@@ -268,19 +295,11 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_unsquashed(renderable: Any) -> None:
-    """On a terminal rich fits the table to it; into a file or pipe nothing limits the width,
-    so print at the table's natural width instead of rich's 80-column default."""
-    console = Console()
-    if not console.is_terminal:
-        natural = console.measure(renderable, options=console.options.update_width(10_000)).maximum
-        console = Console(width=max(console.width, natural))
-    console.print(renderable)
-
-
 def _validate(args: argparse.Namespace) -> int:
     if args.against == "vllm":
         return _validate_vllm(args)
+    if args.against == "published":
+        return _validate_published(args)
     from tasim.validation.against_dynamo import VALIDATION_FILE, validate, validation_record, validation_table
     from tasim.validation.dynamo_replay import ROUTERS
     from tasim.validation.tasim_replay import lost_in_replay
@@ -298,7 +317,7 @@ def _validate(args: argparse.Namespace) -> int:
     trace, results = validate(scenario, out, list(dict.fromkeys(routers)), args.repeats)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / VALIDATION_FILE, validation_record(scenario, trace, results))
-    _print_unsquashed(validation_table(results))
+    print_unsquashed(validation_table(results))
     if trace.excluded:
         print(f"left out {trace.excluded} requests whose prompt + output need more KV blocks than a worker has")
     Console().print(f"wrote {out}/{VALIDATION_FILE}", markup=False, highlight=False)
@@ -319,12 +338,26 @@ def _validate_vllm(args: argparse.Namespace) -> int:
     out = _output_dir(args.out or Path("runs") / f"validate-vllm-{scenario.name}")
     result = validate(scenario, out, args.step_ms)
     write_json(out / VALIDATION_FILE, validation_record(scenario, args.step_ms, result))
-    _print_unsquashed(decision_table(result))
+    print_unsquashed(decision_table(result))
     mismatches = mismatch_table(result)
     if mismatches is not None:
-        _print_unsquashed(mismatches)
-    _print_unsquashed(summary_table(result))
+        print_unsquashed(mismatches)
+    print_unsquashed(summary_table(result))
     Console().print(f"wrote {out}/{VALIDATION_FILE} and both event logs under {out}/", markup=False, highlight=False)
+    return 0
+
+
+def _validate_published(args: argparse.Namespace) -> int:
+    from tasim.measurements.command import Request, command_line, parse_system, validate_published
+
+    systems = dict(parse_system(text) for text in args.systems)
+    if len(systems) != len(args.systems):
+        raise UsageError("--system: a system is remapped twice")
+    out = _output_dir(args.out)
+    validate_published(Request(
+        tuple(args.files), tuple(args.overrides), systems, args.jobs, out, args.doc, args.plots, tuple(args.before),
+        args.label, args.from_record, command_line(args.argv),
+    ))
     return 0
 
 
@@ -344,7 +377,7 @@ def _live(args: argparse.Namespace) -> int:
     summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model, driver=args.driver)
     if args.compare_sim:
         simulated = run_simulation(simulated_twin(scenario, args.engine), out / SIM_DIR)
-        _print_unsquashed(side_by_side({"live": summary, "simulated": simulated}))
+        print_unsquashed(side_by_side({"live": summary, "simulated": simulated}))
     else:
         print_summary(summary)
     Console().print(f"wrote {out}/{SUMMARY_FILE} and the event log", markup=False, highlight=False)
@@ -395,12 +428,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = _build_parser()
     try:
         args = parser.parse_args(argv)
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # as the user typed it, for generated text
         handler = {
             "simulate": _simulate, "compare": _compare, "report": _report, "validate": _validate, "live": _live,
             "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, EventLogError, TraceError, ValidationUnavailable, LiveError) as exc:
+    except (UsageError, ScenarioError, MeasurementError, EventLogError, TraceError, ValidationUnavailable, LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WorkloadError as exc:  # raised mid-run, by code that does not know the scenario's file

@@ -133,3 +133,13 @@ def side_by_side(summaries: dict[str, dict[str, Any]]) -> Table:
                 row.append("")
         table.add_row(*row)
     return table
+
+
+def print_unsquashed(renderable: Any) -> None:
+    """On a terminal rich fits the table to it; into a file or pipe nothing limits the width,
+    so print at the table's natural width instead of rich's 80-column default."""
+    console = Console()
+    if not console.is_terminal:
+        natural = console.measure(renderable, options=console.options.update_width(10_000)).maximum
+        console = Console(width=max(console.width, natural))
+    console.print(renderable)

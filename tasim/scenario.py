@@ -572,8 +572,9 @@ def _unique_keys_mapping(loader: _ScenarioLoader, node: yaml.MappingNode) -> dic
 _ScenarioLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_keys_mapping)
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
-    path = Path(path)
+def read_yaml(path: Path) -> Any:
+    """The parsed YAML of a file that gives each key once; any problem raises `ScenarioError`
+    with one line naming the file (and the line and column where YAML itself failed)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -598,7 +599,12 @@ def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
         raise ScenarioError(f"{path}: YAML nested too deeply") from None
     except ValueError:  # PyYAML builds ints with int() and dates with datetime, which refuse some
         raise ScenarioError(f"{path}: YAML value out of range (an integer of over 4300 digits, or an impossible date)") from None
-    return _resolve_paths(parse_scenario(raw, str(path), overrides), path)
+    return raw
+
+
+def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
+    path = Path(path)
+    return _resolve_paths(parse_scenario(read_yaml(path), str(path), overrides), path)
 
 
 def _shown_path(path: Path) -> str:

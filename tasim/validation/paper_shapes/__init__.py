@@ -1,6 +1,6 @@
 """The paper-shape suite of docs/validation.md: tasim against the curves and tables the
 ThunderAgent paper publishes (arXiv 2602.13692 §6, as transcribed in
-``shared/reference/thunderagent.md`` §6.2-6.4).
+``shared/reference/thunderagent.md`` §6.2-6.4 and entered in ``measurements/thunderagent-paper.yaml``).
 
     python -m tasim.validation.paper_shapes [--quick] [--jobs N] [--out DIR]
                                             [--doc docs/validation.md] [--plots docs/paper-shapes] [--reuse]
@@ -20,8 +20,13 @@ document, and the plots go to ``docs/paper-shapes/``. Every number in the text i
 the run that writes it; direction checks (trends, orderings, ratios on either side of 1) mark
 where tasim misses the paper, with the measured quantities that point at the likely cause.
 
-Modules: ``paper`` (the paper's values), ``plan`` and ``runner`` (which simulations, and running
-them), ``step_latency`` and ``measured`` (numbers derived from the runs), ``checks``, ``ordering``
+The paper's values are the points of ``measurements/thunderagent-paper.yaml``, the file ``python
+-m tasim validate published`` holds every preset against; the runs and the metrics they are read
+with are that command's too (`tasim.measurements`). This suite adds what a table of points
+cannot: the curves over the paper's concurrency axes and the direction checks along them.
+
+Modules: ``paper`` (the presets and axes, and the file's values), ``plan`` and ``runner`` (which
+simulations, and running them), ``measured`` (numbers read from the runs), ``checks``, ``ordering``
 and ``reasons`` (direction checks and the likely reasons for a miss), ``report`` (markdown tables),
 one module per document section (``thrashing``, ``throughput``, ``policy_metrics``,
 ``rl_rollout``), ``document`` and ``splice`` (the generated span and its place in the document),

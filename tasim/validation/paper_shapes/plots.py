@@ -9,10 +9,11 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from tasim.measurements.schema import Published
 from tasim.validation.paper_shapes.measured import Measured, rl_steps
 from tasim.validation.paper_shapes.paper import (
     PAPER_NAMES, RL, RL_BASELINE, SERVING, SERVING_POLICIES, THRASHING_E2E, THRASHING_HIT, THRASHING_PRESET,
-    Paper, ServingCase, serving_case,
+    ServingCase, serving_case,
 )
 from tasim.validation.paper_shapes.plan import Job, Mode
 from tasim.validation.paper_shapes.runner import Results
@@ -29,7 +30,7 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _paper_points(ax: Axes, paper: dict[int, Paper], color: str, label: str) -> None:
+def _paper_points(ax: Axes, paper: dict[int, Published], color: str, label: str) -> None:
     """The paper's values as hollow squares, dashed between them when there are several."""
     xs = sorted(paper)
     ax.plot(xs, [paper[x].value for x in xs], linestyle="--" if len(xs) > 1 else "none", marker="s",

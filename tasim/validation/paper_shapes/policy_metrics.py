@@ -7,7 +7,8 @@ from typing import Sequence
 from tasim.validation.paper_shapes.checks import ratio_note, trend_note
 from tasim.validation.paper_shapes.measured import Measured
 from tasim.validation.paper_shapes.ordering import check_order
-from tasim.validation.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, Paper, ServingCase
+from tasim.measurements.schema import Published
+from tasim.validation.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, ServingCase
 from tasim.validation.paper_shapes.reasons import cliff_reason, latency_ratio_reason, resident_reason
 from tasim.validation.paper_shapes.report import Report, Table, num, pct, times
 from tasim.validation.paper_shapes.runner import Results
@@ -43,7 +44,7 @@ def policy_metrics_section(results: Results, points: Sequence[int], case: Servin
     report.add("")
 
 
-def hit_rate_checks(m: Measured, points: Sequence[int], hits: dict[tuple[str, int], Paper], report: Report) -> None:
+def hit_rate_checks(m: Measured, points: Sequence[int], hits: dict[tuple[str, int], Published], report: Report) -> None:
     """The paper's hit-rate ordering at the largest point and each system's trend across the sweep."""
     low, top = points[0], points[-1]
     at_top = {p: hits[(p, top)].value for p in SERVING_POLICIES if (p, top) in hits}

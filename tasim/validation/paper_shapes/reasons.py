@@ -11,7 +11,8 @@ from typing import Sequence
 
 from tasim.validation.paper_shapes.checks import FLAT, direction
 from tasim.validation.paper_shapes.measured import Measured
-from tasim.validation.paper_shapes.paper import PAPER_NAMES, Paper
+from tasim.measurements.schema import Published
+from tasim.validation.paper_shapes.paper import PAPER_NAMES
 
 # A hit-rate fall of this many percentage points between two points is a thrashing cliff.
 CLIFF_PP = 20
@@ -97,7 +98,7 @@ def order_reason(m: Measured, conflicts: Sequence[tuple[str, str]], c: int, hits
     return "; ".join(parts) + "."
 
 
-def little_reason(m: Measured, prev: int, c: int, paper_steps: dict[int, Paper], paper_latency: dict[int, Paper]) -> str:
+def little_reason(m: Measured, prev: int, c: int, paper_steps: dict[int, Published], paper_latency: dict[int, Published]) -> str:
     """A closed loop's step time is concurrency / throughput (Little's law): hold both sides to it."""
     steps = (m.steps("round_robin", prev), m.steps("round_robin", c))
     tasim = (f"{LITTLES_LAW}: tasim's vLLM throughput goes "

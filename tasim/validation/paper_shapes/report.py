@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from tasim.validation.paper_shapes.paper import Paper
+from tasim.measurements.schema import Published
 
 
 def pct(x: float) -> str:
@@ -27,7 +27,7 @@ class Table:
     heads: tuple[str, ...]  # the leading label columns
     rows: list[list[str]] = field(default_factory=list)
 
-    def add(self, labels: Sequence[str], paper: Paper, tasim: float, fmt: Callable[[float], str],
+    def add(self, labels: Sequence[str], paper: Published, tasim: float, fmt: Callable[[float], str],
             unit: str = "", note: str = "") -> None:
         ratio = f"{tasim / paper.value:.2f}" + (" (vs mid)" if paper.high is not None else "")
         self.rows.append([*labels, paper.text(fmt, unit), f"{fmt(tasim)}{unit}", ratio, note or "—"])

@@ -3,35 +3,26 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import partial
 from typing import Any, Sequence
 
+from tasim.measurements.metrics import Outcome
+from tasim.measurements.runs import measure, outcome_of
+from tasim.measurements.step_latency import step_latency
 from tasim.parallel import map_in_processes
-from tasim.rundir import RUN_FILE, SUMMARY_FILE, run_simulation
+from tasim.rundir import RUN_FILE, SUMMARY_FILE
 from tasim.validation.paper_shapes.plan import Job, Key
-from tasim.validation.paper_shapes.step_latency import step_latency
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What the document reads of one run: its summary and what the summary lacks."""
-
-    summary: dict[str, Any]
-    step_latency_s: float | None  # mean LLM call + following tool (agent runs only)
-
 
 Results = dict[Key, Outcome]
 
 
 def execute(job: Job, reuse: bool) -> Outcome:
-    """Simulate one job (in a worker process), or with ``reuse`` take its earlier run from
-    ``job.out`` if that ran the very same scenario; then fold what the summary lacks from the log."""
+    """Simulate one job into ``job.out`` (in a worker process), or with ``reuse`` take its
+    earlier run from there if that ran the very same scenario."""
     summary = reused_summary(job) if reuse else None
     if summary is None:
-        summary = run_simulation(job.scenario, job.out)
-    latency = None if job.key[2] is None else step_latency(job.out, job.scenario.metrics.warmup_s)
-    return Outcome(summary, latency)
+        return measure(job.scenario, job.out)
+    return outcome_of(job.scenario, summary, step_latency(job.out, job.scenario.metrics.warmup_s))
 
 
 def reused_summary(job: Job) -> dict[str, Any] | None:

@@ -8,7 +8,8 @@ from typing import Sequence
 from tasim.validation.paper_shapes.checks import ratio_note, trend_note
 from tasim.validation.paper_shapes.measured import Measured
 from tasim.validation.paper_shapes.ordering import check_order
-from tasim.validation.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, Paper, ServingCase
+from tasim.measurements.schema import Published
+from tasim.validation.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, ServingCase
 from tasim.validation.paper_shapes.reasons import trend_reason
 from tasim.validation.paper_shapes.report import Report, Table, num, times
 from tasim.validation.paper_shapes.runner import Results
@@ -26,7 +27,7 @@ class Trend:
     ok: bool
 
 
-def _previous(points: Sequence[int], c: int, paper: dict[int, Paper]) -> int | None:
+def _previous(points: Sequence[int], c: int, paper: dict[int, Published]) -> int | None:
     """The run point before ``c`` that also has a paper value (a trend needs both ends)."""
     earlier = [p for p in points if p < c and p in paper]
     return earlier[-1] if earlier else None

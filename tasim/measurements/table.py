@@ -1,0 +1,32 @@
+"""The terminal table of one measurement file: each point's published and tasim values."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich import box
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from tasim.measurements.evaluate import PointResult
+from tasim.measurements.present import describe, published_text, ratio_text, value_text
+
+
+def file_table(results: Sequence[PointResult]) -> Group:
+    """The file's name and title, then its points in order; ≈ marks values read off a plot, a
+    range is held at its midpoint."""
+    m = results[0].measurements
+    # a heading of its own: a table's title is cut to the table's width
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("point", style="bold", no_wrap=True)
+    table.add_column("what")
+    table.add_column("published", justify="right", no_wrap=True)
+    table.add_column("tasim", justify="right", no_wrap=True)
+    table.add_column("tasim/\npublished", justify="right", no_wrap=True)
+    for result in results:
+        point = result.point
+        tasim = Text(value_text(point, result.tasim)) if result.tasim is not None else Text(f"— ({result.reason})")
+        table.add_row(Text(point.id), Text(describe(m, point)), Text(published_text(point)), tasim,
+                      Text(ratio_text(result.ratio)))
+    return Group(Text(f"{m.name} · {m.title}", style="bold"), table)
