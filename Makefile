@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench baseline validation reliability paper-shapes published clean
+.PHONY: install demo test bench baseline validation vllm-validation reliability paper-shapes published clean
 
 install: $(STAMP)
 
@@ -13,11 +13,16 @@ install: $(STAMP)
 # host outside the package registries; it is not needed for the mocker, the frontend or replay.
 # So the two Dynamo wheels go in with --no-deps and their real dependencies come from the
 # `live` extra in pyproject.toml. torch is pinned to the CPU wheel (a bare `torch` pulls CUDA).
+# vLLM 0.31.0 (what Dynamo 1.6.1's [vllm] extra pins) is the oracle of `validate vllm`: only its
+# scheduler runs, so it goes in with --no-deps (its own dependencies would pull CUDA torch and
+# triton), with the three grammar wheels its imports need at the versions it pins, and the rest
+# of what its scheduler imports comes from the `oracle` extra.
 $(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tasim needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps vllm==0.31.0 xgrammar==0.2.7 llguidance==1.7.6 apache-tvm-ffi==0.1.11
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,test]'
 	touch $@
 
 demo: install
@@ -40,6 +45,10 @@ reliability: install
 # Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
 validation: install
 	$(BIN)/python -m tasim.validation.matrix --json runs/validation-matrix.json
+
+# tasim's engine against vLLM's own scheduler: rewrites the vLLM matrix in docs/validation.md (~2 min).
+vllm-validation: install
+	$(BIN)/python -m tasim.validation.vllm_matrix
 
 # tasim against the ThunderAgent paper's curves: rewrites the paper-shapes section of
 # docs/validation.md and docs/paper-shapes/*.png (40 runs, ~12 min on 2 idle cores).
