@@ -26,6 +26,7 @@ from tasim.sim.checks import InvariantViolation
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
 from tasim.validation import ValidationUnavailable
+from tasim.calibration import CalibrationError
 from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
 from tasim.measurements.schema import MeasurementError
 
@@ -171,6 +172,28 @@ def _build_parser() -> argparse.ArgumentParser:
     live.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field (repeatable)")
     live.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     live.add_argument("--out", type=Path, help="output directory (default: runs/live-<scenario>-<policy>-s<seed>)")
+
+    calibrate = commands.add_parser(
+        "calibrate", help="fit scenario fields to published measurements and report how well the fit predicts the rest"
+    )
+    calibrate.add_argument("scenario", help="scenario YAML file to calibrate (the set-up the measurements ran)")
+    calibrate.add_argument("--against", required=True, type=Path, metavar="MEASUREMENTS", help="measurement file (measurements/*.yaml)")
+    calibrate.add_argument(
+        "--fit", required=True, action="append", metavar="KEY=LOW:HIGH[:log],...",
+        help="scenario fields to fit and their ranges, e.g. --fit cluster.perf.mfu=0.2:0.8,workload.training_s=60:900",
+    )
+    calibrate.add_argument("--points", required=True, metavar="ID,...", help="the points to fit to; the set-up's other points are held out")
+    calibrate.add_argument("--trials", type=_positive_int, default=40, help="trials of the search, and of each leave-one-out refit (default 40)")
+    calibrate.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
+    calibrate.add_argument("--seeds", type=_positive_int, default=3, help="seeds the calibrated scenario is evaluated on (default 3)")
+    calibrate.add_argument("--fit-seed", type=int, default=0, help="seed of the search's sampler (default 0)")
+    calibrate.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a scenario field in every run (repeatable)",
+    )
+    calibrate.add_argument("--jobs", type=_positive_int, help="simulations in parallel (default: CPUs)")
+    calibrate.add_argument("--out", type=Path, help="directory of calibration.json (default: runs/calibrate-<scenario>)")
+    calibrate.add_argument("--write", type=Path, metavar="FILE", help="the calibrated scenario (default: OUT/<scenario>-calibrated.yaml)")
 
     commands.add_parser("policies", help="list the routing policies and their parameters")
     scenarios = commands.add_parser("scenarios", help="list the preset scenarios")
@@ -384,6 +407,28 @@ def _live(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    try:
+        import optuna  # noqa: F401 - only to report its absence in one line
+    except ImportError:
+        raise UsageError("calibrate needs Optuna (make install, or pip install -e '.[calibrate]')") from None
+    from tasim.calibration.command import Request, run_calibration
+    from tasim.calibration.space import parse_space
+    from tasim.measurements.command import command_line
+
+    scenario = load_scenario(args.scenario, args.overrides)  # a bad file or --set costs no trial
+    knobs = parse_space(args.fit, scenario)
+    out = _output_dir(args.out or Path("runs") / f"calibrate-{scenario.name}")
+    if args.write is not None:
+        _output_dir(args.write.parent)
+    fitted = tuple(part.strip() for part in args.points.split(",") if part.strip())
+    run_calibration(Request(
+        Path(args.scenario), args.against, knobs, fitted, tuple(args.overrides), args.trials,
+        not args.no_loo, args.seeds, args.fit_seed, args.jobs, out, args.write, command_line(args.argv),
+    ))
+    return 0
+
+
 def _policies(args: argparse.Namespace) -> int:
     from tasim.policies import POLICIES
 
@@ -431,10 +476,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.argv = list(sys.argv[1:] if argv is None else argv)  # as the user typed it, for generated text
         handler = {
             "simulate": _simulate, "compare": _compare, "report": _report, "validate": _validate, "live": _live,
-            "policies": _policies, "scenarios": _scenarios, "schema": _schema,
+            "calibrate": _calibrate, "policies": _policies, "scenarios": _scenarios, "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, MeasurementError, EventLogError, TraceError, ValidationUnavailable, LiveError) as exc:
+    except (UsageError, ScenarioError, MeasurementError, CalibrationError, EventLogError, TraceError, ValidationUnavailable,
+            LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WorkloadError as exc:  # raised mid-run, by code that does not know the scenario's file

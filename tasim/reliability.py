@@ -63,6 +63,8 @@ def random_scenario(pick: Callable[[Sequence[Any]], Any]) -> tuple[str, list[str
     sequence it is given: from a seeded generator here (`picker`), a hypothesis draw in the tests."""
     preset = pick(sorted(SMALL_RUNS))
     block_size = pick([16, 64])
+    flavour = pick(["vllm", "mocker"])
+    evictions = ["lru"] if flavour == "vllm" else ["lru", "lineage"]  # vLLM evicts lru only
     overrides = SMALL_RUNS[preset] + [
         f"policy.name={pick(sorted(POLICIES))}",
         "policy.params={}",
@@ -72,7 +74,8 @@ def random_scenario(pick: Callable[[Sequence[Any]], Any]) -> tuple[str, list[str
         f"cluster.engine.kv_blocks={pick(range(256, 8193)) * 16 // block_size}",
         f"cluster.engine.max_num_seqs={pick(range(1, 65))}",
         f"cluster.engine.max_num_batched_tokens={pick([512, 2048, 8192])}",
-        f"cluster.engine.eviction={pick(['lru', 'lineage'])}",
+        f"cluster.engine.flavour={flavour}",
+        f"cluster.engine.eviction={pick(evictions)}",
         f"cluster.engine.preemption={pick(['newest_first', 'oldest_first'])}",
         f"cluster.engine.enable_chunked_prefill={pick([False, True])}",
         f"cluster.engine.enable_prefix_caching={pick([False, True])}",

@@ -98,7 +98,8 @@ def test_results_do_not_depend_on_jobs(tmp_path: Path, swept: tuple[Path, list[d
 
 
 def test_categorical_sweep_keeps_the_given_order(tmp_path: Path) -> None:
-    entries = compare(tmp_path, "--policies", "round_robin", "--sweep", "cluster.engine.eviction=lru,lineage")
+    entries = compare(tmp_path, "--policies", "round_robin", "--sweep", "cluster.engine.eviction=lru,lineage",
+                      "--set", "cluster.engine.flavour=mocker")
     assert [e["overrides"]["cluster.engine.eviction"] for e in entries] == ["lru", "lineage"]
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 

@@ -67,8 +67,8 @@ def _agents(policy: str, **engine: object) -> Scenario:
 
 CASES = {
     "round_robin lru": _agents("round_robin"),
-    "kv_router lineage": _agents("kv_router", eviction="lineage"),
-    "thunderagent pauses": _agents("thunderagent", eviction="lineage", reuse_output_blocks=False),
+    "kv_router lineage": _agents("kv_router", flavour="mocker"),
+    "thunderagent pauses": _agents("thunderagent", flavour="mocker"),
     "continuum pins": _agents("continuum"),
     "least_loaded oldest-first preemption": _agents("least_loaded", preemption="oldest_first"),
     "no prefix caching": _agents("round_robin", enable_prefix_caching=False),

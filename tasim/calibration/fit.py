@@ -1,0 +1,131 @@
+"""The search: Optuna's TPE sampler over the knobs, a trial's loss being how far tasim's values of
+the fitted points are from the published ones.
+
+A trial simulates what its points need (`tasim.measurements.evaluate.plan`, the scenario with the
+trial's values as overrides). Trials are asked in batches of `BATCH` (TPE's constant liar keeps a
+batch's members apart) and a batch's runs go to the process pool together, so the cores stay
+busy; the batch does not depend on the number of processes, so neither does the fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping, Sequence
+
+from tasim.calibration import CalibrationError
+from tasim.calibration.space import Knob, field_value
+from tasim.measurements.evaluate import Plan, PointResult, evaluate, plan
+from tasim.measurements.metrics import Outcome
+from tasim.measurements.runs import measure
+from tasim.measurements.schema import MeasurementError, Measurements
+from tasim.parallel import map_in_processes
+from tasim.policy_spec import PolicySpec
+from tasim.scenario import Scenario
+
+BATCH = 4
+# The loss of a point tasim has no value for (e.g. the run ended before its rollout did): as far
+# off as a factor of 10.
+MISSING_PENALTY = math.log(10.0) ** 2
+Values = dict[str, float]
+Progress = Callable[[int], None]  # hears how many more simulations have completed
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A scenario held to the points of one measurement file that ran on its set-up."""
+
+    scenario: Scenario
+    measurements: Measurements
+    overrides: tuple[str, ...] = ()  # the user's --set, in every run
+    systems: Mapping[str, PolicySpec] | None = None
+
+    def subset(self, ids: Sequence[str]) -> Measurements:
+        wanted = set(ids)
+        return replace(self.measurements, points=tuple(p for p in self.measurements.points if p.id in wanted))
+
+
+@dataclass(frozen=True)
+class Search:
+    values: Values  # the best trial's
+    loss: float
+    trials: int
+
+
+def loss(results: Sequence[PointResult]) -> float:
+    """Mean squared log ratio of tasim to published: symmetric in over- and under-estimates."""
+    terms = [math.log(r.ratio) ** 2 if r.ratio is not None and r.ratio > 0 else MISSING_PENALTY for r in results]
+    return sum(terms) / len(terms)
+
+
+def evaluate_values(problem: Problem, candidates: Sequence[Values], knobs: Sequence[Knob], ids: Sequence[str],
+                    jobs: int, seeds: Sequence[int] | None = None, progress: Progress | None = None) -> list[list[list[PointResult]]]:
+    """The points ``ids`` under each candidate, per seed (default: the scenario's): results
+    [candidate][seed][point]. Every run of every candidate goes to one pool."""
+    seeds = [problem.scenario.seed] if seeds is None else list(seeds)
+    subset = problem.subset(ids)
+    plans: list[Plan] = []
+    for values in candidates:
+        for seed in seeds:
+            overrides = [*problem.overrides, *(knob.override(values[knob.key]) for knob in knobs), f"seed={seed}"]
+            try:
+                plans.append(plan([subset], overrides, problem.systems, base=problem.scenario))
+            except MeasurementError as exc:
+                raise CalibrationError(str(exc)) from None
+    runs = [run for planned in plans for run in planned.runs]
+    outcomes = map_in_processes(_measure, [run.scenario for run in runs], max(1, min(jobs, len(runs))),
+                                (lambda _, __: progress(1)) if progress else None)
+    results: list[list[PointResult]] = []
+    start = 0
+    for planned in plans:
+        results.append(evaluate(planned, outcomes[start:start + len(planned.runs)]))
+        start += len(planned.runs)
+    return [results[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(candidates))]
+
+
+def _measure(scenario: Scenario) -> Outcome:
+    return measure(scenario)
+
+
+def runs_per_evaluation(problem: Problem, ids: Sequence[str]) -> int:
+    """Simulations one candidate needs for the points ``ids``."""
+    return len(plan([problem.subset(ids)], problem.overrides, problem.systems, base=problem.scenario).runs)
+
+
+def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: int, fit_seed: int, jobs: int,
+           progress: Progress | None = None) -> Search:
+    """The knob values that minimise `loss` over the points ``ids`` in ``trials`` trials. The
+    scenario's own values are the first trial where they lie inside the ranges."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    sampler = optuna.samplers.TPESampler(
+        seed=fit_seed, constant_liar=True, multivariate=True, n_startup_trials=max(BATCH, trials // 4),
+    )
+    study = optuna.create_study(direction="minimize", sampler=sampler)
+    current = current_values(problem.scenario, knobs)
+    if current is not None:
+        study.enqueue_trial(current)
+    done = 0
+    while done < trials:
+        batch = [study.ask() for _ in range(min(BATCH, trials - done))]
+        candidates = [{knob.key: _suggest(trial, knob) for knob in knobs} for trial in batch]
+        for trial, per_seed in zip(batch, evaluate_values(problem, candidates, knobs, ids, jobs, progress=progress)):
+            study.tell(trial, loss(per_seed[0]))
+        done += len(batch)
+    best = study.best_trial
+    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done)  # type: ignore[arg-type]
+
+
+def _suggest(trial: Any, knob: Knob) -> float:
+    if knob.integer:
+        return trial.suggest_int(knob.key, int(knob.low), int(knob.high), log=knob.log)
+    return trial.suggest_float(knob.key, knob.low, knob.high, log=knob.log)
+
+
+def current_values(scenario: Scenario, knobs: Sequence[Knob]) -> Values | None:
+    """The scenario's own value of every knob, or None if one lies outside its range."""
+    values = {knob.key: field_value(scenario, knob.key) for knob in knobs}
+    if any(not knob.low <= values[knob.key] <= knob.high for knob in knobs):
+        return None
+    return values
