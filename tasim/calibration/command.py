@@ -21,7 +21,7 @@ from tasim.calibration import CalibrationError
 from tasim.calibration.fit import Problem, Search, evaluate_values, runs_per_evaluation, search
 from tasim.calibration.report import PointReport, Report, knob_table, point_table, summary_lines, write_outputs
 from tasim.calibration.space import Knob
-from tasim.measurements.schema import Measurements
+from tasim.measurements.schema import Measurements, chooses_policy
 from tasim.render import print_unsquashed
 from tasim.scenario import load_scenario
 
@@ -62,10 +62,24 @@ def setup_points(measurements: Measurements, fitted: Sequence[str]) -> tuple[Mea
     return replace(measurements, points=same), held_out
 
 
+def check_knobs(knobs: Sequence[Knob], measurements: Measurements) -> None:
+    """A knob must not be what a point sets itself, nor what its systems choose."""
+    for knob in knobs:
+        if chooses_policy(knob.key):
+            raise CalibrationError(f"--fit {knob.key}: each system of a measurement file chooses its policy "
+                                   "(fit policy.defaults.<policy>.<param> instead)")
+        for point in measurements.points:
+            for side in (point.of, point.over):
+                for key in side.set if side else ():
+                    if key == knob.key or key.startswith(knob.key + ".") or knob.key.startswith(key + "."):
+                        raise CalibrationError(f"--fit {knob.key}: point {point.id} sets {key} itself")
+
+
 def calibrate(request: Request) -> Report:
     from tasim.measurements.schema import load_measurements
 
     measurements, held_out = setup_points(load_measurements(request.against), request.fitted)
+    check_knobs(request.knobs, measurements)
     scenario = load_scenario(request.scenario)
     problem = Problem(scenario, measurements, request.overrides)
     every = [*request.fitted, *held_out]

@@ -72,10 +72,13 @@ def parse_space(texts: Sequence[str], scenario: Scenario) -> tuple[Knob, ...]:
 
 
 def field_value(scenario: Scenario, key: str) -> Any:
-    """The value at a dotted key of the scenario as a file would hold it, or None."""
+    """The value at a dotted key of the scenario, or None; a fixed distribution is its value
+    (a file writes it as a plain number, and a number is what a knob sets)."""
     node: Any = scenario.model_dump(mode="json")
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, dict) and node.get("kind") == "fixed":
+        return node["value"]
     return node
 
 
