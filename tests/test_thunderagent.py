@@ -1,5 +1,6 @@
 """ThunderAgent scheduler: pause order, marking, resume groups and placement, decay, forced
-resume, Dynamo's hysteresis bands and idle TTL, and the switchable upstream fixes."""
+resume, Dynamo's hysteresis bands and idle TTL, the switchable upstream fixes, and upstream's
+characters-per-token estimate."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pydantic import ValidationError
 
 from tasim.model import RequestSpec
 from tasim.policies import Hold, Pause, Resume, Route, TurnEnd, make_policy
+from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.policies.thunderagent import Phase, ProgramState, ThunderAgent, ThunderAgentParams
 from tasim.view import ClusterView, WorkerInfo
 
@@ -228,8 +230,8 @@ def test_dynamo_soft_demotion_band() -> None:
     assert not upstream.is_soft_demoted("A", 6.0)
 
 
-def test_dynamo_idle_ttl_releases_acting_programs() -> None:
-    ta = _ta(variant="dynamo")
+def test_idle_ttl_releases_acting_programs() -> None:
+    ta = _ta(variant="dynamo", idle_ttl_s=600)  # tasim's opt-in: Dynamo 1.6.1 has no idle expiry
     req(ta, "A", 100, 0.0)
     end(ta, "A", 100, 100, 1.0)
     ta.on_tick(600.0)
@@ -286,3 +288,61 @@ def test_program_end_releases_everything() -> None:
     ta.on_program_end("B", 1.0)
     ta.on_program_end("A", 1.0)
     assert ta.programs == {} and ta.queue == {} and ta.used("w0") == 0
+
+
+def test_payload_estimate_admits_what_exact_counts_queue() -> None:
+    ta = _ta(payload_chars_per_token=4.23)
+    assert req(ta, "A", 500, 0.0) == Route("w0")  # 2,115 characters: int(2115 / 5.0) = 423 booked
+    assert ta.programs["A"].tokens == 423 and ta.used("w0") == 523
+    # B: 1,000 tokens = 4,230 characters, 846 booked; it needs 946 of the 1,077 left.
+    assert req(ta, "B", 1000, 0.0) == Route("w0")
+    assert ta.programs["B"].tokens == 846
+    exact = _ta()
+    assert req(exact, "A", 500, 0.0) == Route("w0")
+    assert req(exact, "B", 1000, 0.0) == Hold(pause=True)  # needs 1,100 of the 1,000 left
+
+
+def test_payload_estimate_learns_the_ratio_from_each_reply() -> None:
+    ta = _ta(payload_chars_per_token=4.23)
+    req(ta, "A", 500, 0.0)  # 423
+    req(ta, "B", 1000, 0.0)  # 846: 1,469 used
+    assert req(ta, "C", 1000, 0.0) == Hold(pause=True)  # 846 + 100 > 131 left
+    end(ta, "A", 500, 20, 1.0)
+    assert ta._chars_per_token.ratio == 2115 / 500  # the first sample replaces 5.0
+    assert ta.programs["A"].tokens == 520  # prompt + output from usage
+    assert ta.programs["C"].tokens == 846  # a queued request keeps the size it was booked at
+    end(ta, "B", 900, 10, 2.0)  # the engine reports 900 prompt tokens for 4,230 characters: 4.7
+    assert ta._chars_per_token.ratio == pytest.approx(0.2 * 4.7 + 0.8 * 4.23, abs=1e-12)  # 4.324
+    assert ta.programs["B"].tokens == 910
+    req(ta, "A", 600, 3.0)  # 2,538 characters: int(2538 / 4.324) = 586
+    assert ta.programs["A"].tokens == 586
+
+
+def test_payload_estimate_learns_nothing_from_a_failed_turn() -> None:
+    ta = _ta(payload_chars_per_token=4.23, fix_failed_turn=True)
+    req(ta, "A", 500, 0.0)
+    end(ta, "A", 0, 0, 1.0, ok=False)  # no usage
+    assert ta._chars_per_token.ratio == 5.0
+    assert ta.programs["A"].tokens == 423 and ta.programs["A"].phase is Phase.ACTING
+    req(ta, "B", 1000, 2.0)
+    assert ta.programs["B"].tokens == 846
+
+
+def test_learned_chars_per_token_ignores_empty_samples() -> None:
+    ratio = LearnedCharsPerToken()
+    ratio.learn(0, 100)
+    ratio.learn(400, 0)
+    assert ratio.ratio == 5.0 and ratio.tokens(4999) == 999
+    ratio.learn(400, 100)
+    ratio.learn(300, 100)
+    assert ratio.ratio == pytest.approx(0.2 * 3.0 + 0.8 * 4.0, abs=1e-12)  # 3.8
+
+
+def test_payload_estimate_is_upstream_only() -> None:
+    assert ThunderAgentParams(payload_chars_per_token=4.23).payload_chars_per_token == 4.23
+    assert ThunderAgentParams(variant="dynamo").payload_chars_per_token is None
+    with pytest.raises(ValidationError, match="payload_chars_per_token is for variant upstream only"):
+        ThunderAgentParams(variant="dynamo", payload_chars_per_token=4.23)
+    for bad in (0, 101):
+        with pytest.raises(ValidationError):
+            ThunderAgentParams(payload_chars_per_token=bad)

@@ -31,8 +31,15 @@ since its PR #12783: a program whose backend is gone is placed at its next reque
 with room, ahead of the queue of new programs, or queued (paused) when none has room; upstream
 would keep sending it to the dead backend.
 
-Both variants count tokens from the engine's usage (prompt + completion at turn end; the prompt
-at arrival) rather than upstream's characters/5 estimate; the simulator has no streamed text.
+At a turn's end both variants count the program as prompt + completion from the engine's usage.
+Before the reply Dynamo's port counts the tokenized prompt (``len(token_ids)``), and so does
+``upstream`` by default. Upstream itself estimates it as characters / a learned ratio (5.0 until
+the first reply; see ``chars_per_token``): ``payload_chars_per_token`` models that, taking a
+request's payload to have that many characters per prompt token, since tasim has no text. That
+estimate is what every decision made before the reply reads: the admission of a new program, the
+size a queued new program is ordered by, a held request's size in the resume selection and
+placement, and a REASONING program's share of its backend on the pause side. Neither variant
+adds upstream's streamed +20 tokens per 20 events during a turn.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.model import BlockHash, RequestSpec
 from tasim.policies.base import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
+from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.view import ClusterView
 
 Variant = Literal["upstream", "dynamo"]
@@ -99,6 +107,10 @@ class ThunderAgentParams(BaseModel):
     placement: Literal["most_room", "best_fit"] = Field("most_room", description="backend for a resumed program")
     resume_on_origin: bool = Field(False, description="fix: resume on the origin backend if its cached blocks survive")
     origin_min_cached_fraction: float = Field(0.5, gt=0, le=1, description="resume_on_origin: share of blocks that must survive")
+    # At most 100: text runs at 1-10 characters per token, and a huge value overflows the counts.
+    payload_chars_per_token: float | None = Field(
+        None, gt=0, le=100, description="upstream: size a request as its payload's characters (this x its prompt tokens) / a learned ratio until its reply; None: exact counts"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -115,6 +127,11 @@ class ThunderAgentParams(BaseModel):
             raise ValueError(f"pause_target ({self.pause_target}) must be <= pause_threshold ({self.pause_threshold})")
         if self.resume_hysteresis >= self.pause_threshold:
             raise ValueError("resume_hysteresis must be < pause_threshold")
+        if self.variant == "dynamo" and self.payload_chars_per_token is not None:
+            raise ValueError(
+                "payload_chars_per_token is for variant upstream only (Dynamo's port counts the tokenized "
+                "prompt, len(token_ids)): set it to null with variant dynamo"
+            )
         return self
 
 
@@ -139,6 +156,7 @@ class ProgramState:
     held_since: float | None = None  # a request of this program waits at the router
     displaced: bool = False  # its backend was lost: re-place it without waiting behind new programs
     blocks: tuple[BlockHash, ...] = ()  # the last prompt's blocks (for resume_on_origin)
+    payload_chars: int = 0  # upstream's context_len: the last request's payload length
 
 
 class ThunderAgent(Policy):
@@ -158,6 +176,7 @@ class ThunderAgent(Policy):
         self.soft_demoted_until: dict[str, float] = {}
         self.wants_kv_events = p.resume_on_origin
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in self.capacity}
+        self._chars_per_token = LearnedCharsPerToken()  # read only with payload_chars_per_token
 
     # --- accounting ------------------------------------------------------------------------
 
@@ -188,7 +207,12 @@ class ThunderAgent(Policy):
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
         q.steps += 1
-        q.tokens = request.prompt_tokens
+        payload_chars_per_token = self.p.payload_chars_per_token
+        if payload_chars_per_token is None:
+            q.tokens = request.prompt_tokens
+        else:  # tasim has no text: a payload's length is taken as proportional to its tokens
+            q.payload_chars = round(request.prompt_tokens * payload_chars_per_token)
+            q.tokens = self._chars_per_token.tokens(q.payload_chars)
         q.phase = Phase.REASONING
         if self.p.resume_on_origin:  # the only reader of q.blocks
             q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
@@ -223,6 +247,8 @@ class ThunderAgent(Policy):
             return ()
         if not turn.ok and not self.p.fix_failed_turn:
             return ()  # upstream: no usage, so the program stays REASONING
+        if turn.ok and self.p.payload_chars_per_token is not None:
+            self._chars_per_token.learn(q.payload_chars, turn.prompt_tokens)
         q.tokens = turn.prompt_tokens + turn.output_tokens if turn.ok else q.tokens
         q.phase = Phase.ACTING
         q.acting_since = now
