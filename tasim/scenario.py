@@ -89,7 +89,7 @@ class EngineConfig(_Strict):
     def _flavour_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict):
             flavour = data.get("flavour", "vllm")
-            if flavour in FLAVOUR_DEFAULTS:
+            if isinstance(flavour, str) and flavour in FLAVOUR_DEFAULTS:  # anything else: the field's own error
                 return {**FLAVOUR_DEFAULTS[flavour], **data}
         return data
 
