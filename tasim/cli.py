@@ -183,8 +183,11 @@ def _build_parser() -> argparse.ArgumentParser:
         help="scenario fields to fit and their ranges, e.g. --fit cluster.perf.mfu=0.2:0.8,workload.training_s=60:900",
     )
     calibrate.add_argument("--points", required=True, metavar="ID,...", help="the points to fit to; the set-up's other points are held out")
-    calibrate.add_argument("--trials", type=_positive_int, default=40, help="trials of the search, and of each leave-one-out refit (default 40)")
-    calibrate.add_argument("--no-loo", action="store_true", help="skip the leave-one-out refits")
+    calibrate.add_argument("--trials", type=_positive_int, default=40, help="trials of the search (default 40)")
+    calibrate.add_argument(
+        "--loo-trials", type=int, metavar="N",
+        help="trials of each leave-one-out refit, 0 to skip them (default: --trials)",
+    )
     calibrate.add_argument("--seeds", type=_positive_int, default=3, help="seeds the calibrated scenario is evaluated on (default 3)")
     calibrate.add_argument("--fit-seed", type=int, default=0, help="seed of the search's sampler (default 0)")
     calibrate.add_argument(
@@ -422,9 +425,12 @@ def _calibrate(args: argparse.Namespace) -> int:
     if args.write is not None:
         _output_dir(args.write.parent)
     fitted = tuple(part.strip() for part in args.points.split(",") if part.strip())
+    loo_trials = args.trials if args.loo_trials is None else args.loo_trials
+    if loo_trials < 0:
+        raise UsageError(f"--loo-trials: must be 0 (no leave-one-out) or more (got {loo_trials})")
     run_calibration(Request(
         Path(args.scenario), args.against, knobs, fitted, tuple(args.overrides), args.trials,
-        not args.no_loo, args.seeds, args.fit_seed, args.jobs, out, args.write, command_line(args.argv),
+        loo_trials, args.seeds, args.fit_seed, args.jobs, out, args.write, command_line(args.argv),
     ))
     return 0
 

@@ -34,7 +34,7 @@ class Request:
     fitted: tuple[str, ...]
     overrides: tuple[str, ...]
     trials: int
-    leave_one_out: bool
+    loo_trials: int
     seeds: int
     fit_seed: int
     jobs: int | None
@@ -86,8 +86,8 @@ def calibrate(request: Request) -> Report:
     jobs = request.jobs or (os.cpu_count() or 1)
     fit_runs = runs_per_evaluation(problem, request.fitted)
     total = request.trials * fit_runs + runs_per_evaluation(problem, every) * (1 + request.seeds)
-    if request.leave_one_out and len(request.fitted) > 1:
-        total += sum(request.trials * runs_per_evaluation(problem, [i for i in request.fitted if i != left])
+    if request.loo_trials and len(request.fitted) > 1:
+        total += sum(request.loo_trials * runs_per_evaluation(problem, [i for i in request.fitted if i != left])
                      + runs_per_evaluation(problem, [left]) for left in request.fitted)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
                TimeElapsedColumn())
@@ -100,11 +100,11 @@ def calibrate(request: Request) -> Report:
         bar.update(task, description="fitting")
         fit = search(problem, request.knobs, request.fitted, request.trials, request.fit_seed, jobs, advance)
         loo: dict[str, tuple[Search, float | None]] = {}
-        if request.leave_one_out and len(request.fitted) > 1:
+        if request.loo_trials and len(request.fitted) > 1:
             for left in request.fitted:
                 bar.update(task, description=f"leaving out {left}")
                 others = [i for i in request.fitted if i != left]
-                refit = search(problem, request.knobs, others, request.trials, request.fit_seed, jobs, advance)
+                refit = search(problem, request.knobs, others, request.loo_trials, request.fit_seed, jobs, advance)
                 predicted = evaluate_values(problem, [refit.values], request.knobs, [left], jobs, progress=advance)
                 loo[left] = (refit, predicted[0][0][0].tasim)
         bar.update(task, description="evaluating")
