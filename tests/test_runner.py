@@ -171,3 +171,53 @@ def test_policy_defaults_reach_whichever_policy_a_run_selects() -> None:
     assert any(len(workers) == 2 for workers in blind.values())
     other = Scenario.model_validate(_scenario().model_dump() | {"policy": {"name": "random", "defaults": defaults}})
     assert other.policy.effective_params == {}
+
+
+# --- engine flavours ---------------------------------------------------------------------------
+
+
+def _one_request(prompt: int, output: int, **engine: object) -> list[ev.Event]:
+    """One program of one call on one worker of 10 blocks of 16 tokens."""
+    raw = {
+        "duration_s": 60,
+        "cluster": {"backends": 1, "engine": {"block_size": 16, "kv_blocks": 10, **engine}},
+        "workload": {"concurrency": 1, "programs": 1, "turns": 1, "task_prompt_tokens": prompt, "output_tokens": output,
+                     "max_context_tokens": 10_000},
+    }
+    return _run(Scenario.model_validate(raw))
+
+
+def test_the_vllm_flavour_keeps_a_null_block_and_serves_what_the_rest_holds() -> None:
+    """vLLM serves up to (10 - 1) x 16 = 144 tokens: a 140-token prompt gets its output cut
+    from 10 to 4 tokens, a 144-token prompt is refused at routing, and the mocker flavour (every
+    block holds KV, 160 tokens) runs the first whole."""
+    cut = [e for e in _one_request(140, 10) if isinstance(e, (ev.RequestFinished, ev.RequestDropped))]
+    assert [(type(e).__name__, getattr(e, "output_tokens", None)) for e in cut] == [("RequestFinished", 4)]
+    refused = [e for e in _one_request(144, 10) if isinstance(e, ev.RequestDropped)]
+    assert [e.reason for e in refused] == ["prompt of 144 tokens reaches max_model_len 144"]
+    whole = [e for e in _one_request(140, 10, flavour="mocker") if isinstance(e, ev.RequestFinished)]
+    assert [e.output_tokens for e in whole] == [10]
+    header = _one_request(140, 10)[0]
+    assert isinstance(header, ev.RunStarted) and header.kv_blocks_per_worker == 9
+
+
+def test_the_flavours_set_eviction_and_output_reuse_unless_given() -> None:
+    def engine(**given: object) -> tuple[str, bool, str]:
+        config = Scenario.model_validate({"cluster": {"engine": given}}).cluster.engine
+        return config.flavour, config.reuse_output_blocks, config.eviction
+
+    assert engine() == ("vllm", True, "lru")
+    assert engine(flavour="mocker") == ("mocker", False, "lineage")
+    assert engine(flavour="mocker", eviction="lru", reuse_output_blocks=True) == ("mocker", True, "lru")
+
+
+def test_the_vllm_flavour_refuses_what_vllm_cannot_do() -> None:
+    import pytest
+
+    from tasim.scenario import ScenarioError, parse_scenario
+
+    with pytest.raises(ScenarioError, match=r"^s: cluster.engine: eviction lineage is Dynamo mocker's order; flavour vllm "
+                                            r"evicts lru \(or set flavour: mocker\)"):
+        parse_scenario({"cluster": {"engine": {"eviction": "lineage"}}}, "s")
+    with pytest.raises(ScenarioError, match=r"kv_blocks must be at least 2 with flavour vllm"):
+        parse_scenario({"cluster": {"engine": {"kv_blocks": 1}}}, "s")
