@@ -7,6 +7,7 @@ already on disk are only replaced once a run has completed.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -411,10 +412,8 @@ def _live(args: argparse.Namespace) -> int:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    try:
-        import optuna  # noqa: F401 - only to report its absence in one line
-    except ImportError:
-        raise UsageError("calibrate needs Optuna (make install, or pip install -e '.[calibrate]')") from None
+    if importlib.util.find_spec("optuna") is None:
+        raise UsageError("calibrate needs Optuna (make install, or pip install -e '.[calibrate]')")
     from tasim.calibration.command import Request, run_calibration
     from tasim.calibration.space import parse_space
     from tasim.measurements.command import command_line

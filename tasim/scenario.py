@@ -532,6 +532,21 @@ class Override:
         return earlier.writes(self.key)
 
 
+# Fields a command sets itself: dotted key -> (the value it sets, or None where it varies; why).
+ReplacedFields = Mapping[str, tuple[Any, str]]
+
+
+def replaced_by(override: Override, fields: ReplacedFields, command: str) -> str | None:
+    """Why ``override`` would be lost under ``command``, which sets ``fields`` itself (to
+    another value than the override's), or None."""
+    for field, (value, why) in fields.items():
+        key = tuple(field.split("."))
+        if override.writes(key) if value is None else Override(key, value).overwrites(override):
+            shown_value = "" if value is None else f" to {value}"
+            return f"{command} sets {field}{shown_value} itself ({why})"
+    return None
+
+
 def parse_scenario(raw: Any, source: str, overrides: Sequence[str] = ()) -> Scenario:
     if raw is None:
         raw = {}

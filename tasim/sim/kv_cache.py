@@ -199,18 +199,19 @@ class BlockPool:
                 if id(parent) not in live or parent.stop != extent.start:
                     return f"extent {head} hangs off a block that is not cached"
                 children[id(parent)] = children.get(id(parent), 0) + 1
-        duplicates = [copy for copies in self._copies.values() for copy in copies]
-        for copy in duplicates:
-            if not copy.duplicate or copy.stop != copy.start + 1 or self._extent_at(copy.hashes, copy.start) is None:
-                return f"duplicate of block {copy.hashes[copy.start]} is not a cached copy beside a primary"
+        duplicates = [duplicate for copies in self._copies.values() for duplicate in copies]
+        for duplicate in duplicates:
+            if (not duplicate.duplicate or duplicate.stop != duplicate.start + 1
+                    or self._extent_at(duplicate.hashes, duplicate.start) is None):
+                return f"duplicate of block {duplicate.hashes[duplicate.start]} is not a cached copy beside a primary"
             cached += 1
-            inactive += 0 if copy.refs else 1
+            inactive += 0 if duplicate.refs else 1
         if (cached, inactive) != (self._cached, self._inactive_count):
             return f"counted {cached} cached, {inactive} inactive; the pool says {self._cached}, {self._inactive_count}"
         referenced: dict[int, int] = {}
         for hold in holds:
-            for copy in hold.copies:
-                referenced[id(copy)] = referenced.get(id(copy), 0) + 1
+            for duplicate in hold.copies:
+                referenced[id(duplicate)] = referenced.get(id(duplicate), 0) + 1
             for start, stop in hold.ranges:
                 depth = start
                 while depth < stop:
@@ -221,7 +222,7 @@ class BlockPool:
                     referenced[id(extent)] = referenced.get(id(extent), 0) + 1
                     depth = extent.stop
         active_cached = 0
-        for head, extent in [*self._heads.items(), *((copy.hashes[copy.start], copy) for copy in duplicates)]:
+        for head, extent in [*self._heads.items(), *((d.hashes[d.start], d) for d in duplicates)]:
             if extent.refs != referenced.get(id(extent), 0):
                 return f"block {head} has {extent.refs} references but {referenced.get(id(extent), 0)} holders"
             active_cached += extent.stop - extent.start if extent.refs else 0
@@ -230,7 +231,7 @@ class BlockPool:
         if self.active != active_cached + private:
             return f"{self.active} active blocks, but holders reference {active_cached} and occupy {private} privately"
         reachable = {id(extent) for tick, _, extent in self._candidates if extent.tick == tick}
-        for head, extent in [*self._heads.items(), *((copy.hashes[copy.start], copy) for copy in duplicates)]:
+        for head, extent in [*self._heads.items(), *((d.hashes[d.start], d) for d in duplicates)]:
             if extent.refs == 0 and not (lineage and extent.children) and id(extent) not in reachable:
                 return f"unreferenced block {head} cannot be evicted (no candidate entry)"
         return None

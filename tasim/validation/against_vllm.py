@@ -20,7 +20,7 @@ from rich.table import Table
 
 from tasim import events as ev
 from tasim.rundir import run_simulation
-from tasim.scenario import FLAVOUR_DEFAULTS, Override, Scenario, with_engine_flavour
+from tasim.scenario import FLAVOUR_DEFAULTS, Override, ReplacedFields, Scenario, replaced_by, with_engine_flavour
 from tasim.validation import ValidationUnavailable
 
 VALIDATION_FILE = "validation.json"
@@ -101,7 +101,7 @@ class Comparison:
 
 
 # Every field `oracle_scenario` sets itself: the value it sets (None where it varies) and why.
-REPLACED_FIELDS: dict[str, tuple[Any, str]] = {
+REPLACED_FIELDS: ReplacedFields = {
     "cluster.engine.flavour": ("vllm", "it compares tasim's vllm engine flavour"),
     "cluster.engine.eviction": (FLAVOUR_DEFAULTS["vllm"]["eviction"], "vLLM evicts least recently used blocks"),
     "cluster.engine.reuse_output_blocks": (FLAVOUR_DEFAULTS["vllm"]["reuse_output_blocks"], "vLLM caches generated blocks"),
@@ -110,14 +110,8 @@ REPLACED_FIELDS: dict[str, tuple[Any, str]] = {
 
 
 def lost_in_oracle(override: Override) -> str | None:
-    """Why a scenario override would be lost in the comparison (it sets that field to something
-    else), or None."""
-    for field, (value, why) in REPLACED_FIELDS.items():
-        key = tuple(field.split("."))
-        if override.writes(key) if value is None else Override(key, value).overwrites(override):
-            shown_value = "" if value is None else f" to {value}"
-            return f"validate vllm sets {field}{shown_value} itself ({why})"
-    return None
+    """Why a scenario override would be lost in the comparison, or None."""
+    return replaced_by(override, REPLACED_FIELDS, "validate vllm")
 
 
 def oracle_scenario(scenario: Scenario, step_ms: float) -> Scenario:

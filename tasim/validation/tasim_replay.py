@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
 from tasim import events as ev
-from tasim.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, Scenario
+from tasim.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, ReplacedFields, Scenario, replaced_by
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace
 
@@ -18,7 +17,7 @@ _UNBOUNDED_S = 1e7
 MOCKER_PERF_MODEL = "dynamo_polynomial"
 
 # Every field `replay_scenario` sets itself: the value it sets (None where it varies) and why.
-REPLACED_FIELDS: dict[str, tuple[Any, str]] = {
+REPLACED_FIELDS: ReplacedFields = {
     "policy": (None, "each router in --routers runs with Dynamo's defaults"),
     "cluster.engine.flavour": ("mocker", "Dynamo's replay runs the mocker"),
     "cluster.engine.eviction": (FLAVOUR_DEFAULTS["mocker"]["eviction"], "the mocker evicts leaves first"),
@@ -30,14 +29,8 @@ REPLACED_FIELDS: dict[str, tuple[Any, str]] = {
 
 
 def lost_in_replay(override: Override) -> str | None:
-    """Why a scenario override would be lost in the replay (it sets that field to something
-    else), or None."""
-    for field, (value, why) in REPLACED_FIELDS.items():
-        key = tuple(field.split("."))
-        if override.writes(key) if value is None else Override(key, value).overwrites(override):
-            shown_value = "" if value is None else f" to {value}"
-            return f"validate dynamo sets {field}{shown_value} itself ({why})"
-    return None
+    """Why a scenario override would be lost in the replay, or None."""
+    return replaced_by(override, REPLACED_FIELDS, "validate dynamo")
 
 
 def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scenario:

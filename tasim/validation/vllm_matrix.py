@@ -32,7 +32,7 @@ BEGIN, END = "<!-- vllm-matrix:begin -->", "<!-- vllm-matrix:end -->"
 
 # 24 programs of 4-12 turns on one worker of 16-token blocks; the pool decides the regime.
 _AGENTS = [
-    "cluster.backends=1", "cluster.engine.block_size=16", "workload.concurrency=24", "workload.programs=24",
+    "cluster.backends=1", "cluster.engine.block_size=16", "workload.concurrency=24", "workload.programs=24", "policy.name=round_robin",
     "workload.turns={kind: uniform, low: 4, high: 12}", "duration_s=100000",
 ]
 _MOONCAKE = ["workload.max_requests=200", "cluster.backends=2", "cluster.engine.block_size=64"]
