@@ -91,11 +91,18 @@ def calibrate(request: Request) -> Report:
                      + runs_per_evaluation(problem, [left]) for left in request.fitted)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
                TimeElapsedColumn())
-    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("calibrating", total=total)
+        done = [0]
 
         def advance(count: int) -> None:
             bar.advance(task, count)
+            done[0] += count
+            # into a file or pipe the bar is not drawn: a line at every tenth of the way instead
+            if not console.is_terminal and done[0] * 10 // total != (done[0] - count) * 10 // total:
+                console.print(f"calibrate: {done[0]}/{total} simulations ({bar.tasks[0].description})",
+                              markup=False, highlight=False)
 
         bar.update(task, description="fitting")
         fit = search(problem, request.knobs, request.fitted, request.trials, request.fit_seed, jobs, advance)
