@@ -42,7 +42,7 @@ def file_section(number: str, results: Sequence[PointResult], befores: Sequence[
     lines += ["", f"Systems: {mapping}."]
     before_values = [[b.values.get((m.name, r.point.id)) for r in results] for b in shown]
     counts = [f"now {_within([r.tasim for r in results], results)}",
-              *(f"{b.label} {_within(v, results)}" for b, v in zip(shown, before_values))]
+              *(f"{b.heading} {_within(v, results)}" for b, v in zip(shown, before_values))]
     lines += [f"Points within ±{BAND * 100:.0f} % of the published value: {'; '.join(counts)}.", ""]
     heads = ["point", "what", "source: where", "published", *(b.heading for b in shown), "now", "now/published"]
     lines += ["| " + " | ".join(heads) + " |",
