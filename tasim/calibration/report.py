@@ -114,7 +114,7 @@ def knob_table(report: Report) -> Table:
 def point_table(report: Report) -> Table:
     seeds = f"{len(report.seeds)} seeds, mean ± 95 %" if len(report.seeds) > 1 else "1 seed"
     table = Table(title=f"every point of the set-up (tasim − published: error; calibrated over {seeds})", title_justify="left")
-    for column in ("point", "role", "published", "tasim before", "error", "tasim calibrated", "error", "leave-one-out", "error"):
+    for column in ("point", "role", "published", "uncalibrated", "error", "calibrated", "error", "leave-one-out", "error"):
         table.add_column(column, justify="left" if column in ("point", "role") else "right")
     for p in report.points:
         mean = p.mean
