@@ -91,6 +91,11 @@ def test_calibration_end_to_end(tmp_path: Path) -> None:
     assert raw["name"] == "tiny-calibrated"
     assert raw["cluster"]["perf"] == {"mfu": fitted["cluster.perf.mfu"], "step_overhead_ms": fitted["cluster.perf.step_overhead_ms"]}
     assert load_scenario(calibrated).cluster.perf.mfu == fitted["cluster.perf.mfu"]  # a valid scenario
+    from tasim.calibration.document import markdown
+
+    section = markdown([out / "calibration.json"])
+    assert "Fitted to 2 of 6 points (6 trials" in section
+    assert "| sticky-steps-4 | held out | 80.0 |" in section and "| sticky-steps-2 | fitted | 50.0 |" in section
     # the same request gives the same fit, whatever the number of processes
     again = tasim(*args[:-2], "--jobs", "1", "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr
