@@ -67,6 +67,21 @@ def routed(admission: "Call | Held") -> "Call":
     return admission
 
 
+async def serve_completions(handler: Any) -> tuple[Any, str]:
+    """A fake frontend on 127.0.0.1 (a free port) answering ``POST /v1/completions`` with
+    ``handler``: its aiohttp runner (clean it up) and base URL."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
 def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tasim`` in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=cwd or REPO)

@@ -230,7 +230,7 @@ async def _drive(release: Any, time_scale: float = 100.0) -> tuple[Any, Any, lis
     pytest.importorskip("xxhash")
     from aiohttp import web
 
-    from conftest import live_host
+    from conftest import live_host, serve_completions
     from tasim.live.driver import HttpAgentDriver
 
     host, _, _ = live_host()
@@ -249,15 +249,9 @@ async def _drive(release: Any, time_scale: float = 100.0) -> tuple[Any, Any, lis
         tasim_data = {"request": call.spec.id, "worker": call.worker, "output_token_ids": [7] * body["max_tokens"]}
         return web.json_response({"choices": [{"text": ""}], "nvext": {"engine_data": {"tasim": tasim_data}}})
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    runner, url = await serve_completions(completions)
     try:
-        driver = HttpAgentDriver(f"http://127.0.0.1:{port}", "m", _live_scenario(release), vocab_size=1000, time_scale=time_scale)
+        driver = HttpAgentDriver(url, "m", _live_scenario(release), vocab_size=1000, time_scale=time_scale)
         result = await driver.run()
     finally:
         await runner.cleanup()

@@ -12,6 +12,7 @@ from aiohttp import web
 pytest.importorskip("verl")
 from omegaconf import OmegaConf  # noqa: E402
 
+from conftest import serve_completions  # noqa: E402
 from tasim.live.verl.client import DynamoProgramClient, RouterBypassed  # noqa: E402
 
 CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 64, "response_length": 32, "full_determinism": False}}})
@@ -31,14 +32,7 @@ async def _serve(replies: list[tuple[int, dict[str, Any]]], seen: list[tuple[dic
         status, body = replies.pop(0)
         return web.json_response(body, status=status)
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_completions(completions)
 
 
 def test_generate_retries_overload_and_tolerates_verl_keyword_arguments() -> None:
