@@ -43,6 +43,10 @@ def workloads(draw: st.DrawFn) -> Scenario:
     budget = draw(st.sampled_from([64, 128, 256, 1024]))
     blocks = draw(st.integers(20, 300))
     longest = blocks * block if chunked else min(blocks * block, budget)
+    # Every program's first turn (prompt and output) fits the context, so every example plans
+    # requests; later turns may outgrow the model length and are refused or cut on both sides alike.
+    longest_output = min(40, longest // 4)
+    system = min(draw(st.sampled_from([0, 3 * block, 37, 100])), longest // 4)
     raw = {
         "name": "random", "seed": draw(st.integers(0, 1000)), "duration_s": 1e6,
         "cluster": {
@@ -55,10 +59,10 @@ def workloads(draw: st.DrawFn) -> Scenario:
         },
         "workload": {
             "kind": "agent", "arrival": "closed", "concurrency": draw(st.integers(1, 12)),
-            "programs": draw(st.integers(1, 20)), "system_prompt_tokens": draw(st.sampled_from([0, 3 * block, 37, 100])),
-            "task_prompt_tokens": {"kind": "uniform", "low": 1, "high": 120},
+            "programs": draw(st.integers(1, 20)), "system_prompt_tokens": system,
+            "task_prompt_tokens": {"kind": "uniform", "low": 1, "high": min(120, longest - system - longest_output)},
             "turns": {"kind": "uniform", "low": 1, "high": 5},
-            "output_tokens": {"kind": "uniform", "low": 1, "high": 40},
+            "output_tokens": {"kind": "uniform", "low": 1, "high": longest_output},
             "observation_tokens": {"kind": "uniform", "low": 0, "high": 60},
             "tool_latency_s": {"kind": "uniform", "low": 0.0, "high": 0.2},
             "max_context_tokens": longest,
