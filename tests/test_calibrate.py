@@ -96,6 +96,8 @@ def test_calibration_end_to_end(tmp_path: Path) -> None:
     section = markdown([out / "calibration.json"])
     assert "Fitted to 2 of 6 points (6 trials" in section
     assert "| sticky-steps-4 | held out | 80.0 |" in section and "| sticky-steps-2 | fitted | 50.0 |" in section
+    assert "| aware-over-sticky-4 | held out | 1.20× |" in section  # a ratio is shown as one, not in its metric's units
+    assert "aware-over-sticky-4: published 1.20×, error" in text
     # the same request gives the same fit, whatever the number of processes
     again = tasim(*args[:-2], "--jobs", "1", "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr

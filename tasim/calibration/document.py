@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from tasim.measurements.metrics import METRICS
+from tasim.measurements.present import published_text, value_text
 from tasim.measurements.schema import load_measurements
 from tasim.validation.doc_section import replace_section
 
@@ -46,16 +46,16 @@ def record_section(record: dict[str, Any], source: Path) -> list[str]:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in record["points"]:
-        metric = METRICS[p["metric"]]
-        published = points[p["id"]].published.text(metric.text)
-        before = "—" if p["before"] is None else metric.text(p["before"])
+        point = points[p["id"]]
+        published = published_text(point)
+        before = "—" if p["before"] is None else value_text(point, p["before"])
         if p["after_mean"] is None:
             calibrated = "—"
         else:
-            calibrated = metric.text(p["after_mean"]) + ("" if p["after_ci95"] is None else f" ± {metric.text(p['after_ci95'])}")
+            calibrated = value_text(point, p["after_mean"]) + ("" if p["after_ci95"] is None else f" ± {value_text(point, p['after_ci95'])}")
         error = None if p["after_mean"] is None else p["after_mean"] / p["published"] - 1
         before_error = None if p["before"] is None else p["before"] / p["published"] - 1
-        loo = "" if not p["fitted"] or p["leave_one_out"] is None else metric.text(p["leave_one_out"])
+        loo = "" if not p["fitted"] or p["leave_one_out"] is None else value_text(point, p["leave_one_out"])
         lines.append(f"| {p['id']} | {'fitted' if p['fitted'] else 'held out'} | {published} | {before} | {_pct(before_error)} "
                      f"| {calibrated} | {_pct(error)} | {loo} | {_pct(p['prediction_error']) if p['fitted'] else ''} |")
     return lines + [""]

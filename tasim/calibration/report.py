@@ -17,8 +17,8 @@ from rich.table import Table
 from tasim.calibration.fit import Search
 from tasim.calibration.space import Knob
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.metrics import METRICS
-from tasim.measurements.schema import Measurements, Published
+from tasim.measurements.present import published_text, value_text
+from tasim.measurements.schema import Measurements, Point, Published
 from tasim.rundir import write_json
 from tasim.scenario import Override, read_yaml
 
@@ -38,10 +38,8 @@ def interval(values: Sequence[float]) -> tuple[float, float | None]:
 
 @dataclass(frozen=True)
 class PointReport:
-    id: str
-    metric: str
+    point: Point
     fitted: bool
-    published: Published
     before: float | None
     after: tuple[float | None, ...]  # per seed
     loo: float | None  # fitted points: the prediction of a fit without it
@@ -51,9 +49,21 @@ class PointReport:
     def of(cls, result: PointResult, fitted: Sequence[str], before: PointResult, after: Sequence[PointResult],
            loo: tuple[Search, float | None] | None) -> "PointReport":
         return cls(
-            result.point.id, result.point.metric, result.point.id in fitted, result.point.published, before.tasim,
+            result.point, result.point.id in fitted, before.tasim,
             tuple(r.tasim for r in after), None if loo is None else loo[1], None if loo is None else loo[0].trials,
         )
+
+    @property
+    def id(self) -> str:
+        return self.point.id
+
+    @property
+    def metric(self) -> str:
+        return self.point.metric
+
+    @property
+    def published(self) -> Published:
+        return self.point.published
 
     @property
     def mean(self) -> tuple[float, float | None] | None:
@@ -93,7 +103,7 @@ class Report:
 
 
 def _value(point: PointReport, value: float | None) -> str:
-    return "-" if value is None else METRICS[point.metric].text(value)
+    return "-" if value is None else value_text(point.point, value)
 
 
 def _pct(error: float | None) -> str:
@@ -120,7 +130,7 @@ def point_table(report: Report) -> Table:
         mean = p.mean
         calibrated = "-" if mean is None else _value(p, mean[0]) + ("" if mean[1] is None else f" ± {_value(p, mean[1])}")
         table.add_row(
-            p.id, "fitted" if p.fitted else "held out", p.published.text(METRICS[p.metric].text),
+            p.id, "fitted" if p.fitted else "held out", published_text(p.point),
             _value(p, p.before), _pct(p.error(p.before)), calibrated, _pct(None if mean is None else p.error(mean[0])),
             _value(p, p.loo) if p.fitted else "", _pct(p.error(p.loo)) if p.fitted else "",
         )
@@ -181,10 +191,10 @@ def calibrated_yaml(report: Report, target: Path) -> str:
     header = [
         f"Calibrated from {report.scenario_path.name} by `{report.command}`.",
         f"Fitted to {len(fitted)} points of {report.measurements.path.name} ({report.measurements.title}):",
-        *(f"  {p.id}: published {p.published.text(METRICS[p.metric].text)}, leave-one-out error {_pct(p.prediction_error)}"
+        *(f"  {p.id}: published {published_text(p.point)}, leave-one-out error {_pct(p.prediction_error)}"
           for p in fitted),
         f"Held out ({len(report.held_out)} points), error of the calibrated value:",
-        *(f"  {p.id}: published {p.published.text(METRICS[p.metric].text)}, error {_pct(p.prediction_error)}"
+        *(f"  {p.id}: published {published_text(p.point)}, error {_pct(p.prediction_error)}"
           for p in report.held_out),
         "Fitted values: " + ", ".join(k.override(report.fit.values[k.key]) for k in report.knobs),
     ]
