@@ -14,12 +14,11 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
-from tasim.measurements.present import published_text, value_text
+from tasim.measurements.present import BAND, published_text, value_text
 from tasim.measurements.schema import load_measurements
 from tasim.validation.doc_section import replace_section
 
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
-BAND = 0.2
 
 
 def _pct(error: float | None) -> str:

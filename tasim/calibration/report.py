@@ -17,7 +17,7 @@ from rich.table import Table
 from tasim.calibration.fit import Search
 from tasim.calibration.space import Knob
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.present import published_text, value_text
+from tasim.measurements.present import BAND, published_text, value_text
 from tasim.measurements.schema import Measurements, Point, Published
 from tasim.rundir import write_json
 from tasim.scenario import Override, read_yaml
@@ -142,9 +142,9 @@ def summary_lines(report: Report) -> list[str]:
     loo = [abs(e) for p in report.points if p.fitted and (e := p.prediction_error) is not None]
     lines = []
     if errors:
-        within = sum(1 for e in errors if e <= 0.2)
+        within = sum(1 for e in errors if e <= BAND)
         lines.append(f"held out: {len(errors)} points, median |error| {statistics.median(errors) * 100:.1f} %, "
-                     f"max {max(errors) * 100:.1f} %, {within} within ±20 %")
+                     f"max {max(errors) * 100:.1f} %, {within} within ±{BAND * 100:.0f} %")
     if loo:
         lines.append(f"leave-one-out: {len(loo)} fitted points, median |error| {statistics.median(loo) * 100:.1f} %, "
                      f"max {max(loo) * 100:.1f} %")

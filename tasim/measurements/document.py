@@ -9,8 +9,7 @@ from typing import Sequence
 
 from tasim import __version__
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.plots import BAND
-from tasim.measurements.present import describe, published_text, ratio_text, value_text
+from tasim.measurements.present import BAND, describe, published_text, ratio_text, value_text
 from tasim.measurements.record import Record
 from tasim.policy_spec import PolicySpec
 from tasim.validation.doc_section import replace_section

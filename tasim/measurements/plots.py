@@ -15,12 +15,11 @@ from matplotlib.lines import Line2D
 
 from tasim.measurements.evaluate import PointResult
 from tasim.measurements.metrics import METRICS
-from tasim.measurements.present import is_ratio, sweep_x
+from tasim.measurements.present import BAND, is_ratio, sweep_x
 from tasim.measurements.record import Record
 from tasim.measurements.schema import Point
 
 DPI = 110
-BAND = 0.2  # the ±20 % the calibration aims for, shaded around 1
 BEFORE_MARKERS = ("x", "+", "1", "2")
 
 

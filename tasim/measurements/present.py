@@ -9,6 +9,8 @@ from pathlib import Path
 from tasim.measurements.metrics import METRICS
 from tasim.measurements.schema import Measurements, Point, Side
 
+BAND = 0.2  # the ±20 % around a published value that tables count and plots shade, and calibration aims for
+
 
 def is_ratio(point: Point) -> bool:
     return point.over is not None
