@@ -18,6 +18,7 @@ from tasim import events as ev
 from tasim.cli import main
 from tasim.measurements.document import BEGIN, END
 from tasim.measurements.evaluate import evaluate, plan, run
+from tasim.measurements.littles_law import closed_loop_conflicts
 from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
 from tasim.measurements.schema import MEASUREMENT_DIR, MeasurementError, load_measurements
 from tasim.measurements.step_latency import StepLatencyFold
@@ -138,6 +139,41 @@ def _summary(**changes: Any) -> dict[str, Any]:
     base = {"steps_per_min": 120.5, "prefix_hit_rate": 0.875, "e2e_s": {"mean": 4.25}, "requests_completed": 3000,
             "requests_unfinished": 0, "rollout": rollout}
     return {**base, **changes}
+
+
+def _latency_point(ident: str, system: str, concurrency: int, seconds: float) -> str:
+    return f"""
+  - id: {ident}
+    metric: step_latency_s
+    of: {{system: {system}, set: {{workload.concurrency: {concurrency}}}}}
+    value: {seconds}
+    source: s
+    where: Fig. 2
+"""
+
+
+def test_closed_loop_conflicts_are_pairs_whose_product_exceeds_the_programs(tmp_path: Path) -> None:
+    # a-2: 10 steps/min of A at N = 2; a 15 s step puts 10/60 * 15 = 2.5 programs in a step (> 2),
+    # a 12 s step exactly 2 (allowed), B's 30 s step has no steps/min of B to pair with
+    text = (GOOD + _latency_point("lat-15", "A", 2, 15) + _latency_point("lat-12", "A", 2, 12)
+            + _latency_point("lat-b", "B", 2, 30) + _latency_point("lat-n4", "A", 4, 30))
+    conflicts = closed_loop_conflicts(load_measurements(_write(tmp_path, text)))
+    assert [(c.latency.id, c.throughput.id) for c in conflicts] == [("lat-15", "a-2")]
+    assert conflicts[0].occupancy == pytest.approx(1.25)
+    assert conflicts[0].latency_bound_s == pytest.approx(12.0)
+
+
+def test_the_papers_swe_agent_vllm_latencies_exceed_what_its_throughputs_allow() -> None:
+    # Fig. 1b's per-step latencies against Fig. 4's steps/min for vLLM: 220 x 7.7 / 60 / 24 and so on
+    conflicts = closed_loop_conflicts(load_measurements(MEASUREMENT_DIR / "thunderagent-paper.yaml"))
+    assert [(c.latency.id, c.throughput.id, round(c.occupancy, 3)) for c in conflicts] == [
+        ("fig1b-vllm-step-latency-24", "fig4-swe-agent-vllm-24", 1.176),
+        ("fig1b-vllm-step-latency-48", "fig4-swe-agent-vllm-48", 3.915),
+        ("fig1b-vllm-step-latency-72", "fig4-swe-agent-vllm-72", 2.037),
+        ("fig1b-vllm-step-latency-96", "fig4-swe-agent-vllm-96", 1.361),
+        ("fig10-swe-agent-vllm-step-latency-96", "fig4-swe-agent-vllm-96", 1.142),
+    ]
+    assert closed_loop_conflicts(load_measurements(MEASUREMENT_DIR / "verl-recipe-h20.yaml")) == []
 
 
 def test_metrics_of_a_hand_built_summary() -> None:

@@ -9,8 +9,10 @@ from typing import Sequence
 
 from tasim import __version__
 from tasim.measurements.evaluate import PointResult
+from tasim.measurements.littles_law import closed_loop_conflicts
 from tasim.measurements.present import BAND, describe, published_text, ratio_text, value_text
 from tasim.measurements.record import Record
+from tasim.measurements.schema import Measurements
 from tasim.policy_spec import PolicySpec
 from tasim.validation.doc_section import replace_section
 
@@ -53,8 +55,24 @@ def file_section(number: str, results: Sequence[PointResult], befores: Sequence[
         cells = [point.id, describe(m, point), f"{point.source}: {point.where}", published_text(point), *before, now,
                  ratio_text(result.ratio)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines.append("")
+    lines += [""] + _conflicts(m)
     lines += [f"![{Path(link).stem}]({link})" for link in plots]
+    return lines + [""]
+
+
+def _conflicts(m: Measurements) -> list[str]:
+    """The file's throughput and latency points that no closed loop meets together."""
+    conflicts = closed_loop_conflicts(m)
+    if not conflicts:
+        return []
+    lines = ["Published values no closed loop can produce together (Little's law: with N programs, steps/s × mean "
+             "step ≤ N, whatever the engine or router; `tasim/measurements/littles_law.py`). A simulation can meet "
+             "at most one value of each pair; meeting the steps/min, its per-step latency is at most N / steps/s.", "",
+             "| latency point | steps/min point | N | steps/s × step / N | longest step the steps/min allow |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for c in conflicts:
+        lines.append(f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
+                     f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |")
     return lines + [""]
 
 

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tasim.measurements.evaluate import PointResult
+from tasim.measurements.littles_law import closed_loop_conflicts
 from tasim.measurements.present import describe, published_text, ratio_text, value_text
 
 
@@ -29,4 +30,7 @@ def file_table(results: Sequence[PointResult]) -> Group:
         tasim = Text(value_text(point, result.tasim)) if result.tasim is not None else Text(f"— ({result.reason})")
         table.add_row(Text(point.id), Text(describe(m, point)), Text(published_text(point)), tasim,
                       Text(ratio_text(result.ratio)))
-    return Group(Text(f"{m.name} · {m.title}", style="bold"), table)
+    notes = [Text(f"closed-loop conflict: {c.latency.id} × {c.throughput.id} puts {c.occupancy:.2f} of the "
+                  f"{c.concurrency:g} programs inside a step (at most 1: a step of at most {c.latency_bound_s:.1f} s "
+                  "fits that steps/min)", style="yellow") for c in closed_loop_conflicts(m)]
+    return Group(Text(f"{m.name} · {m.title}", style="bold"), table, *notes)
