@@ -13,9 +13,11 @@ from tasim.scenario import load_scenario
 
 
 def _run(tmp_path: Path, policy: str) -> dict:
+    # Tools of 1.5 s (median): Continuum pins only while its average tool gap is under 2 s, and the
+    # preset's calibrated 3.5 s would leave it running as round-robin (docs/validation.md section 5)
     scenario = load_scenario(
         SCENARIOS / "swe-agent.yaml",
-        ["workload.concurrency=96", "duration_s=900", f"policy.name={policy}"],
+        ["workload.concurrency=96", "duration_s=900", "workload.tool_latency_s.median=1.5", f"policy.name={policy}"],
     )
     return run_simulation(scenario, tmp_path / policy)
 

@@ -24,7 +24,7 @@ def test_hit_rate_high_when_working_set_fits(tmp_path: Path) -> None:
 
 
 def test_hit_rate_collapses_when_working_set_is_3x_pool(tmp_path: Path) -> None:
-    summary = _run(tmp_path, 240)
+    summary = _run(tmp_path, 480)
     assert summary["working_set_ratio"] >= 3.0
     assert summary["prefix_hit_rate"] < 0.6
     assert summary["recomputed_tokens"] > 0
