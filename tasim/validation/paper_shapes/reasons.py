@@ -24,9 +24,9 @@ def cliff_reason(m: Measured, policy: str, prev: int, c: int) -> str:
     return (f"tasim's {PAPER_NAMES[policy]} hit rate falls {m.hit(policy, prev):.0f} % → {m.hit(policy, c):.0f} % "
             f"between {prev} and {c} workflows as the offered working set grows "
             f"{m.working_set(policy, prev):.2f}× → {m.working_set(policy, c):.2f}× the {m.pool()}-token KV pool: "
-            "tasim's thrashing cliff comes before the paper's. Where it falls is set by the pool and the per-program "
-            f"context of `{m.preset}.yaml`, an estimate (the paper publishes neither context growth per turn nor "
-            "turns per program).")
+            "tasim's thrashing cliff and the paper's fall at different concurrencies. Where tasim's falls is set by "
+            f"the pool and the per-program context of `{m.preset}.yaml`, an estimate or a fit (see its header; the "
+            "paper publishes neither context growth per turn nor turns per program).")
 
 
 def queue_reason(m: Measured, policy: str, prev: int, c: int) -> str:
@@ -45,7 +45,7 @@ def plateau_reason(m: Measured, policy: str, prev: int, c: int) -> str:
             f"{m.summary(policy, c)['pauses']} pauses in the window at {c}): it keeps the resident programs within "
             f"the pool (working set offered: {m.working_set(policy, prev):.2f}× at {prev}), so further programs wait "
             "and add no throughput. The paper's curve still rises here, so its pool holds more of these programs: "
-            "the same pool-versus-context balance that brings vLLM's cliff earlier in tasim.")
+            "the same pool-versus-context balance that sets where vLLM's cliff falls in tasim.")
 
 
 def trend_reason(m: Measured, policy: str, paper: tuple[float, float], prev: int, c: int) -> str:
@@ -70,9 +70,10 @@ def unpinned_reason(m: Measured, c: int) -> str | None:
         return None
     return (f"tasim's Continuum took no pins at {c} workflows: it pins only when the predicted tool time (one moving "
             "average over all tool gaps) is at most `pin_threshold_s` (2 s), and the tools of "
-            f"`{m.preset}.yaml` never qualify, so it serves exactly as vLLM. The paper's Continuum loses by holding "
-            "KV through long tool calls (§6.4), so it does pin there; its per-tool predictions (short searches among "
-            "long expert calls) are what tasim's unnamed tools cannot give")
+            f"`{m.preset}.yaml` never qualify, so it serves exactly as vLLM. The paper's Continuum differs from its "
+            "vLLM here, so it did pin: its tools were shorter than the preset's (whose tool time is an estimate or a "
+            "fit, see its header), or its per-tool predictions picked out the short ones among long ones, which "
+            "tasim's unnamed tools cannot do")
 
 
 def resident_reason(m: Measured, c: int) -> str:
