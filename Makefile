@@ -57,7 +57,7 @@ paper-shapes: install
 
 # tasim against every published measurement (measurements/*.yaml): rewrites section 4 of
 # docs/validation.md and docs/published/*.png, with the committed records of earlier tasim
-# (measurements/baseline-*.json) as columns (51 runs, 47 min of simulation: ~26 min on 2 cores).
+# (measurements/baseline-*.json) as columns (51 runs, ~8 min on 2 idle cores).
 published: install
 	$(BIN)/python -m tasim validate published $(sort $(wildcard measurements/*.yaml)) \
 		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/validation.md
