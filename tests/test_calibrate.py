@@ -116,3 +116,18 @@ def test_calibrate_refuses_bad_requests_in_one_line(tmp_path: Path, extra: list[
     if "--fit" not in extra:
         base += ["--fit", "cluster.perf.mfu=0.1:0.9"]
     assert_usage_error(tasim(*base, *extra), *fragments)
+
+
+def test_a_trial_the_scenario_cannot_hold_fails_alone_and_only_an_all_invalid_search_stops() -> None:
+    from tasim.calibration.fit import Problem, search
+
+    # Llama-3.1-8B's 15 GiB of weights on an 80 GiB H100: below utilisation 0.19 nothing is left for KV
+    scenario = load_scenario(TINY)
+    problem = Problem(scenario, load_measurements(PUBLISHED), ("cluster.engine.kv_blocks=auto",))
+    knobs = parse_space(["cluster.engine.gpu_memory_utilization=0.02:0.4"], scenario)
+    found = search(problem, knobs, ["sticky-steps-2"], trials=8, fit_seed=0, jobs=1)
+    assert found.trials == 8 and 1 <= found.invalid < 8
+    assert found.values["cluster.engine.gpu_memory_utilization"] > 0.19
+    hopeless = parse_space(["cluster.engine.gpu_memory_utilization=0.02:0.1"], scenario)
+    with pytest.raises(CalibrationError, match=r"none of the 2 trials gave a valid scenario \(first: .*leaves no KV memory"):
+        search(problem, hopeless, ["sticky-steps-2"], trials=2, fit_seed=0, jobs=1)

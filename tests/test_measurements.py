@@ -18,7 +18,7 @@ from tasim import events as ev
 from tasim.cli import main
 from tasim.measurements.document import BEGIN, END
 from tasim.measurements.evaluate import evaluate, plan, run
-from tasim.measurements.littles_law import closed_loop_conflicts
+from tasim.measurements.littles_law import closed_loop_conflicts, tool_time_conflicts
 from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
 from tasim.measurements.schema import MEASUREMENT_DIR, MeasurementError, load_measurements
 from tasim.measurements.step_latency import StepLatencyFold
@@ -174,6 +174,33 @@ def test_the_papers_swe_agent_vllm_latencies_exceed_what_its_throughputs_allow()
         ("fig10-swe-agent-vllm-step-latency-96", "fig4-swe-agent-vllm-96", 1.142),
     ]
     assert closed_loop_conflicts(load_measurements(MEASUREMENT_DIR / "verl-recipe-h20.yaml")) == []
+
+
+def test_a_system_that_holds_nothing_back_may_not_spend_longer_between_steps(tmp_path: Path) -> None:
+    # A (round_robin) at N = 2: 10 steps/min and a 6 s step leave 2 * 60 / 10 - 6 = 6 s outside a
+    # step. B (thunderagent, which holds requests) at 20 steps/min: a 4 s step leaves 2 s (conflict),
+    # a 5 s step on another line at N = 2 leaves 1 s (conflict); nothing is compared across N
+    b_steps = GOOD.split("points:")[1].replace("a-2", "b-2").replace("system: A", "system: B").replace("value: 10", "value: 20")
+    text = (GOOD + b_steps + _latency_point("lat-a", "A", 2, 6) + _latency_point("lat-b4", "B", 2, 4)
+            + _latency_point("lat-b5", "B", 2, 5) + _latency_point("lat-a4", "A", 4, 1))
+    conflicts = tool_time_conflicts(load_measurements(_write(tmp_path, text)))
+    assert [(c.unheld.latency.id, c.held.latency.id) for c in conflicts] == [("lat-a", "lat-b4"), ("lat-a", "lat-b5")]
+    assert [c.held.outside_step_s for c in conflicts] == [pytest.approx(2.0), pytest.approx(1.0)]
+    assert conflicts[0].unheld.outside_step_s == pytest.approx(6.0)
+    # a holding system outside the engine longer than the no-hold one is what holding allows
+    assert tool_time_conflicts(load_measurements(_write(tmp_path, GOOD + b_steps + _latency_point("lat-a1", "A", 2, 11)
+                                                        + _latency_point("lat-b", "B", 2, 4)))) == []
+
+
+def test_the_papers_openhands_latencies_need_vllm_to_spend_longer_between_steps_than_thunderagent() -> None:
+    # Fig. 10 with Fig. 4 at 96: vLLM 96 * 60 / 52 - 56 = 54.77 s outside a step, ThunderAgent
+    # 96 * 60 / 187 - 13 = 17.80 s, though only ThunderAgent holds requests back
+    conflicts = tool_time_conflicts(load_measurements(MEASUREMENT_DIR / "thunderagent-paper.yaml"))
+    assert [(c.unheld.latency.id, c.held.latency.id) for c in conflicts] == [
+        ("fig10-openhands-vllm-step-latency-96", "fig10-openhands-ta-step-latency-96")]
+    assert conflicts[0].unheld.outside_step_s == pytest.approx(96 * 60 / 52 - 56)
+    assert conflicts[0].held.outside_step_s == pytest.approx(96 * 60 / 187 - 13)
+    assert tool_time_conflicts(load_measurements(MEASUREMENT_DIR / "verl-recipe-h20.yaml")) == []
 
 
 def test_metrics_of_a_hand_built_summary() -> None:

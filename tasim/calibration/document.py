@@ -37,7 +37,7 @@ def record_section(record: dict[str, Any], source: Path) -> list[str]:
         "",
         f"`{record['command']}`",
         "",
-        f"Fitted to {len(fitted)} of {len(record['points'])} points ({record['trials']} trials, loss {record['loss']:.4f}): "
+        f"Fitted to {len(fitted)} of {len(record['points'])} points ({record['trials']} trials{_invalid(record)}, loss {record['loss']:.4f}): "
         f"{values}. Held out: {inside} of {len(held)} within ±{BAND * 100:.0f} % of the published value. Calibrated "
         f"values are means over seeds {', '.join(map(str, record['seeds']))} (± a 95 % interval).",
         "",
@@ -77,3 +77,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _invalid(record: dict[str, Any]) -> str:
+    count = record.get("invalid_trials", 0)  # absent from records written before invalid trials were counted
+    return f", {count} of them invalid" if count else ""

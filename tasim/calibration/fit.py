@@ -50,6 +50,7 @@ class Search:
     values: Values  # the best trial's
     loss: float
     trials: int
+    invalid: int = 0  # trials whose values no scenario can hold (e.g. weights leave no KV memory)
 
 
 def loss(results: Sequence[PointResult]) -> float:
@@ -95,7 +96,9 @@ def runs_per_evaluation(problem: Problem, ids: Sequence[str]) -> int:
 def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: int, fit_seed: int, jobs: int,
            progress: Progress | None = None) -> Search:
     """The knob values that minimise `loss` over the points ``ids`` in ``trials`` trials. The
-    scenario's own values are the first trial where they lie inside the ranges."""
+    scenario's own values are the first trial where they lie inside the ranges. A trial whose
+    values make the scenario invalid is told to the sampler as failed (it learns to avoid the
+    region) rather than ending the search; only a search with no valid trial at all fails."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -106,15 +109,41 @@ def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: 
     current = current_values(problem.scenario, knobs)
     if current is not None:
         study.enqueue_trial(current)
+    runs = runs_per_evaluation(problem, ids)
+    reasons: list[str] = []
     done = 0
     while done < trials:
         batch = [study.ask() for _ in range(min(BATCH, trials - done))]
-        candidates = [{knob.key: _suggest(trial, knob) for knob in knobs} for trial in batch]
-        for trial, per_seed in zip(batch, evaluate_values(problem, candidates, knobs, ids, jobs, progress=progress)):
-            study.tell(trial, loss(per_seed[0]))
+        valid: list[tuple[Any, Values]] = []
+        for trial in batch:
+            values = {knob.key: _suggest(trial, knob) for knob in knobs}
+            reason = why_invalid(problem, values, knobs, ids)
+            if reason is None:
+                valid.append((trial, values))
+            else:
+                reasons.append(reason)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                if progress:
+                    progress(runs)  # the runs it would have made, so the bar still ends full
+        if valid:
+            per_candidate = evaluate_values(problem, [values for _, values in valid], knobs, ids, jobs, progress=progress)
+            for (trial, _), per_seed in zip(valid, per_candidate):
+                study.tell(trial, loss(per_seed[0]))
         done += len(batch)
+    if len(reasons) == done:
+        raise CalibrationError(f"--fit: none of the {done} trials gave a valid scenario (first: {reasons[0]}); narrow the ranges")
     best = study.best_trial
-    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done)  # type: ignore[arg-type]
+    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done, len(reasons))  # type: ignore[arg-type]
+
+
+def why_invalid(problem: Problem, values: Values, knobs: Sequence[Knob], ids: Sequence[str]) -> str | None:
+    """Why the points ``ids`` cannot run with ``values``, or None if they can."""
+    overrides = [*problem.overrides, *(knob.override(values[knob.key]) for knob in knobs)]
+    try:
+        plan([problem.subset(ids)], overrides, problem.systems, base=problem.scenario)
+    except MeasurementError as exc:
+        return str(exc)
+    return None
 
 
 def _suggest(trial: Any, knob: Knob) -> float:

@@ -110,9 +110,13 @@ def _pct(error: float | None) -> str:
     return "-" if error is None else f"{error * 100:+.1f} %"
 
 
+def _trials(search: Search) -> str:
+    return f"{search.trials} trials" + (f", {search.invalid} of them invalid" if search.invalid else "")
+
+
 def knob_table(report: Report) -> Table:
     table = Table(title=f"fitted to {len([p for p in report.points if p.fitted])} points of {report.measurements.name} "
-                        f"({report.fit.trials} trials, loss {report.fit.loss:.4f})", title_justify="left")
+                        f"({_trials(report.fit)}, loss {report.fit.loss:.4f})", title_justify="left")
     for column in ("field", "range", "fitted"):
         table.add_column(column, justify="left" if column != "fitted" else "right")
     for knob in report.knobs:
@@ -163,6 +167,7 @@ def record(report: Report) -> dict[str, Any]:
         "knobs": [{"key": k.key, "low": k.low, "high": k.high, "integer": k.integer, "log": k.log} for k in report.knobs],
         "fitted_values": report.fit.values,
         "loss": report.fit.loss,
+        "invalid_trials": report.fit.invalid,
         "points": [
             {
                 "id": p.id, "metric": p.metric, "fitted": p.fitted, "published": p.published.value,

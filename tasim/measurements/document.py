@@ -9,7 +9,7 @@ from typing import Sequence
 
 from tasim import __version__
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.littles_law import closed_loop_conflicts
+from tasim.measurements.littles_law import closed_loop_conflicts, tool_time_conflicts
 from tasim.measurements.present import BAND, describe, published_text, ratio_text, value_text
 from tasim.measurements.record import Record
 from tasim.measurements.schema import Measurements
@@ -62,18 +62,30 @@ def file_section(number: str, results: Sequence[PointResult], befores: Sequence[
 
 def _conflicts(m: Measurements) -> list[str]:
     """The file's throughput and latency points that no closed loop meets together."""
+    lines: list[str] = []
     conflicts = closed_loop_conflicts(m)
-    if not conflicts:
-        return []
-    lines = ["Published values no closed loop can produce together (Little's law: with N programs, steps/s × mean "
-             "step ≤ N, whatever the engine or router; `tasim/measurements/littles_law.py`). A simulation can meet "
-             "at most one value of each pair; meeting the steps/min, its per-step latency is at most N / steps/s.", "",
-             "| latency point | steps/min point | N | steps/s × step / N | longest step the steps/min allow |",
-             "| --- | --- | ---: | ---: | ---: |"]
-    for c in conflicts:
-        lines.append(f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
-                     f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |")
-    return lines + [""]
+    if conflicts:
+        lines += ["Published values no closed loop can produce together (Little's law: with N programs, steps/s × mean "
+                  "step ≤ N, whatever the engine or router; `tasim/measurements/littles_law.py`). A simulation can meet "
+                  "at most one value of each pair; meeting the steps/min, its per-step latency is at most N / steps/s.", "",
+                  "| latency point | steps/min point | N | steps/s × step / N | longest step the steps/min allow |",
+                  "| --- | --- | ---: | ---: | ---: |"]
+        lines += [f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
+                  f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |" for c in conflicts] + [""]
+    tools = tool_time_conflicts(m)
+    if tools:
+        lines += ["Published values no single tool time can produce together. Each pair gives a program's mean time "
+                  "outside a step, N / steps/s − step: its tool call and set-up share, plus any time a router holds "
+                  "its request back. The systems run the same tools, so the one that holds nothing back cannot spend "
+                  "longer outside a step than the one that does; a simulation of one workload can meet at most three "
+                  "of the four values.", "",
+                  "| no-hold system's points | outside a step | holding system's points | outside a step |",
+                  "| --- | ---: | --- | ---: |"]
+        lines += [f"| {c.unheld.latency.id} ({published_text(c.unheld.latency)}), {c.unheld.throughput.id} "
+                  f"({published_text(c.unheld.throughput)}) | {c.unheld.outside_step_s:.1f} s | {c.held.latency.id} "
+                  f"({published_text(c.held.latency)}), {c.held.throughput.id} ({published_text(c.held.throughput)}) "
+                  f"| {c.held.outside_step_s:.1f} s |" for c in tools] + [""]
+    return lines
 
 
 def markdown(files: Sequence[Sequence[PointResult]], befores: Sequence[Record], systems: dict[str, PolicySpec],

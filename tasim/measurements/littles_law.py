@@ -8,6 +8,11 @@ X·R ≤ N for any engine, router or workload. A source that gives steps/min and
 for the same system at the same concurrency, whose product exceeds N, has measured them in
 different runs, windows or with different definitions; a simulator can meet at most one of them,
 and its error on the other is at least what the bound forces.
+
+The same bookkeeping gives each system's time outside a step, N/X − R: the tool call, the
+environment set-up's share, and, for a router that holds requests back (`Policy.holds_requests`),
+the time held if its latency leaves that out. Two systems on one workload at one N run the same
+tools, so a system that holds nothing back cannot spend longer outside a step than one that does.
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tasim.measurements.schema import Measurements, Point
+from tasim.policies import policy_class
 
 CONCURRENCY_KEY = "workload.concurrency"  # a closed loop's N, as the points set it
 
 
 @dataclass(frozen=True)
-class Conflict:
+class StepPair:
     """A steps/min point and a per-step latency point of one system at one concurrency."""
 
     throughput: Point
@@ -38,21 +44,52 @@ class Conflict:
         """The longest mean step that the published throughput allows: N / X."""
         return self.concurrency * 60 / self.throughput.published.value
 
+    @property
+    def outside_step_s(self) -> float:
+        """N / X − R: a program's mean time between the end of one step and the start of the next."""
+        return self.latency_bound_s - self.latency.published.value
 
-def closed_loop_conflicts(m: Measurements) -> list[Conflict]:
+
+@dataclass(frozen=True)
+class ToolTimeConflict:
+    """Two systems at one concurrency of one set-up: ``unheld``'s router holds no request back,
+    yet the values give it longer outside a step than ``held``."""
+
+    unheld: StepPair
+    held: StepPair
+
+
+def step_pairs(m: Measurements) -> list[StepPair]:
     """Every pair of the file's plain (not ratio) steps/min and per-step latency points with the
-    same preset, system and overrides, one of which sets the concurrency, whose product exceeds
-    the concurrency; in file order of the latency points."""
+    same preset, system and overrides, one of which sets the concurrency; in file order of the
+    latency points."""
     plain = [p for p in m.points if p.over is None]
-    conflicts = []
+    pairs = []
     for latency in (p for p in plain if p.metric == "step_latency_s"):
         concurrency = latency.of.set.get(CONCURRENCY_KEY)
         if not isinstance(concurrency, (int, float)) or isinstance(concurrency, bool) or concurrency <= 0:
             continue
-        for throughput in plain:
-            if throughput.metric == "steps_per_min" and throughput.of == latency.of \
-                    and throughput.scenario == latency.scenario:
-                conflict = Conflict(throughput, latency, float(concurrency))
-                if conflict.occupancy > 1:
-                    conflicts.append(conflict)
-    return conflicts
+        pairs += [StepPair(throughput, latency, float(concurrency)) for throughput in plain
+                  if throughput.metric == "steps_per_min" and throughput.of == latency.of
+                  and throughput.scenario == latency.scenario]
+    return pairs
+
+
+def closed_loop_conflicts(m: Measurements) -> list[StepPair]:
+    """The step pairs whose steps/s × step exceeds the concurrency."""
+    return [pair for pair in step_pairs(m) if pair.occupancy > 1]
+
+
+def tool_time_conflicts(m: Measurements) -> list[ToolTimeConflict]:
+    """Pairs of step pairs (each within Little's bound) of two systems at one concurrency and
+    set-up where the one whose router holds no request back spends longer outside a step."""
+    pairs = [pair for pair in step_pairs(m) if pair.occupancy <= 1]
+
+    def holds(pair: StepPair) -> bool:
+        return policy_class(m.systems[pair.latency.of.system].name).holds_requests
+
+    def setting(pair: StepPair) -> tuple[object, ...]:
+        return pair.latency.scenario, tuple(sorted(pair.latency.of.set.items(), key=str))
+
+    return [ToolTimeConflict(unheld, held) for unheld in pairs if not holds(unheld) for held in pairs
+            if holds(held) and setting(held) == setting(unheld) and unheld.outside_step_s > held.outside_step_s]

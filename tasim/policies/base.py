@@ -104,6 +104,9 @@ class Policy:
     name: ClassVar[str] = "base"
     summary: ClassVar[str] = ""
     params_model: ClassVar[type[BaseModel]] = NoParams
+    # whether it may keep a program's request at the router (`Hold`), outside the engine and
+    # outside the request's latency as an engine measures it
+    holds_requests: ClassVar[bool] = False
     tick_interval_s: float | None = None
     wants_kv_events: bool = False
 

@@ -161,6 +161,7 @@ class ProgramState:
 
 class ThunderAgent(Policy):
     name: ClassVar[str] = "thunderagent"
+    holds_requests: ClassVar[bool] = True
     summary: ClassVar[str] = "ThunderAgent program scheduler: sticky programs, pause at tool boundaries, resume by groups"
     params_model: ClassVar[type[BaseModel]] = ThunderAgentParams
 
