@@ -1,7 +1,10 @@
 """Metrics as a fold over events: the simulator and `tasim report` compute the same summary.
 
 Rates count requests that *finished* inside the measurement window [warmup_s, end of run];
-latency statistics and the prefix hit rate are over the same requests.
+latency statistics and the prefix hit rate are over the same requests. One figure is not
+windowed: ``prefix_hit_rate_since_start``, the ratio of vLLM's cumulative Prometheus counters
+(`vllm:prefix_cache_hits` / `vllm:prefix_cache_queries`) read at the end of the run, i.e. every
+first admission since the start (vLLM >= 0.11 leaves readmissions after a preemption out).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ SUMMARY_KEYS = (
     "steps_per_min",
     "output_tokens_per_s",
     "prefix_hit_rate",
+    "prefix_hit_rate_since_start",
     "ttft_s",
     "tpot_s",
     "e2e_s",
@@ -114,6 +118,8 @@ class MetricsFold:
     _output_tokens: int = 0
     _prompt_tokens: int = 0
     _cached_tokens: int = 0
+    _queried_since_start: int = 0
+    _hit_since_start: int = 0
     _recomputed: int = 0
     _programs_completed: int = 0
     _dropped: int = 0
@@ -176,6 +182,8 @@ class MetricsFold:
         req = self._requests.get(e.request)
         if req is not None and req.cached is None:
             req.cached = e.cached_tokens
+            self._queried_since_start += req.prompt
+            self._hit_since_start += e.cached_tokens
 
     def _first_token(self, e: ev.FirstToken) -> None:
         req = self._requests.get(e.request)
@@ -323,6 +331,7 @@ class MetricsFold:
             "steps_per_min": self._completed / window * 60.0,
             "output_tokens_per_s": self._output_tokens / window,
             "prefix_hit_rate": self._cached_tokens / self._prompt_tokens if self._prompt_tokens else 0.0,
+            "prefix_hit_rate_since_start": self._hit_since_start / self._queried_since_start if self._queried_since_start else 0.0,
             "ttft_s": _stats(self._ttft),
             "tpot_s": _stats(self._tpot),
             "e2e_s": _stats(self._e2e),

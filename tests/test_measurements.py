@@ -18,7 +18,7 @@ from tasim import events as ev
 from tasim.cli import main
 from tasim.measurements.document import BEGIN, END
 from tasim.measurements.evaluate import evaluate, plan, run
-from tasim.measurements.littles_law import closed_loop_conflicts, tool_time_conflicts
+from tasim.measurements.littles_law import closed_loop_conflicts, between_steps_conflicts
 from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
 from tasim.measurements.schema import MEASUREMENT_DIR, MeasurementError, load_measurements
 from tasim.measurements.step_latency import StepLatencyFold
@@ -136,7 +136,7 @@ def test_shipped_measurement_files_load_and_name_existing_presets() -> None:
 def _summary(**changes: Any) -> dict[str, Any]:
     rollout = {"steps": 2, "rollout_time_s": {"mean": 300.0}, "step_time_s": {"mean": 480.0},
                "rollout_tokens_per_s": 2500.0, "step_tokens_per_s": 1562.5}
-    base = {"steps_per_min": 120.5, "prefix_hit_rate": 0.875, "e2e_s": {"mean": 4.25}, "requests_completed": 3000,
+    base = {"steps_per_min": 120.5, "prefix_hit_rate": 0.875, "prefix_hit_rate_since_start": 0.75, "e2e_s": {"mean": 4.25}, "requests_completed": 3000,
             "requests_unfinished": 0, "rollout": rollout}
     return {**base, **changes}
 
@@ -177,37 +177,37 @@ def test_the_papers_swe_agent_vllm_latencies_exceed_what_its_throughputs_allow()
 
 
 def test_a_system_that_holds_nothing_back_may_not_spend_longer_between_steps(tmp_path: Path) -> None:
-    # A (round_robin) at N = 2: 10 steps/min and a 6 s step leave 2 * 60 / 10 - 6 = 6 s outside a
-    # step. B (thunderagent, which holds requests) at 20 steps/min: a 4 s step leaves 2 s (conflict),
+    # A (round_robin) at N = 2: 10 steps/min and a 6 s step leave 2 * 60 / 10 - 6 = 6 s between
+    # steps. B (thunderagent, which holds requests) at 20 steps/min: a 4 s step leaves 2 s (conflict),
     # a 5 s step on another line at N = 2 leaves 1 s (conflict); nothing is compared across N
     b_steps = GOOD.split("points:")[1].replace("a-2", "b-2").replace("system: A", "system: B").replace("value: 10", "value: 20")
     text = (GOOD + b_steps + _latency_point("lat-a", "A", 2, 6) + _latency_point("lat-b4", "B", 2, 4)
             + _latency_point("lat-b5", "B", 2, 5) + _latency_point("lat-a4", "A", 4, 1))
-    conflicts = tool_time_conflicts(load_measurements(_write(tmp_path, text)))
+    conflicts = between_steps_conflicts(load_measurements(_write(tmp_path, text)))
     assert [(c.unheld.latency.id, c.held.latency.id) for c in conflicts] == [("lat-a", "lat-b4"), ("lat-a", "lat-b5")]
-    assert [c.held.outside_step_s for c in conflicts] == [pytest.approx(2.0), pytest.approx(1.0)]
-    assert conflicts[0].unheld.outside_step_s == pytest.approx(6.0)
-    # a holding system outside the engine longer than the no-hold one is what holding allows
-    assert tool_time_conflicts(load_measurements(_write(tmp_path, GOOD + b_steps + _latency_point("lat-a1", "A", 2, 11)
+    assert [c.held.between_steps_s for c in conflicts] == [pytest.approx(2.0), pytest.approx(1.0)]
+    assert conflicts[0].unheld.between_steps_s == pytest.approx(6.0)
+    # a holding system longer between steps than the no-hold one is what holding allows
+    assert between_steps_conflicts(load_measurements(_write(tmp_path, GOOD + b_steps + _latency_point("lat-a1", "A", 2, 11)
                                                         + _latency_point("lat-b", "B", 2, 4)))) == []
 
 
 def test_the_papers_openhands_latencies_need_vllm_to_spend_longer_between_steps_than_thunderagent() -> None:
-    # Fig. 10 with Fig. 4 at 96: vLLM 96 * 60 / 52 - 56 = 54.77 s outside a step, ThunderAgent
+    # Fig. 10 with Fig. 4 at 96: vLLM 96 * 60 / 52 - 56 = 54.77 s between steps, ThunderAgent
     # 96 * 60 / 187 - 13 = 17.80 s, though only ThunderAgent holds requests back
-    conflicts = tool_time_conflicts(load_measurements(MEASUREMENT_DIR / "thunderagent-paper.yaml"))
+    conflicts = between_steps_conflicts(load_measurements(MEASUREMENT_DIR / "thunderagent-paper.yaml"))
     assert [(c.unheld.latency.id, c.held.latency.id) for c in conflicts] == [
         ("fig10-openhands-vllm-step-latency-96", "fig10-openhands-ta-step-latency-96")]
-    assert conflicts[0].unheld.outside_step_s == pytest.approx(96 * 60 / 52 - 56)
-    assert conflicts[0].held.outside_step_s == pytest.approx(96 * 60 / 187 - 13)
-    assert tool_time_conflicts(load_measurements(MEASUREMENT_DIR / "verl-recipe-h20.yaml")) == []
+    assert conflicts[0].unheld.between_steps_s == pytest.approx(96 * 60 / 52 - 56)
+    assert conflicts[0].held.between_steps_s == pytest.approx(96 * 60 / 187 - 13)
+    assert between_steps_conflicts(load_measurements(MEASUREMENT_DIR / "verl-recipe-h20.yaml")) == []
 
 
 def test_metrics_of_a_hand_built_summary() -> None:
     outcome = Outcome(_summary(), step_latency_s=7.5, rollout_steps=2)
     values = {name: metric.of(outcome) for name, metric in METRICS.items()}
     assert values == {
-        "steps_per_min": 120.5, "prefix_hit_pct": 87.5, "e2e_mean_s": 4.25, "step_latency_s": 7.5,
+        "steps_per_min": 120.5, "prefix_hit_pct": 87.5, "prefix_hit_pct_since_start": 75.0, "e2e_mean_s": 4.25, "step_latency_s": 7.5,
         "rollout_steps_per_min": 3000 / (300.0 * 2) * 60,  # 300 calls per minute of rollout
         "rollout_tokens_per_s": 2500.0, "full_step_tokens_per_s": 1562.5, "rollout_time_s": 300.0, "step_time_s": 480.0,
     }

@@ -50,6 +50,29 @@ def test_fold_exact_values() -> None:
     assert summary["wall_time_s"] == 1.25
 
 
+def test_the_since_start_hit_rate_counts_every_first_admission_as_vllms_counters_do() -> None:
+    # warm-up 3 s: the windowed rate sees only p0.1 (finished at 4.0); the since-start rate counts
+    # p0.0 (admitted at 0, before the window), p0.1 once (its readmission is not a query in vLLM
+    # >= 0.11) and p1.0, admitted but unfinished at the end
+    log = [
+        ev.RunStarted(0.0, "s", "round_robin", 1, 10.0, ("w0",), 16, 100, 3.0),
+        ev.RequestArrived(0.0, "p0.0", "p0", 0, 100, 0, 11),
+        ev.PrefillStarted(0.0, "p0.0", "w0", 32),
+        ev.RequestFinished(1.5, "p0.0", "p0", "w0", 100, 11, 32),
+        ev.RequestArrived(2.0, "p0.1", "p0", 1, 161, 111, 5),
+        ev.PrefillStarted(2.0, "p0.1", "w0", 48),
+        ev.RequestPreempted(2.1, "p0.1", "w0", 60),
+        ev.RequestReadmitted(2.2, "p0.1", "w0", 60, 96),
+        ev.RequestFinished(4.0, "p0.1", "p0", "w0", 161, 5, 48),
+        ev.RequestArrived(5.0, "p1.0", "p1", 0, 200, 0, 50),
+        ev.PrefillStarted(5.0, "p1.0", "w0", 16),
+        ev.RunEnded(10.0, 9, 1),
+    ]
+    summary = MetricsFold().apply_all(log).summary()
+    assert summary["prefix_hit_rate"] == pytest.approx(48 / 161)
+    assert summary["prefix_hit_rate_since_start"] == pytest.approx((32 + 48 + 16) / (100 + 161 + 200))
+
+
 def test_imbalance_and_forced_resumes() -> None:
     log = [
         ev.RunStarted(0.0, "s", "thunderagent", 1, 30.0, ("w0", "w1"), 16, 100, 0.0),

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from tasim import __version__
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.littles_law import closed_loop_conflicts, tool_time_conflicts
+from tasim.measurements.littles_law import closed_loop_conflicts, between_steps_conflicts
 from tasim.measurements.present import BAND, describe, published_text, ratio_text, value_text
 from tasim.measurements.record import Record
 from tasim.measurements.schema import Measurements
@@ -72,19 +72,20 @@ def _conflicts(m: Measurements) -> list[str]:
                   "| --- | --- | ---: | ---: | ---: |"]
         lines += [f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
                   f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |" for c in conflicts] + [""]
-    tools = tool_time_conflicts(m)
+    tools = between_steps_conflicts(m)
     if tools:
-        lines += ["Published values no single tool time can produce together. Each pair gives a program's mean time "
-                  "outside a step, N / steps/s − step: its tool call and set-up share, plus any time a router holds "
-                  "its request back. The systems run the same tools, so the one that holds nothing back cannot spend "
-                  "longer outside a step than the one that does; a simulation of one workload can meet at most three "
-                  "of the four values.", "",
-                  "| no-hold system's points | outside a step | holding system's points | outside a step |",
+        lines += ["Published values no single workload can produce together. Each pair gives a program's mean time "
+                  "between steps (a step being an LLM call and the tool call after it), N / steps/s − step: the "
+                  "environment set-up's share, the same for two systems running the same programs, plus any time a "
+                  "router holds a request back and its latency leaves out. So the system that holds nothing back cannot "
+                  "spend longer between steps than the one that does; a simulation can meet at most three of the four "
+                  "values.", "",
+                  "| no-hold system's points | between steps | holding system's points | between steps |",
                   "| --- | ---: | --- | ---: |"]
         lines += [f"| {c.unheld.latency.id} ({published_text(c.unheld.latency)}), {c.unheld.throughput.id} "
-                  f"({published_text(c.unheld.throughput)}) | {c.unheld.outside_step_s:.1f} s | {c.held.latency.id} "
+                  f"({published_text(c.unheld.throughput)}) | {c.unheld.between_steps_s:.1f} s | {c.held.latency.id} "
                   f"({published_text(c.held.latency)}), {c.held.throughput.id} ({published_text(c.held.throughput)}) "
-                  f"| {c.held.outside_step_s:.1f} s |" for c in tools] + [""]
+                  f"| {c.held.between_steps_s:.1f} s |" for c in tools] + [""]
     return lines
 
 

@@ -9,10 +9,11 @@ for the same system at the same concurrency, whose product exceeds N, has measur
 different runs, windows or with different definitions; a simulator can meet at most one of them,
 and its error on the other is at least what the bound forces.
 
-The same bookkeeping gives each system's time outside a step, N/X − R: the tool call, the
-environment set-up's share, and, for a router that holds requests back (`Policy.holds_requests`),
-the time held if its latency leaves that out. Two systems on one workload at one N run the same
-tools, so a system that holds nothing back cannot spend longer outside a step than one that does.
+The same bookkeeping gives each system's time between steps, N/X − R: the environment set-up's
+share of a step (the same for two systems running the same programs), plus, for a router that
+holds requests back (`Policy.holds_requests`), the time held wherever its latency leaves that out.
+So at one N on one workload, a system that holds nothing back cannot spend longer between steps
+than one that does.
 """
 
 from __future__ import annotations
@@ -45,15 +46,15 @@ class StepPair:
         return self.concurrency * 60 / self.throughput.published.value
 
     @property
-    def outside_step_s(self) -> float:
-        """N / X − R: a program's mean time between the end of one step and the start of the next."""
+    def between_steps_s(self) -> float:
+        """N / X − R: a program's mean time between steps, per step."""
         return self.latency_bound_s - self.latency.published.value
 
 
 @dataclass(frozen=True)
-class ToolTimeConflict:
+class BetweenStepsConflict:
     """Two systems at one concurrency of one set-up: ``unheld``'s router holds no request back,
-    yet the values give it longer outside a step than ``held``."""
+    yet the values give it longer between steps than ``held``."""
 
     unheld: StepPair
     held: StepPair
@@ -80,9 +81,9 @@ def closed_loop_conflicts(m: Measurements) -> list[StepPair]:
     return [pair for pair in step_pairs(m) if pair.occupancy > 1]
 
 
-def tool_time_conflicts(m: Measurements) -> list[ToolTimeConflict]:
+def between_steps_conflicts(m: Measurements) -> list[BetweenStepsConflict]:
     """Pairs of step pairs (each within Little's bound) of two systems at one concurrency and
-    set-up where the one whose router holds no request back spends longer outside a step."""
+    set-up where the one whose router holds no request back spends longer between steps."""
     pairs = [pair for pair in step_pairs(m) if pair.occupancy <= 1]
 
     def holds(pair: StepPair) -> bool:
@@ -91,5 +92,5 @@ def tool_time_conflicts(m: Measurements) -> list[ToolTimeConflict]:
     def setting(pair: StepPair) -> tuple[object, ...]:
         return pair.latency.scenario, tuple(sorted(pair.latency.of.set.items(), key=str))
 
-    return [ToolTimeConflict(unheld, held) for unheld in pairs if not holds(unheld) for held in pairs
-            if holds(held) and setting(held) == setting(unheld) and unheld.outside_step_s > held.outside_step_s]
+    return [BetweenStepsConflict(unheld, held) for unheld in pairs if not holds(unheld) for held in pairs
+            if holds(held) and setting(held) == setting(unheld) and unheld.between_steps_s > held.between_steps_s]

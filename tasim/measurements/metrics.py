@@ -73,6 +73,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            lambda o: o.summary["steps_per_min"]),
     Metric("prefix_hit_pct", "prefix hit rate", " %", ".0f", "prompt tokens served from the prefix cache, in percent",
            lambda o: o.summary["prefix_hit_rate"] * 100),
+    Metric("prefix_hit_pct_since_start", "prefix hit rate since start", " %", ".0f", "prompt tokens served from the prefix "
+           "cache at first admission, from the run's start to its end (vLLM's cumulative Prometheus counters as "
+           "ThunderAgent's --metrics reads them), in percent", lambda o: o.summary["prefix_hit_rate_since_start"] * 100),
     Metric("e2e_mean_s", "LLM-call latency", " s", ",.1f", "mean LLM-call latency, arrival to last token (summary e2e_s.mean)",
            lambda o: _present(o.summary["e2e_s"]["mean"], "completed call")),
     Metric("step_latency_s", "per-step latency", " s", ",.1f", "mean per-step latency: an LLM call plus the tool call after it, "

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.littles_law import closed_loop_conflicts, tool_time_conflicts
+from tasim.measurements.littles_law import closed_loop_conflicts, between_steps_conflicts
 from tasim.measurements.present import describe, published_text, ratio_text, value_text
 
 
@@ -33,8 +33,8 @@ def file_table(results: Sequence[PointResult]) -> Group:
     notes = [Text(f"closed-loop conflict: {c.latency.id} × {c.throughput.id} puts {c.occupancy:.2f} of the "
                   f"{c.concurrency:g} programs inside a step (at most 1: a step of at most {c.latency_bound_s:.1f} s "
                   "fits that steps/min)", style="yellow") for c in closed_loop_conflicts(m)]
-    notes += [Text(f"tool-time conflict: {c.unheld.latency.id} with {c.unheld.throughput.id} leaves "
-                   f"{c.unheld.outside_step_s:.1f} s outside a step, more than the {c.held.outside_step_s:.1f} s of "
+    notes += [Text(f"between-steps conflict: {c.unheld.latency.id} with {c.unheld.throughput.id} leaves "
+                   f"{c.unheld.between_steps_s:.1f} s between steps, more than the {c.held.between_steps_s:.1f} s of "
                    f"{c.held.latency.id} with {c.held.throughput.id}, whose router holds requests back",
-                   style="yellow") for c in tool_time_conflicts(m)]
+                   style="yellow") for c in between_steps_conflicts(m)]
     return Group(Text(f"{m.name} · {m.title}", style="bold"), table, *notes)
