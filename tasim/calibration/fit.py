@@ -130,7 +130,7 @@ def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: 
             for (trial, _), per_seed in zip(valid, per_candidate):
                 study.tell(trial, loss(per_seed[0]))
         done += len(batch)
-    if len(reasons) == done:
+    if reasons and len(reasons) == done:
         raise CalibrationError(f"--fit: none of the {done} trials gave a valid scenario (first: {reasons[0]}); narrow the ranges")
     best = study.best_trial
     return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done, len(reasons))  # type: ignore[arg-type]
