@@ -64,15 +64,23 @@ def evaluate_values(problem: Problem, candidates: Sequence[Values], knobs: Seque
     """The points ``ids`` under each candidate, per seed (default: the scenario's): results
     [candidate][seed][point]. Every run of every candidate goes to one pool."""
     seeds = [problem.scenario.seed] if seeds is None else list(seeds)
-    subset = problem.subset(ids)
-    plans: list[Plan] = []
-    for values in candidates:
-        for seed in seeds:
-            overrides = [*problem.overrides, *(knob.override(values[knob.key]) for knob in knobs), f"seed={seed}"]
-            try:
-                plans.append(plan([subset], overrides, problem.systems, base=problem.scenario))
-            except MeasurementError as exc:
-                raise CalibrationError(str(exc)) from None
+    try:
+        plans = [plan_values(problem, values, knobs, ids, seed) for values in candidates for seed in seeds]
+    except MeasurementError as exc:
+        raise CalibrationError(str(exc)) from None
+    results = run_plans(plans, jobs, progress)
+    return [results[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(candidates))]
+
+
+def plan_values(problem: Problem, values: Values, knobs: Sequence[Knob], ids: Sequence[str], seed: int) -> Plan:
+    """The runs the points ``ids`` need under ``values`` and ``seed``. Raises `MeasurementError`
+    when the values make a scenario invalid."""
+    overrides = [*problem.overrides, *(knob.override(values[knob.key]) for knob in knobs), f"seed={seed}"]
+    return plan([problem.subset(ids)], overrides, problem.systems, base=problem.scenario)
+
+
+def run_plans(plans: Sequence[Plan], jobs: int, progress: Progress | None = None) -> list[list[PointResult]]:
+    """Every plan's point results, in plan order; all their runs go to one pool."""
     runs = [run for planned in plans for run in planned.runs]
     outcomes = map_in_processes(_measure, [run.scenario for run in runs], max(1, min(jobs, len(runs))),
                                 (lambda _, __: progress(1)) if progress else None)
@@ -81,7 +89,7 @@ def evaluate_values(problem: Problem, candidates: Sequence[Values], knobs: Seque
     for planned in plans:
         results.append(evaluate(planned, outcomes[start:start + len(planned.runs)]))
         start += len(planned.runs)
-    return [results[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(candidates))]
+    return results
 
 
 def _measure(scenario: Scenario) -> Outcome:
@@ -114,36 +122,23 @@ def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: 
     done = 0
     while done < trials:
         batch = [study.ask() for _ in range(min(BATCH, trials - done))]
-        valid: list[tuple[Any, Values]] = []
+        valid: list[tuple[Any, Plan]] = []
         for trial in batch:
             values = {knob.key: _suggest(trial, knob) for knob in knobs}
-            reason = why_invalid(problem, values, knobs, ids)
-            if reason is None:
-                valid.append((trial, values))
-            else:
-                reasons.append(reason)
+            try:
+                valid.append((trial, plan_values(problem, values, knobs, ids, problem.scenario.seed)))
+            except MeasurementError as exc:
+                reasons.append(str(exc))
                 study.tell(trial, state=optuna.trial.TrialState.FAIL)
                 if progress:
                     progress(runs)  # the runs it would have made, so the bar still ends full
-        if valid:
-            per_candidate = evaluate_values(problem, [values for _, values in valid], knobs, ids, jobs, progress=progress)
-            for (trial, _), per_seed in zip(valid, per_candidate):
-                study.tell(trial, loss(per_seed[0]))
+        for (trial, _), results in zip(valid, run_plans([planned for _, planned in valid], jobs, progress)):
+            study.tell(trial, loss(results))
         done += len(batch)
     if reasons and len(reasons) == done:
         raise CalibrationError(f"--fit: none of the {done} trials gave a valid scenario (first: {reasons[0]}); narrow the ranges")
     best = study.best_trial
     return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done, len(reasons))  # type: ignore[arg-type]
-
-
-def why_invalid(problem: Problem, values: Values, knobs: Sequence[Knob], ids: Sequence[str]) -> str | None:
-    """Why the points ``ids`` cannot run with ``values``, or None if they can."""
-    overrides = [*problem.overrides, *(knob.override(values[knob.key]) for knob in knobs)]
-    try:
-        plan([problem.subset(ids)], overrides, problem.systems, base=problem.scenario)
-    except MeasurementError as exc:
-        return str(exc)
-    return None
 
 
 def _suggest(trial: Any, knob: Knob) -> float:

@@ -72,8 +72,8 @@ def _conflicts(m: Measurements) -> list[str]:
                   "| --- | --- | ---: | ---: | ---: |"]
         lines += [f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
                   f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |" for c in conflicts] + [""]
-    tools = between_steps_conflicts(m)
-    if tools:
+    between = between_steps_conflicts(m)
+    if between:
         lines += ["Published values no single workload can produce together. Each pair gives a program's mean time "
                   "between steps (a step being an LLM call and the tool call after it), N / steps/s − step: the "
                   "environment set-up's share, the same for two systems running the same programs, plus any time a "
@@ -85,7 +85,7 @@ def _conflicts(m: Measurements) -> list[str]:
         lines += [f"| {c.unheld.latency.id} ({published_text(c.unheld.latency)}), {c.unheld.throughput.id} "
                   f"({published_text(c.unheld.throughput)}) | {c.unheld.between_steps_s:.1f} s | {c.held.latency.id} "
                   f"({published_text(c.held.latency)}), {c.held.throughput.id} ({published_text(c.held.throughput)}) "
-                  f"| {c.held.between_steps_s:.1f} s |" for c in tools] + [""]
+                  f"| {c.held.between_steps_s:.1f} s |" for c in between] + [""]
     return lines
 
 
