@@ -317,9 +317,9 @@ def test_killing_tasim_live_leaves_no_stack_behind(sig: int, tmp_path: Path) -> 
     cli = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     discovery = out / "stack" / "discovery"
     deadline = time.monotonic() + 120
-    while len(_stack_processes(discovery)) < 3 and time.monotonic() < deadline:  # workers, router, frontend
+    while len(_stack_processes(discovery)) < 4 and time.monotonic() < deadline:  # 2 workers, router, frontend
         time.sleep(0.5)
-    assert len(_stack_processes(discovery)) == 3
+    assert len(_stack_processes(discovery)) == 4
     time.sleep(2)  # programs are running
     cli.send_signal(sig)
     assert cli.wait(60) == (128 + sig if sig == signal.SIGTERM else -sig)

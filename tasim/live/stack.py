@@ -245,7 +245,7 @@ class LiveStack:
         with open(log, "ab") as out:  # a restarted worker keeps its predecessor's log
             popen = subprocess.Popen(
                 args, stdout=out, stderr=subprocess.STDOUT, env=env or self._env(), cwd=self.workdir,
-                start_new_session=True, preexec_fn=_terminate_with_parent,
+                start_new_session=True, preexec_fn=_terminate_with(os.getpid()),
             )
         process = _Process(name, popen, log)
         self.processes.append(process)
@@ -325,14 +325,22 @@ def _exit_on_signal(signum: int, frame: object) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _terminate_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the launcher dies, even by SIGKILL, so no
-    stack outlives it (Linux; elsewhere only the launcher's own clean-up applies)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
+def _terminate_with(launcher: int) -> Callable[[], None]:
+    """What a child runs before exec: ask for SIGTERM when the launcher dies, even by SIGKILL, so
+    no stack outlives it (Linux; elsewhere only the launcher's own clean-up applies)."""
+
+    def in_child() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):
+            return
+        # The request only covers a parent that dies after it; a launcher killed between fork and
+        # here has already handed the child to init, which never dies: leave as if told.
+        if os.getppid() != launcher:
+            os._exit(128 + signal.SIGTERM)
+
+    return in_child
 
 
 def _post(url: str, body: dict[str, Any] | None = None) -> Any:
