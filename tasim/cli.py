@@ -401,6 +401,12 @@ def _live(args: argparse.Namespace) -> int:
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")
     out = _output_dir(args.out or Path("runs") / f"live-{scenario.name}-{scenario.policy.name}-s{scenario.seed}")
+    if scenario.policy.name == "continuum" and getattr(scenario.workload, "tools", None):
+        print(
+            "note: the live router reads no tool names from the outputs (Continuum's fork parses them), so continuum "
+            "keeps one average over every tool gap here; simulation (and --compare-sim's twin) gives it workload.tools' names",
+            file=sys.stderr,
+        )
     summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model, driver=args.driver)
     if args.compare_sim:
         simulated = run_simulation(simulated_twin(scenario, args.engine), out / SIM_DIR)

@@ -86,6 +86,9 @@ class RequestSpec:
     output_tokens: int
     history_tokens: int
     block_hashes: tuple[BlockHash, ...]
+    # The named tool the call's output invokes, as an engine that parses tool calls out of the
+    # output learns at the call's end (Continuum's fork); None where the workload names no tools.
+    tool_call: str | None = None
 
     def prompt_block_hashes(self, block_size: int) -> tuple[BlockHash, ...]:
         return self.block_hashes[: self.prompt_tokens // block_size]

@@ -27,7 +27,7 @@ from pydantic import (
     model_validator,
 )
 
-from tasim.distributions import Distribution
+from tasim.distributions import Distribution, Fixed
 from tasim.perf import specs
 from tasim.traces.common import MAX_TRACE_TOKENS, check_block_sizes
 
@@ -204,6 +204,17 @@ def _release_kind(value: Any) -> Any:
     return value
 
 
+class Tool(_Strict):
+    """One kind of tool call (a command such as ``cat`` or ``pytest``): how often a turn's output
+    calls it, relative to the others, and how long it runs."""
+
+    share: PositiveFloat = Field(..., le=1_000_000, description="relative frequency among the tools")
+    latency_s: Distribution
+
+
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
 class ProgramShape(_Strict):
     """What one agent program looks like: a chain of turns, each an LLM call followed by a tool
     call whose output is appended to the context before the next turn."""
@@ -212,7 +223,13 @@ class ProgramShape(_Strict):
     task_prompt_tokens: Distribution = 1000
     turns: Distribution = 10
     output_tokens: Distribution = 200
-    tool_latency_s: Distribution = 1.0
+    tool_latency_s: Distribution | None = Field(
+        None, description="tool time after each call (none after the last); unset: 1 s, or each named tool's with tools"
+    )
+    tools: dict[str, Tool] | None = Field(
+        None,
+        description="named tool kinds a turn's output calls, drawn by share, each with its own latency (replaces tool_latency_s)",
+    )
     observation_tokens: Distribution = 500
     setup_s: Distribution = Field(0, description="environment set-up before a program's first call")
     max_context_tokens: PositiveInt | None = Field(
@@ -221,6 +238,29 @@ class ProgramShape(_Strict):
     release: Annotated[Release, BeforeValidator(_release_kind)] = Field(
         Release(), description="when the client releases a program after its last call: at_end, never, or {kind: after, delay_s: X}"
     )
+
+    @model_validator(mode="after")
+    def _one_tool_model(self) -> "ProgramShape":
+        if self.tools is None:
+            return self
+        if not self.tools:
+            raise ValueError("tools: give at least one tool, or leave tools out for tool_latency_s")
+        if self.tool_latency_s is not None:
+            raise ValueError("give tool_latency_s or tools, not both (tools gives each tool its own latency)")
+        for name in self.tools:
+            if not _TOOL_NAME.fullmatch(name):
+                raise ValueError(f"tool name {reprlib.repr(name)}: use 1-64 letters, digits, '_', '.' or '-'")
+        return self
+
+    @property
+    def unnamed_tool_latency_s(self) -> Distribution:
+        """The one tool latency of a shape without named tools."""
+        return self.tool_latency_s if self.tool_latency_s is not None else Fixed(value=1.0)
+
+    @property
+    def tool_choices(self) -> tuple[tuple[str, Tool], ...]:
+        """The named tools in name order, so their draws do not depend on how a file lists them."""
+        return tuple(sorted((self.tools or {}).items()))
 
 
 class AgentWorkload(ProgramShape):

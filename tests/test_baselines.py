@@ -38,8 +38,25 @@ def test_continuum_pins_while_tools_are_short_and_sticks_programs() -> None:
     assert policy.on_request(_req("a.1", "a"), 2.5) == Route("w0")  # tool took 1.5 s: sticky
     assert list(policy.on_turn_end(TurnEnd("a", "a.1", "w0", 100, 10, 0), 3.0)) == [Pin("a", "w0", 3.0)]
     policy.on_request(_req("a.2", "a"), 13.0)  # a 10 s tool: average 1.5 + 0.2 x 8.5 = 3.2 s > 2 s
-    assert policy.predicted_tool_s == 3.2
+    assert policy.predicted_tool_s == {None: 3.2}
     assert list(policy.on_turn_end(TurnEnd("a", "a.2", "w0", 100, 10, 0), 14.0)) == []
+
+
+def test_continuum_keeps_one_average_per_named_tool() -> None:
+    """The fork's per-command averages: a slow test run stops pins before the next test run,
+    not before a quick ``cat``; a tool never observed is pinned."""
+    policy = make_policy("continuum", {"ttl_s": 3.0, "pin_threshold_s": 2.0, "ema_alpha": 0.5}, VIEW, np.random.default_rng(0))
+    policy.on_request(_req("a.0", "a"), 0.0)
+    assert list(policy.on_turn_end(TurnEnd("a", "a.0", "w0", 100, 10, 0, tool="pytest"), 1.0)) == [Pin("a", "w0", 3.0)]
+    policy.on_request(_req("a.1", "a"), 31.0)  # pytest ran 30 s
+    assert list(policy.on_turn_end(TurnEnd("a", "a.1", "w0", 100, 10, 0, tool="cat"), 32.0)) == [Pin("a", "w0", 3.0)]
+    policy.on_request(_req("a.2", "a"), 32.5)  # cat ran 0.5 s
+    assert policy.predicted_tool_s == {"pytest": 30.0, "cat": 0.5}
+    assert list(policy.on_turn_end(TurnEnd("a", "a.2", "w0", 100, 10, 0, tool="pytest"), 33.0)) == []
+    policy.on_request(_req("a.3", "a"), 34.0)  # a 1 s pytest: 30 + 0.5 x (1 - 30) = 15.5 s
+    assert policy.predicted_tool_s == {"pytest": 15.5, "cat": 0.5}
+    assert list(policy.on_turn_end(TurnEnd("a", "a.3", "w0", 100, 10, 0, tool="cat"), 35.0)) == [Pin("a", "w0", 3.0)]
+    assert list(policy.on_turn_end(TurnEnd("a", "a.3", "w0", 100, 10, 0, tool="ls"), 35.0)) == [Pin("a", "w0", 3.0)]
 
 
 # --- session affinity (Dynamo's, in every router mode) -------------------------------------------
@@ -95,3 +112,30 @@ def test_random_with_affinity_draws_once_per_session() -> None:
     policy = make_policy("random", {"session_affinity_ttl_s": 30.0}, VIEW, np.random.default_rng(7))
     workers = {_turn(policy, f"a.{i}", "a", float(i)) for i in range(10)}
     assert len(workers) == 1
+
+
+def test_a_simulated_continuum_pins_by_the_tool_each_turn_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """End to end: the runner hands each turn's named tool to the policy, which pins before a
+    quick ``cat`` always and before ``pytest`` only until it has seen one run 10 s."""
+    from tasim import events as ev
+    from tasim.eventlog import EVENTS_PLAIN, read_events
+    from tasim.rundir import run_simulation
+    from tasim.scenario import Scenario
+    from tasim.workloads import plan_program
+
+    scenario = Scenario.model_validate({
+        "name": "tools", "seed": 3, "duration_s": 10_000,
+        "cluster": {"backends": 1, "gpu": "H100", "model": "Llama-3.1-8B", "engine": {"block_size": 16, "kv_blocks": 2000}},
+        "workload": {
+            "concurrency": 1, "programs": 1, "turns": 12, "task_prompt_tokens": 100, "output_tokens": 20, "observation_tokens": 20,
+            "tools": {"cat": {"share": 1, "latency_s": 0.5}, "pytest": {"share": 1, "latency_s": 10.0}},
+        },
+        "policy": {"name": "continuum"},
+        "metrics": {"warmup_s": 0},
+    })
+    run_simulation(scenario, tmp_path / "run")
+    pins = sum(isinstance(e, ev.ProgramPinned) for e in read_events(tmp_path / "run" / EVENTS_PLAIN))
+    tools = [t.tool for t in plan_program(scenario.workload, 3, 0, 10**9).turns]
+    expected = sum(tool == "cat" or "pytest" not in tools[:k] for k, tool in enumerate(tools))
+    assert "cat" in tools and tools.count("pytest") >= 2  # the draw exercises both cases
+    assert pins == expected < len(tools)

@@ -90,3 +90,38 @@ def test_lognormal_clipping_bounds_samples() -> None:
     rng = np.random.default_rng(0)
     samples = [dist.sample(rng) for _ in range(5000)]
     assert min(samples) == 1 and max(samples) == 50
+
+
+def test_named_tools_are_drawn_by_share_each_with_its_own_latency() -> None:
+    config = WorkloadConfig(
+        turns=2000, output_tokens=10, observation_tokens=10, task_prompt_tokens=10,
+        tools={"pytest": {"share": 1, "latency_s": 20.0}, "cat": {"share": 3, "latency_s": 0.5}},
+    )
+    plan = plan_program(config, seed=0, index=0, max_context_tokens=10_000_000)
+    assert {(t.tool, t.tool_latency_s) for t in plan.turns} == {("cat", 0.5), ("pytest", 20.0)}
+    share = sum(t.tool == "cat" for t in plan.turns) / len(plan.turns)
+    assert abs(share - 0.75) < 3 * (0.75 * 0.25 / 2000) ** 0.5  # within three standard errors
+    calls = [call for _, call in agent_script(plan, block_size=16).calls]
+    assert [c.tool_call for c in calls] == [t.tool for t in plan.turns]  # what each call's output invokes
+    # The file's order of the tools does not change the draws.
+    listed_the_other_way = config.model_copy(update={"tools": dict(reversed(list(config.tools.items())))})
+    assert plan_program(listed_the_other_way, seed=0, index=0, max_context_tokens=10_000_000) == plan
+
+
+def test_a_shape_without_named_tools_draws_as_before() -> None:
+    plan = plan_program(WorkloadConfig(turns=3, tool_latency_s=1.5), seed=0, index=0, max_context_tokens=100_000)
+    assert [(t.tool, t.tool_latency_s) for t in plan.turns] == [(None, 1.5)] * 3
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"tools": {}}, "give at least one tool"),
+        ({"tools": {"cat": {"share": 1, "latency_s": 0.5}}, "tool_latency_s": 2.0}, "give tool_latency_s or tools, not both"),
+        ({"tools": {"a b": {"share": 1, "latency_s": 0.5}}}, "tool name 'a b'"),
+        ({"tools": {"cat": {"share": 0, "latency_s": 0.5}}}, "greater than 0"),
+    ],
+)
+def test_bad_tools_are_refused(fields: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        WorkloadConfig(**fields)

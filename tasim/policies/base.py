@@ -71,7 +71,8 @@ ProgramDecision = Union[Pause, Resume, Pin]
 
 @dataclass(frozen=True, slots=True)
 class TurnEnd:
-    """A request finished (``ok``) or failed; usage is what the engine reported."""
+    """A request finished (``ok``) or failed; usage is what the engine reported, ``tool`` the
+    named tool its output calls (None when unknown)."""
 
     program: str
     request: str
@@ -80,6 +81,7 @@ class TurnEnd:
     output_tokens: int
     cached_tokens: int
     ok: bool = True
+    tool: str | None = None
 
 
 def pick_uniform(rng: np.random.Generator, candidates: Sequence[str]) -> str:

@@ -6,8 +6,12 @@ is predicted to be short: Continuum's vLLM fork pins only when the predicted dur
 average of observed durations) is at most 2 s. The pin ends at the TTL or when the program's next
 request is admitted; that request goes to the front of the worker's queue. Programs are sticky:
 a new program goes to the worker with the fewest live programs (how the ThunderAgent paper ran
-Continuum behind its ``default`` router). Simulated tools have no names, so one moving average
-over all observed tool gaps stands in for the per-tool averages.
+Continuum behind its ``default`` router).
+
+The fork keeps one moving average per tool name, parsed out of the model's output (``ls``,
+``pytest``, ...), so it pins before a quick command and not before a test run. A workload with
+named tools (``workload.tools``) gives each turn's end its tool's name; where the tools have no
+names (``tool_latency_s``, or a live client), one average over every observed gap stands in.
 """
 
 from __future__ import annotations
@@ -40,15 +44,16 @@ class Continuum(Policy):
         self.p: ContinuumParams = params  # type: ignore[assignment]
         self.placement: dict[str, str] = {}
         self.programs_on = {w: 0 for w in view.worker_ids}
-        self.predicted_tool_s: float | None = None
-        self._turn_ended: dict[str, float] = {}
+        self.predicted_tool_s: dict[str | None, float] = {}  # per tool name; None: unnamed
+        self._turn_ended: dict[str, tuple[float, str | None]] = {}  # program -> (when, the tool it called)
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
         ended = self._turn_ended.pop(request.program, None)
         if ended is not None:
-            gap = now - ended
-            previous = self.predicted_tool_s
-            self.predicted_tool_s = gap if previous is None else previous + self.p.ema_alpha * (gap - previous)
+            at, tool = ended
+            gap = now - at
+            previous = self.predicted_tool_s.get(tool)
+            self.predicted_tool_s[tool] = gap if previous is None else previous + self.p.ema_alpha * (gap - previous)
         worker = self.placement.get(request.program)
         if worker is None:
             worker = min(self.serving, key=self.programs_on.__getitem__)  # first worker on ties
@@ -57,8 +62,8 @@ class Continuum(Policy):
         return Route(worker)
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
-        self._turn_ended[turn.program] = now
-        predicted = self.predicted_tool_s
+        self._turn_ended[turn.program] = (now, turn.tool)
+        predicted = self.predicted_tool_s.get(turn.tool)  # None: not observed yet, so pinned
         if turn.ok and (predicted is None or predicted <= self.p.pin_threshold_s):
             return [Pin(turn.program, turn.worker, self.p.ttl_s)]
         return ()

@@ -393,7 +393,7 @@ class Simulation:
                 now, request.id, request.program, worker, request.prompt_tokens, request.output_tokens, cached_tokens
             )
         )
-        self._end_turn(TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens))
+        self._end_turn(TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens, tool=request.tool_call))
 
     def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None:
         self.emit(ev.RequestDropped(now, request.id, request.program, worker, reason))

@@ -28,6 +28,7 @@ class TurnPlan:
     output_tokens: int
     tool_latency_s: float
     observation_tokens: int
+    tool: str | None = None  # the named tool the turn's output calls (None: the shape names none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,14 +72,22 @@ def plan_program(
     planned = shape.turns.sample_int(rng, minimum=1)
     setup = shape.setup_s.sample(rng)
     context = shape.system_prompt_tokens + task
+    tools = shape.tool_choices
+    cumulative_shares = np.cumsum([tool.share for _, tool in tools]) if tools else None
     turns: list[TurnPlan] = []
     for _ in range(planned):
         output = shape.output_tokens.sample_int(rng, minimum=1)
-        tool = shape.tool_latency_s.sample(rng)
+        name: str | None = None
+        if cumulative_shares is None:
+            latency = shape.unnamed_tool_latency_s.sample(rng)
+        else:
+            pick = int(np.searchsorted(cumulative_shares, rng.random() * cumulative_shares[-1], side="right"))
+            name, tool = tools[min(pick, len(tools) - 1)]
+            latency = tool.latency_s.sample(rng)
         observation = shape.observation_tokens.sample_int(rng)
         if context + output > max_context_tokens:
             break
-        turns.append(TurnPlan(output, tool, observation))
+        turns.append(TurnPlan(output, latency, observation, name))
         context += output + observation
     return ProgramPlan(
         index, program_id or f"p{index}", shape.system_prompt_tokens, task, setup, tuple(turns), group,
@@ -113,6 +122,7 @@ def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestS
             output_tokens=step.output_tokens,
             history_tokens=history,
             block_hashes=tuple(hashes[:wanted]),
+            tool_call=step.tool,
         )
         history = total
         context = total + step.observation_tokens

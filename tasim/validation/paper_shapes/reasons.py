@@ -68,12 +68,12 @@ def unpinned_reason(m: Measured, c: int) -> str | None:
     """tasim's Continuum with no pins routes exactly as vLLM; say so when it happened."""
     if m.summary("continuum", c)["pins"]:
         return None
-    return (f"tasim's Continuum took no pins at {c} workflows: it pins only when the predicted tool time (one moving "
-            "average over all tool gaps) is at most `pin_threshold_s` (2 s), and the tools of "
-            f"`{m.preset}.yaml` never qualify, so it serves exactly as vLLM. The paper's Continuum differs from its "
-            "vLLM here, so it did pin: its tools were shorter than the preset's (whose tool time is an estimate or a "
-            "fit, see its header), or its per-tool predictions picked out the short ones among long ones, which "
-            "tasim's unnamed tools cannot do")
+    return (f"tasim's Continuum took no pins at {c} workflows: it pins only when the predicted tool time (a moving "
+            "average per named tool, one over all gaps where the preset names none) is at most `pin_threshold_s` "
+            f"(2 s), and the tools of `{m.preset}.yaml` never qualify, so it serves exactly as vLLM. The paper's "
+            "Continuum differs from its vLLM here, so it did pin: its tools were shorter than the preset's (whose "
+            "tool time is an estimate or a fit, see its header), or its per-tool predictions picked out the short "
+            "ones among long ones, which a preset without `workload.tools` cannot show")
 
 
 def resident_reason(m: Measured, c: int) -> str:
