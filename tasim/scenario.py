@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import reprlib
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
@@ -453,12 +454,21 @@ def with_engine_flavour(scenario: Scenario, flavour: EngineFlavour) -> Scenario:
 
 
 def _union_members(annotation: Any) -> tuple[type[BaseModel], ...]:
-    """Model classes of a (possibly Annotated) union field, else ()."""
+    """Model classes of a (possibly Annotated) discriminated union, else ()."""
     if get_origin(annotation) is Annotated:
         annotation = get_args(annotation)[0]
     if get_origin(annotation) is Union:
         return tuple(a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel))
     return ()
+
+
+def _optional_of(annotation: Any) -> Any:
+    """``X`` for ``X | None``; anything else unchanged."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        present = [a for a in get_args(annotation) if a is not type(None)]
+        if len(present) == 1:
+            return present[0]
+    return annotation
 
 
 def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
@@ -473,12 +483,18 @@ def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
         field = current.model_fields.get(part) if current else None
         if field is None or not parts:
             return path, current
-        members = _union_members(field.annotation)
+        annotation = _optional_of(field.annotation)
+        if get_origin(annotation) is dict:  # a mapping of names to models: the name, then the model's fields
+            path.append(str(parts.pop(0)))
+            annotation = get_args(annotation)[1]
+            if not parts:
+                return path, None
+        members = _union_members(annotation)
         if members:
             tag = str(parts.pop(0))  # discriminated unions put the tag in the location
-            current = next((m for m in members if m.model_fields["kind"].default == tag), None)
-        elif isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            current = field.annotation
+            current = next((m for m in members if tag in get_args(m.model_fields["kind"].annotation)), None)
+        elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            current = annotation
         else:
             current = None
     return path, current
