@@ -500,6 +500,17 @@ def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
     return path, current
 
 
+def _union_tags(path: Sequence[str], owner: type[BaseModel] | None) -> list[str]:
+    """The kinds the discriminated union at the end of ``path`` allows, if it is one."""
+    field = owner.model_fields.get(path[-1]) if owner else None
+    if field is None:
+        return []
+    annotation = _optional_of(field.annotation)
+    if get_origin(annotation) is dict:
+        annotation = get_args(annotation)[1]
+    return [tag for member in _union_members(annotation) for tag in get_args(member.model_fields["kind"].annotation)]
+
+
 def _key(part: str) -> str:
     """A key as written, or quoted (and shortened) if it is empty, long or has spaces or control
     characters, which would garble the one-line message."""
@@ -516,6 +527,10 @@ def _describe(error: Mapping[str, Any]) -> str:
         ctx = error["ctx"]
         key = ctx["discriminator"].strip("'")
         return f"{field}: unknown {key} {reprlib.repr(ctx['tag'])} (allowed: {ctx['expected_tags']})"
+    if error["type"] == "union_tag_not_found":  # e.g. `--set x.median=3` where x had no mapping
+        key = error["ctx"]["discriminator"].strip("'")
+        tags = _union_tags(path, owner)
+        return f"{field}: a mapping here needs a {key}" + (f" ({', '.join(tags)})" if tags else "")
     message = str(error["msg"]).removeprefix("Value error, ")
     if error["type"] not in ("missing",) and "input" in error and not isinstance(error["input"], (dict, list)):
         return f"{field}: {message} (got {reprlib.repr(error['input'])})"

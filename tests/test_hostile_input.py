@@ -294,6 +294,8 @@ SWE = "swe-agent.yaml"
     (SWE, {"workload": {"tools": {"python": {"share": -1}}}}, ["workload.tools.python.share", "greater than 0", "(got -1)"]),
     (SWE, {"workload": {"tools": {"python": {"shares": 1}}}}, ["workload.tools.python.shares", "unknown key (allowed: share, latency_s)"]),
     (SWE, {"workload": {"tool_latency_s": 2.0}}, ["workload", "give tool_latency_s or tools, not both"]),
+    (SWE, {"workload": {"tool_latency_s": {"median": 1.5}}},
+     ["workload.tool_latency_s", "a mapping here needs a kind (fixed, uniform, lognormal, pareto, empirical)"]),
     (SWE, {"workload": {"turns": {"kind": "empirical", "values": [1, 2], "weights": [math.inf, 1]}}},
      ["workload.turns.weights", "finite number"]),
     (SWE, {"workload": {"turns": {"kind": "uniform", "low": 0, "high": 1e300}}}, ["workload.turns.high", "1000000000"]),
