@@ -462,13 +462,21 @@ def _union_members(annotation: Any) -> tuple[type[BaseModel], ...]:
     return ()
 
 
-def _optional_of(annotation: Any) -> Any:
-    """``X`` for ``X | None``; anything else unchanged."""
+def _element(annotation: Any) -> tuple[Any, bool]:
+    """What a field's value is checked against (``X`` for ``X | None``, the value type of a
+    mapping of names), and whether the field is such a mapping."""
     if get_origin(annotation) in (Union, types.UnionType):
         present = [a for a in get_args(annotation) if a is not type(None)]
         if len(present) == 1:
-            return present[0]
-    return annotation
+            annotation = present[0]
+    if get_origin(annotation) is dict:
+        return get_args(annotation)[1], True
+    return annotation, False
+
+
+def _kinds(model: type[BaseModel]) -> tuple[str, ...]:
+    """The ``kind`` tags a member of a discriminated union answers to."""
+    return get_args(model.model_fields["kind"].annotation)
 
 
 def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
@@ -483,16 +491,15 @@ def _resolve(loc: Sequence[Any]) -> tuple[list[str], type[BaseModel] | None]:
         field = current.model_fields.get(part) if current else None
         if field is None or not parts:
             return path, current
-        annotation = _optional_of(field.annotation)
-        if get_origin(annotation) is dict:  # a mapping of names to models: the name, then the model's fields
+        annotation, named = _element(field.annotation)
+        if named:  # a mapping of names to models: the name, then the model's fields
             path.append(str(parts.pop(0)))
-            annotation = get_args(annotation)[1]
             if not parts:
                 return path, None
         members = _union_members(annotation)
         if members:
             tag = str(parts.pop(0))  # discriminated unions put the tag in the location
-            current = next((m for m in members if tag in get_args(m.model_fields["kind"].annotation)), None)
+            current = next((m for m in members if tag in _kinds(m)), None)
         elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
             current = annotation
         else:
@@ -505,10 +512,7 @@ def _union_tags(path: Sequence[str], owner: type[BaseModel] | None) -> list[str]
     field = owner.model_fields.get(path[-1]) if owner else None
     if field is None:
         return []
-    annotation = _optional_of(field.annotation)
-    if get_origin(annotation) is dict:
-        annotation = get_args(annotation)[1]
-    return [tag for member in _union_members(annotation) for tag in get_args(member.model_fields["kind"].annotation)]
+    return [tag for member in _union_members(_element(field.annotation)[0]) for tag in _kinds(member)]
 
 
 def _key(part: str) -> str:
