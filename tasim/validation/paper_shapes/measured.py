@@ -7,14 +7,15 @@ from typing import Any, Sequence
 
 from tasim.measurements.metrics import METRICS
 from tasim.scenario import RolloutWorkload, Scenario
+from tasim.validation.paper_shapes.paper import hit_metric
 from tasim.validation.paper_shapes.plan import Job
 from tasim.validation.paper_shapes.runner import Results
 
 
 @dataclass(frozen=True)
 class Measured:
-    """Lookups into the results of one preset (hit rates in percent), through the metrics
-    published measurements name."""
+    """Lookups into the results of one preset (hit rates in percent, as the preset's published
+    points measure them), through the metrics published measurements name."""
 
     results: Results
     preset: str
@@ -29,7 +30,11 @@ class Measured:
         return self._metric("steps_per_min", policy, c)
 
     def hit(self, policy: str, c: int | None) -> float:
-        return self._metric("prefix_hit_pct", policy, c)
+        return self._metric(hit_metric(self.preset), policy, c)
+
+    @property
+    def hit_label(self) -> str:
+        return METRICS[hit_metric(self.preset)].label
 
     def step_latency(self, policy: str, c: int) -> float:
         return self._metric("step_latency_s", policy, c)

@@ -72,8 +72,8 @@ def thrashing_plot(results: Results, points: Sequence[int], path: Path) -> Path:
                 label="tasim · vLLM (round_robin)")
     _paper_points(hit_ax, THRASHING_HIT, "black", "paper · vLLM (Fig. 1b)")
     hit_ax.set_ylim(0, 105)
-    hit_ax.set_ylabel("prefix hit rate (% of prompt tokens)")
-    hit_ax.set_title("Prefix hit rate")
+    hit_ax.set_ylabel(f"{m.hit_label} (% of prompt tokens)")
+    hit_ax.set_title(m.hit_label.capitalize())
     lat_ax.plot(points, [m.step_latency("round_robin", c) for c in points], marker="o", color=COLORS["round_robin"],
                 label="tasim · per step (LLM call + tool)")
     lat_ax.plot(points, [m.call_latency("round_robin", c) for c in points], marker="^", linestyle=":",

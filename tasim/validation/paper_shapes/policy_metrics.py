@@ -21,7 +21,7 @@ def policy_metrics_section(results: Results, points: Sequence[int], case: Servin
     table = Table(("workflows", "system", "metric"))
     hits = {k: v for k, v in case.hit_rates.items() if k[1] in points}
     for (policy, c), paper in sorted(hits.items(), key=lambda kv: (kv[0][1], SERVING_POLICIES.index(kv[0][0]))):
-        table.add([str(c), PAPER_NAMES[policy], "prefix hit rate"], paper, m.hit(policy, c), pct, " %")
+        table.add([str(c), PAPER_NAMES[policy], m.hit_label], paper, m.hit(policy, c), pct, " %")
     top = points[-1]
     for policy, paper in case.latency.items():
         labels = [str(top), PAPER_NAMES[policy]]

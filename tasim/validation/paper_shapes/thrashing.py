@@ -23,7 +23,7 @@ def thrashing_section(results: Results, points: Sequence[int], plots: str, repor
     per_step = partial(m.step_latency, "round_robin")
     per_call = partial(m.call_latency, "round_robin")
     metrics = (
-        ("prefix hit rate", THRASHING_HIT, hit, pct, " %"),
+        (m.hit_label, THRASHING_HIT, hit, pct, " %"),
         ("per-step latency (LLM call + tool)", THRASHING_E2E, per_step, num, " s"),
         ("LLM-call latency (`e2e_s` mean)", THRASHING_E2E, per_call, num, " s"),
     )
