@@ -30,4 +30,4 @@ def test_default_scenario_speed(benchmark, tmp_path: Path) -> None:  # type: ign
         "requests_completed": summary["requests_completed"],
     }
     benchmark.extra_info.update(info)
-    RESULTS.append(("swe-agent (default, 1800 sim s)", info))
+    RESULTS.append((f"swe-agent (default, {scenario.duration_s:g} sim s)", info))

@@ -50,7 +50,7 @@ def _cases() -> tuple[Case, ...]:
     for policy in POLICIES:
         cases += [
             Case("live-mocker.yaml", policy, small=True),  # pauses, thrashing, two tiny workers
-            Case("swe-agent.yaml", policy, ("duration_s=600", "workload.concurrency=96")),  # past the thrashing cliff
+            Case("swe-agent.yaml", policy, ("duration_s=600", "metrics.warmup_s=300", "workload.concurrency=96")),  # past the thrashing cliff
             Case("multiturn-validation.yaml", policy, ("duration_s=300",)),  # Dynamo mocker engines
             Case("toolorchestra.yaml", policy, ("duration_s=1200",)),  # heavy-tailed tools, one GPU
             Case("rl-live-mocker.yaml", policy),  # RL rollout steps

@@ -98,6 +98,14 @@ def test_calibration_end_to_end(tmp_path: Path) -> None:
     assert "| sticky-steps-4 | held out | 80.0 |" in section and "| sticky-steps-2 | fitted | 50.0 |" in section
     assert "| aware-over-sticky-4 | held out | 1.20× |" in section  # a ratio is shown as one, not in its metric's units
     assert "aware-over-sticky-4: published 1.20×, error" in text
+    # a record made before the file changed a point's metric says so under its table
+    assert "This record measured" not in section
+    first = record["points"][0]
+    now = first["metric"]
+    first["metric"] = "prefix_hit_pct" if now != "prefix_hit_pct" else "steps_per_min"
+    (tmp_path / "older.json").write_text(json.dumps(record))
+    older = markdown([tmp_path / "older.json"])
+    assert f"This record measured {first['id']} as `{first['metric']}`; the file now holds them to `{now}`." in older
     # the same request gives the same fit, whatever the number of processes
     again = tasim(*args[:-2], "--jobs", "1", "--out", str(tmp_path / "again"))
     assert again.returncode == 0, again.stderr

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tasim.measurements.present import BAND, published_text, value_text
-from tasim.measurements.schema import load_measurements
+from tasim.measurements.schema import Point, load_measurements
 from tasim.validation.doc_section import replace_section
 
 BEGIN, END = "<!-- calibration:begin -->", "<!-- calibration:end -->"
@@ -57,7 +57,19 @@ def record_section(record: dict[str, Any], source: Path) -> list[str]:
         loo = "" if not p["fitted"] or p["leave_one_out"] is None else value_text(point, p["leave_one_out"])
         lines.append(f"| {p['id']} | {'fitted' if p['fitted'] else 'held out'} | {published} | {before} | {_pct(before_error)} "
                      f"| {calibrated} | {_pct(error)} | {loo} | {_pct(p['prediction_error']) if p['fitted'] else ''} |")
-    return lines + [""]
+    return lines + [""] + _metric_changes(record, points)
+
+
+def _metric_changes(record: dict[str, Any], points: dict[str, Point]) -> list[str]:
+    """A line where the file now holds some of the record's points to another metric than the
+    record measured (its values stay what that metric gave)."""
+    changed: dict[tuple[str, str], list[str]] = {}
+    for p in record["points"]:
+        now = points[p["id"]].metric
+        if p["metric"] != now:
+            changed.setdefault((p["metric"], now), []).append(p["id"])
+    return [f"This record measured {', '.join(ids)} as `{was}`; the file now holds them to `{now}`." + "\n"
+            for (was, now), ids in changed.items()]
 
 
 def _invalid(record: dict[str, Any]) -> str:
