@@ -35,9 +35,8 @@ from tasim.scenario import WORKLOAD_KINDS, Scenario
 from tasim.traces import TraceError, read_dynamo_agent_trace, read_mooncake
 
 PRESETS = REPO / "scenarios"
-CONVERSATION = REPO.parent / "shared" / "traces" / "conversation_trace.jsonl"
+CONVERSATION = PRESETS / "traces" / "conversation_trace.jsonl"
 DYNAMO_TRACE = Path(__file__).resolve().parent / "data" / "dynamo_agent_trace.jsonl"
-needs_traces = pytest.mark.skipif(not CONVERSATION.is_file(), reason=f"real traces not found at {CONVERSATION}")
 
 TIME_LIMIT_S = 30  # a valid run here simulates 5 s of a tiny cluster: well under a second
 MEMORY_HEADROOM = 2 << 30  # bytes a run may add to this process's address space
@@ -139,8 +138,6 @@ def small_preset(name: str, trace: Path | None = None) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def trace_slice(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not CONVERSATION.is_file():
-        pytest.skip(f"real traces not found at {CONVERSATION}")
     return _trace_slice(tmp_path_factory.mktemp("traces") / "conversation-50.jsonl")
 
 
@@ -194,12 +191,11 @@ def _parent(raw: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
 
 
 @st.composite
-def hostile_scenarios(draw: st.DrawFn, trace: Path | None) -> tuple[str, bytes, str | None]:
+def hostile_scenarios(draw: st.DrawFn, trace: Path) -> tuple[str, bytes, str | None]:
     """(what was done, the file's bytes, what a message about the file must name): one mutation
     of a small preset. A message names the field changed, or the section holding it when the
     problem is with the section (a cluster whose weights leave no KV memory)."""
-    names = sorted(SMALL) if trace is not None else ["rl-rollout.yaml", "swe-agent.yaml"]
-    name = draw(st.sampled_from(names))
+    name = draw(st.sampled_from(sorted(SMALL)))
     raw = small_preset(name, trace)
     existing = list(_key_paths(raw))
     op = draw(st.sampled_from(["set", "set", "set", "delete", "rename", "duplicate", "policy",
@@ -249,17 +245,15 @@ def hostile_scenarios(draw: st.DrawFn, trace: Path | None) -> tuple[str, bytes, 
 def test_fuzzed_scenarios_fail_cleanly_or_run(capsys: pytest.CaptureFixture[str], tmp_path: Path, data: st.DataObject) -> None:
     # Mooncake scenarios name the trace relative to themselves, so that a cut path names
     # nothing outside their own directory.
-    slice_ = tmp_path / "slice.jsonl" if CONVERSATION.is_file() else None
-    if slice_ is not None and not slice_.exists():
+    slice_ = tmp_path / "slice.jsonl"
+    if not slice_.exists():
         _trace_slice(slice_)
-    _what, content, must_name = data.draw(hostile_scenarios(Path(slice_.name) if slice_ else None), label="mutation")
+    _what, content, must_name = data.draw(hostile_scenarios(Path(slice_.name)), label="mutation")
     with tempfile.TemporaryDirectory(dir=tmp_path) as work:
         scenario, out = Path(work) / "hostile.yaml", Path(work) / "out"
         scenario.write_bytes(content)
-        trace = None
-        if slice_ is not None:
-            trace = Path(work) / slice_.name
-            trace.write_bytes(slice_.read_bytes())
+        trace = Path(work) / slice_.name
+        trace.write_bytes(slice_.read_bytes())
         out.mkdir()
         (out / "summary.json").write_bytes(b'{"earlier": "run"}')
         result = simulate(capsys, scenario, out)
@@ -368,7 +362,6 @@ def test_stalled_workload_error_names_the_scenario_file(capsys: pytest.CaptureFi
     error_line(simulate(capsys, scenario, tmp_path / "out"), f"error: {scenario}: programs finish without taking simulated time")
 
 
-@needs_traces
 def test_mooncake_block_sizes_that_do_not_nest_are_a_scenario_error(capsys: pytest.CaptureFixture[str],
                                                                     tmp_path: Path, trace_slice: Path) -> None:
     raw = _merge(small_preset("mooncake-conversation.yaml", trace_slice), {"workload": {"trace_block_size": 500}})
@@ -468,7 +461,6 @@ def _check_trace_outcome(result: subprocess.CompletedProcess[str], trace: Path, 
     assert re.match(rf"error: {re.escape(str(trace))}:{number}: \S", message), message
 
 
-@needs_traces
 @settings(FUZZ, max_examples=300)
 @given(data=st.data())
 def test_fuzzed_mooncake_traces_fail_at_their_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import SCENARIOS
 from tasim.traces import (
     TRACE_HASH_NAMESPACE,
     TraceError,
@@ -19,9 +20,8 @@ from tasim.traces import (
     read_mooncake,
 )
 
-TRACES = Path(__file__).resolve().parents[2] / "shared" / "traces"
+TRACES = SCENARIOS / "traces"
 DYNAMO_TRACE = Path(__file__).resolve().parent / "data" / "dynamo_agent_trace.jsonl"
-needs_traces = pytest.mark.skipif(not TRACES.is_dir(), reason=f"real traces not found at {TRACES}")
 
 
 def write_lines(path: Path, lines: list[object]) -> Path:
@@ -42,7 +42,6 @@ def h(j: int, trace_id: int) -> int:
 
 # --- real Mooncake traces --------------------------------------------------------------------
 
-@needs_traces
 @pytest.mark.parametrize("name, count, hit_rate", [
     ("conversation_trace.jsonl", 12_031, 0.374),
     ("synthetic_trace.jsonl", 3_993, 0.651),
@@ -56,7 +55,6 @@ def test_real_trace_counts_and_ideal_hit_rate(name: str, count: int, hit_rate: f
     assert ideal_prefix_hit_rate(requests, block_size=512) == pytest.approx(hit_rate, abs=0.005)
 
 
-@needs_traces
 def test_real_trace_at_engine_block_size_16_keeps_full_blocks_only() -> None:
     requests = read_mooncake(TRACES / "synthetic_trace.jsonl", block_size=16)
     assert all(len(r.block_hashes) == r.prompt_tokens // 16 for r in requests)

@@ -1,6 +1,6 @@
 """The paper-shape suite of docs/validation.md: tasim against the curves and tables the
-ThunderAgent paper publishes (arXiv 2602.13692 §6, as transcribed in
-``shared/reference/thunderagent.md`` §6.2-6.4 and entered in ``measurements/thunderagent-paper.yaml``).
+ThunderAgent paper publishes (arXiv 2602.13692 §6.2-6.4, entered in
+``measurements/thunderagent-paper.yaml``).
 
     python -m tasim.validation.paper_shapes [--quick] [--jobs N] [--out DIR]
                                             [--doc docs/validation.md] [--plots docs/paper-shapes] [--reuse]
