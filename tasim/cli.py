@@ -18,6 +18,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from tasim import __version__
+from tasim.errors import UsageError
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.render import param_rows, print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
@@ -39,10 +40,6 @@ POLICY_HELP = (
     "policy NAME or NAME[key=value,...] (replaces the scenario's policy and its params; "
     "--set policy.params.KEY=VALUE applies on top)"
 )
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):

@@ -19,7 +19,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from tasim.cli import UsageError
+from tasim.errors import UsageError
 from tasim.metrics import summary_value
 from tasim.parallel import map_in_processes
 from tasim.rundir import run_simulation

@@ -20,11 +20,12 @@ from typing import Sequence
 
 from tasim.metrics import MetricsFold
 from tasim.parallel import map_in_processes
+from tasim.policies import POLICIES as REGISTERED
 from tasim.presets import PRESET_DIR
 from tasim.scenario import load_scenario
 
 BASELINE = Path(__file__).resolve().parent.parent / "benchmarks" / "baseline.json"
-POLICIES = ("round_robin", "random", "least_loaded", "kv_router", "thunderagent", "continuum")
+POLICIES = tuple(REGISTERED)  # every registered policy, so a new one joins the suite (and needs `make baseline`)
 
 # metric -> (kind, allowed drift): relative for rates, absolute (fraction) for the hit rate.
 TOLERANCES: dict[str, tuple[str, float]] = {

@@ -40,3 +40,12 @@ def test_drift_arithmetic() -> None:
         "b output_tokens_per_s: baseline missing, now 1 (allowed ±2%)",
         "b prefix_hit_rate: baseline missing, now 0.1 (allowed ±1 pp)",
     ]
+
+
+def test_every_registered_policy_has_recorded_cases() -> None:
+    """A policy added to the registry joins the suite, and the suite fails until its cases are
+    recorded (`make baseline`): none is skipped silently."""
+    from tasim.policies import POLICIES
+
+    assert {case.policy for case in regression.CASES} == set(POLICIES)
+    assert set(regression.load_baseline()) == {case.key for case in regression.CASES}

@@ -61,10 +61,6 @@ Emit = Callable[[ev.Event], None]
 MAX_PROGRAM_ID_CHARS = 256
 
 
-class ProgramHeldTooLong(RuntimeError):
-    """A held call was not resumed within the host's hold limit."""
-
-
 class InvalidProgramId(ValueError):
     """A session (or parent session) id the router refuses; the call changed nothing."""
 

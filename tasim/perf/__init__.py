@@ -12,9 +12,6 @@ from tasim.perf.roofline import Roofline
 if TYPE_CHECKING:
     from tasim.scenario import ClusterConfig
 
-PERF_MODELS = ("roofline", "dynamo_polynomial", "fixed")
-
-
 def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
     from tasim.perf import specs
 
@@ -37,4 +34,4 @@ def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
     )
 
 
-__all__ = ["PERF_MODELS", "DynamoPolynomial", "FixedStep", "PerfModel", "Roofline", "StepShape", "make_perf_model"]
+__all__ = ["DynamoPolynomial", "FixedStep", "PerfModel", "Roofline", "StepShape", "make_perf_model"]
