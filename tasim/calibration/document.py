@@ -68,8 +68,10 @@ def _metric_changes(record: dict[str, Any], points: dict[str, Point]) -> list[st
         now = points[p["id"]].metric
         if p["metric"] != now:
             changed.setdefault((p["metric"], now), []).append(p["id"])
-    return [f"This record measured {', '.join(ids)} as `{was}`; the file now holds them to `{now}`." + "\n"
-            for (was, now), ids in changed.items()]
+    lines = []
+    for (was, now), ids in changed.items():
+        lines += [f"This record measured {', '.join(ids)} as `{was}`; the file now holds them to `{now}`.", ""]
+    return lines
 
 
 def _invalid(record: dict[str, Any]) -> str:

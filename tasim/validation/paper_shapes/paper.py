@@ -10,6 +10,7 @@ the same systems and concurrencies, so the figure tells them apart).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from tasim.measurements.schema import MEASUREMENT_DIR, Published, Point, load_measurements
@@ -36,6 +37,7 @@ def _points(preset: str, figure: str, metric: str, ratio: bool) -> list[Point]:
             and p.metric == metric and (p.over is not None) == ratio]
 
 
+@cache  # the file is read once at import; the suite asks once per value it reads
 def hit_metric(preset: str) -> str:
     """The hit-rate metric the file's points of ``preset`` are held to: since the server started
     where the paper's harness read vLLM's cumulative counters, else the window's (also for a
