@@ -11,8 +11,8 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-
 from conftest import RESULTS
+
 from tasim.live.hashing import sequence_hashes
 from tasim.live.host import Call, PolicyHost
 from tasim.live.kv_events import KvEvent
@@ -35,7 +35,7 @@ def _programs_host(policy: str) -> tuple[PolicyHost, list[list[int]]]:
     rng = np.random.default_rng(1)
     system = rng.integers(3, 32000, 1024).tolist()
     contexts = [system + rng.integers(3, 32000, int(rng.integers(1000, 4000))).tolist() for _ in range(PROGRAMS)]
-    for turn in range(2):
+    for _turn in range(2):
         for index, context in enumerate(contexts):
             call = host.decide(f"p{index}", context, 200)
             assert isinstance(call, Call)
@@ -101,10 +101,22 @@ def test_router_throughput_against_frontend_round_robin(benchmark, regime: tuple
         assert stack.model_path is not None
         # Dynamo's own Python router in the request path, for scale: its ThunderAgent router,
         # whose requests without a session go straight through its KvRouter.
-        stack.start_component("peer-router", [
-            sys.executable, "-m", "dynamo.thunderagent_router", "--endpoint", "dynamo.backend.generate",
-            "--model-name", PEER_MODEL, "--model-path", str(stack.model_path), "--router-block-size", str(scenario.cluster.engine.block_size),
-        ])
+        stack.start_component(
+            "peer-router",
+            [
+                sys.executable,
+                "-m",
+                "dynamo.thunderagent_router",
+                "--endpoint",
+                "dynamo.backend.generate",
+                "--model-name",
+                PEER_MODEL,
+                "--model-path",
+                str(stack.model_path),
+                "--router-block-size",
+                str(scenario.cluster.engine.block_size),
+            ],
+        )
         stack.wait_for_model(PEER_MODEL)
         stack.begin_run()
         url = f"{stack.base_url}/v1/completions"

@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import RESULTS
+
 from tasim.metrics import MetricsFold
 from tasim.scenario import load_scenario
 from tasim.sim.runner import Simulation
@@ -29,9 +29,13 @@ def _run(programs: int, workers: int, task_prompt: int) -> dict[str, float]:
     scenario = load_scenario(
         PRESET,
         [
-            f"workload.programs={programs}", "workload.turns=8", "workload.concurrency=256",
-            f"workload.task_prompt_tokens={task_prompt}", f"cluster.backends={workers}",
-            "cluster.engine.kv_blocks=16384", "duration_s=1000000",
+            f"workload.programs={programs}",
+            "workload.turns=8",
+            "workload.concurrency=256",
+            f"workload.task_prompt_tokens={task_prompt}",
+            f"cluster.backends={workers}",
+            "cluster.engine.kv_blocks=16384",
+            "duration_s=1000000",
         ],
     )
     fold = MetricsFold()
@@ -57,7 +61,7 @@ def test_cost_growth(benchmark, axis: str) -> None:  # type: ignore[no-untyped-d
 
     benchmark.pedantic(sweep, rounds=1, iterations=1)
     for change, figures in points:
-        (key, value), = change.items()
+        ((key, value),) = change.items()
         RESULTS.append((f"scaling {axis}: {key}={value}", figures))
         benchmark.extra_info[f"{key}={value}"] = figures
     if axis == "requests":

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from conftest import RESULTS
+
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 

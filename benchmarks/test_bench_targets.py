@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import RESULTS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +37,10 @@ print(json.dumps({
 def _measure(preset: str, overrides: list[str], out: Path) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(PRESETS / preset), str(out), *overrides],
-        capture_output=True, text=True, cwd=ROOT, check=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -46,16 +48,19 @@ def _measure(preset: str, overrides: list[str], out: Path) -> dict:
 TARGETS = {
     # name: (preset, overrides, wall-time limit in seconds or None)
     "swe-agent, 96 programs, one simulated hour": (
-        "swe-agent.yaml", ["workload.concurrency=96", "duration_s=3600"], 20.0,
+        "swe-agent.yaml",
+        ["workload.concurrency=96", "duration_s=3600"],
+        20.0,
     ),
     "rl-rollout, concurrency 512, 2 replicas, one simulated hour": (
-        "rl-rollout.yaml", ["workload.max_concurrency=512", "cluster.backends=2", "duration_s=3600"], 60.0,
+        "rl-rollout.yaml",
+        ["workload.max_concurrency=512", "cluster.backends=2", "duration_s=3600"],
+        60.0,
     ),
     # 10,000 ten-turn programs on 8 mocker-sized workers: 100,000 requests.
     "100k requests": (
         "multiturn-validation.yaml",
-        ["workload.programs=10000", "workload.turns=10", "workload.concurrency=512", "cluster.backends=8",
-         "duration_s=1000000"],
+        ["workload.programs=10000", "workload.turns=10", "workload.concurrency=512", "cluster.backends=8", "duration_s=1000000"],
         None,
     ),
 }

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import RESULTS
+
 from tasim.scenario import load_scenario
 from tasim.validation.against_dynamo import validate
 from tasim.validation.measures import all_within

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from conftest import RESULTS
+
 from tasim import regression
 
 

@@ -10,36 +10,34 @@ import argparse
 import importlib.util
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, NoReturn
 
 from rich.console import Console
 from rich.padding import Padding
 from rich.text import Text
 
 from tasim import __version__
+from tasim.calibration import CalibrationError
 from tasim.errors import UsageError
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
+from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
+from tasim.measurements.schema import MeasurementError
+from tasim.policy_spec import PolicySpec, PolicySpecError
 from tasim.render import param_rows, print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
-from tasim.policy_spec import PolicySpec, PolicySpecError
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, shown
 from tasim.sim.checks import InvariantViolation
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
 from tasim.validation import ValidationUnavailable
-from tasim.calibration import CalibrationError
-from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
-from tasim.measurements.schema import MeasurementError
 
 EXIT_USAGE = 2
 EXIT_INVARIANT = 3  # `simulate --check` found a bug in tasim itself
 
 
-POLICY_HELP = (
-    "policy NAME or NAME[key=value,...] (replaces the scenario's policy and its params; "
-    "--set policy.params.KEY=VALUE applies on top)"
-)
+POLICY_HELP = "policy NAME or NAME[key=value,...] (replaces the scenario's policy and its params; --set policy.params.KEY=VALUE applies on top)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,13 +56,18 @@ def _build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     simulate.add_argument("--out", type=Path, help="output directory (default: runs/<scenario>-<policy>-s<seed>)")
     simulate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario field, e.g. --set workload.concurrency=96 (repeatable)",
     )
     simulate.add_argument("--gzip", action="store_true", help=f"write {EVENTS_GZIP} instead of {EVENTS_PLAIN}")
     simulate.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     simulate.add_argument(
-        "--check", action="store_true",
+        "--check",
+        action="store_true",
         help=f"check the simulator's invariants as it runs (slower); a broken one exits {EXIT_INVARIANT}",
     )
 
@@ -75,69 +78,90 @@ def _build_parser() -> argparse.ArgumentParser:
     compare = commands.add_parser("compare", help="run one scenario under several policies (and one swept field)")
     compare.add_argument("scenario", help="scenario YAML file")
     compare.add_argument(
-        "--policies", required=True, metavar="SPEC,SPEC,...",
+        "--policies",
+        required=True,
+        metavar="SPEC,SPEC,...",
         help="comma-separated policies, each NAME or NAME[key=value,...], e.g. 'thunderagent[variant=dynamo],least_loaded'",
     )
     compare.add_argument(
-        "--sweep", metavar="KEY=V1,V2,...",
+        "--sweep",
+        metavar="KEY=V1,V2,...",
         help="run every policy at each value of one scenario field, e.g. --sweep workload.concurrency=16,32,64",
     )
     compare.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario field in every run (repeatable)",
     )
     compare.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     compare.add_argument("--out", type=Path, help="output directory (default: runs/compare-<scenario>)")
-    compare.add_argument(
-        "--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)"
-    )
+    compare.add_argument("--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)")
 
     validate = commands.add_parser("validate", help="cross-validate tasim against another simulator or published measurements")
     against = validate.add_subparsers(dest="against", required=True, parser_class=_Parser)
-    dynamo = against.add_parser(
-        "dynamo", help="replay the scenario's workload through Dynamo's own replay and through tasim, side by side"
-    )
+    dynamo = against.add_parser("dynamo", help="replay the scenario's workload through Dynamo's own replay and through tasim, side by side")
     dynamo.add_argument("scenario", help="scenario YAML file (workload kind mooncake_trace or agent)")
     dynamo.add_argument(
-        "--routers", default="round_robin,kv_router", metavar="A,B",
+        "--routers",
+        default="round_robin,kv_router",
+        metavar="A,B",
         help="routers to compare, from round_robin and kv_router (default: both)",
     )
     dynamo.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario field (repeatable)",
     )
     dynamo.add_argument(
-        "--repeats", type=_positive_int, default=3,
+        "--repeats",
+        type=_positive_int,
+        default=3,
         help="runs of each side for kv_router, whose random tie-breaks make Dynamo's results vary; means are compared (default 3)",
     )
     dynamo.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     dynamo.add_argument("--out", type=Path, help="output directory (default: runs/validate-<scenario>)")
-    vllm = against.add_parser(
-        "vllm", help="run the scenario on tasim's engine and on vLLM's own scheduler, and compare request by request"
-    )
+    vllm = against.add_parser("vllm", help="run the scenario on tasim's engine and on vLLM's own scheduler, and compare request by request")
     vllm.add_argument("scenario", help="scenario YAML file (any workload; any policy but continuum)")
     vllm.add_argument(
-        "--step-ms", type=_positive_float, default=10.0,
+        "--step-ms",
+        type=_positive_float,
+        default=10.0,
         help="the fixed time of every engine step on both sides (default 10)",
     )
     vllm.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario field (repeatable)",
     )
     vllm.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
     vllm.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     vllm.add_argument("--out", type=Path, help="output directory (default: runs/validate-vllm-<scenario>)")
 
-    published = against.add_parser(
-        "published", help="hold the presets against published measurements (measurements/*.yaml), point by point"
-    )
+    published = against.add_parser("published", help="hold the presets against published measurements (measurements/*.yaml), point by point")
     published.add_argument("files", nargs="+", type=Path, metavar="FILE", help="measurement files (measurements/*.yaml)")
     published.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario field in every run (repeatable); the points' own overrides and policies stay theirs",
     )
     published.add_argument(
-        "--system", dest="systems", action="append", default=[], metavar="NAME=POLICY",
+        "--system",
+        dest="systems",
+        action="append",
+        default=[],
+        metavar="NAME=POLICY",
         help="run a source's system as another policy spec, e.g. --system 'ThunderAgent=thunderagent[variant=upstream]'",
     )
     published.add_argument("--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)")
@@ -145,25 +169,40 @@ def _build_parser() -> argparse.ArgumentParser:
     published.add_argument("--doc", type=Path, help="rewrite the published-measurements span of this document (docs/validation.md)")
     published.add_argument("--plots", type=Path, default=Path("docs/published"), help="PNG directory for --doc (default: docs/published)")
     published.add_argument(
-        "--before", action="append", default=[], type=Path, metavar="JSON",
+        "--before",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="JSON",
         help="an earlier published.json, shown as a column of earlier tasim values (repeatable)",
     )
     published.add_argument("--label", default=f"tasim {__version__}", help="names this run's record when it is later a --before")
     published.add_argument(
-        "--from-record", type=Path, metavar="JSON",
+        "--from-record",
+        type=Path,
+        metavar="JSON",
         help="take tasim's values from this published.json instead of simulating (renders tables and --doc again)",
     )
 
     live = commands.add_parser("live", help="serve the policy as a Dynamo router and drive the scenario's programs through it")
     live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
     live.add_argument("--policy", metavar="SPEC", help=POLICY_HELP)
-    live.add_argument("--engine", choices=("mocker", "vllm", "sglang"), default="mocker", help="workers: Dynamo's mocker (CPU, default) or real engines on GPUs")
     live.add_argument(
-        "--driver", choices=("http", "verl"), default="http",
+        "--engine", choices=("mocker", "vllm", "sglang"), default="mocker", help="workers: Dynamo's mocker (CPU, default) or real engines on GPUs"
+    )
+    live.add_argument(
+        "--driver",
+        choices=("http", "verl"),
+        default="http",
         help="how programs reach the stack: async HTTP clients (agent workloads) or verl agent loops (rl_rollout workloads)",
     )
     live.add_argument("--programs", type=_positive_int, help="programs to run (default: the scenario's workload.programs)")
-    live.add_argument("--time-scale", type=_positive_float, default=1.0, help="run this many times faster than the scenario: divides engine step times and tool waits (mocker only)")
+    live.add_argument(
+        "--time-scale",
+        type=_positive_float,
+        default=1.0,
+        help="run this many times faster than the scenario: divides engine step times and tool waits (mocker only)",
+    )
     live.add_argument("--prompt", choices=("tokens", "text"), default="tokens", help="send prompts as token ids (default) or as text")
     live.add_argument("--model", type=Path, help="model folder for tokenizer and config (default: a generated tokenizer-only model)")
     live.add_argument("--compare-sim", action="store_true", help="also simulate the same scenario and programs and print both side by side")
@@ -171,25 +210,32 @@ def _build_parser() -> argparse.ArgumentParser:
     live.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     live.add_argument("--out", type=Path, help="output directory (default: runs/live-<scenario>-<policy>-s<seed>)")
 
-    calibrate = commands.add_parser(
-        "calibrate", help="fit scenario fields to published measurements and report how well the fit predicts the rest"
-    )
+    calibrate = commands.add_parser("calibrate", help="fit scenario fields to published measurements and report how well the fit predicts the rest")
     calibrate.add_argument("scenario", help="scenario YAML file to calibrate (the set-up the measurements ran)")
     calibrate.add_argument("--against", required=True, type=Path, metavar="MEASUREMENTS", help="measurement file (measurements/*.yaml)")
     calibrate.add_argument(
-        "--fit", required=True, action="append", metavar="KEY=LOW:HIGH[:log],...",
+        "--fit",
+        required=True,
+        action="append",
+        metavar="KEY=LOW:HIGH[:log],...",
         help="scenario fields to fit and their ranges, e.g. --fit cluster.perf.mfu=0.2:0.8,workload.training_s=60:900",
     )
     calibrate.add_argument("--points", required=True, metavar="ID,...", help="the points to fit to; the set-up's other points are held out")
     calibrate.add_argument("--trials", type=_positive_int, default=40, help="trials of the search (default 40)")
     calibrate.add_argument(
-        "--loo-trials", type=int, metavar="N",
+        "--loo-trials",
+        type=int,
+        metavar="N",
         help="trials of each leave-one-out refit, 0 to skip them (default: --trials)",
     )
     calibrate.add_argument("--seeds", type=_positive_int, default=3, help="seeds the calibrated scenario is evaluated on (default 3)")
     calibrate.add_argument("--fit-seed", type=int, default=0, help="seed of the search's sampler (default 0)")
     calibrate.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="override a scenario field in every run (repeatable)",
     )
     calibrate.add_argument("--jobs", type=_positive_int, help="simulations in parallel (default: CPUs)")
@@ -350,7 +396,13 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _validate_vllm(args: argparse.Namespace) -> int:
     from tasim.validation.against_vllm import (
-        VALIDATION_FILE, decision_table, lost_in_oracle, mismatch_table, summary_table, validate, validation_record,
+        VALIDATION_FILE,
+        decision_table,
+        lost_in_oracle,
+        mismatch_table,
+        summary_table,
+        validate,
+        validation_record,
     )
 
     for assignment in args.overrides:
@@ -378,10 +430,21 @@ def _validate_published(args: argparse.Namespace) -> int:
     if len(systems) != len(args.systems):
         raise UsageError("--system: a system is remapped twice")
     out = _output_dir(args.out)
-    validate_published(Request(
-        tuple(args.files), tuple(args.overrides), systems, args.jobs, out, args.doc, args.plots, tuple(args.before),
-        args.label, args.from_record, command_line(args.argv),
-    ))
+    validate_published(
+        Request(
+            tuple(args.files),
+            tuple(args.overrides),
+            systems,
+            args.jobs,
+            out,
+            args.doc,
+            args.plots,
+            tuple(args.before),
+            args.label,
+            args.from_record,
+            command_line(args.argv),
+        )
+    )
     return 0
 
 
@@ -430,10 +493,23 @@ def _calibrate(args: argparse.Namespace) -> int:
     loo_trials = args.trials if args.loo_trials is None else args.loo_trials
     if loo_trials < 0:
         raise UsageError(f"--loo-trials: must be 0 (no leave-one-out) or more (got {loo_trials})")
-    run_calibration(Request(
-        Path(args.scenario), args.against, knobs, fitted, tuple(args.overrides), args.trials,
-        loo_trials, args.seeds, args.fit_seed, args.jobs, out, args.write, command_line(args.argv),
-    ))
+    run_calibration(
+        Request(
+            Path(args.scenario),
+            args.against,
+            knobs,
+            fitted,
+            tuple(args.overrides),
+            args.trials,
+            loo_trials,
+            args.seeds,
+            args.fit_seed,
+            args.jobs,
+            out,
+            args.write,
+            command_line(args.argv),
+        )
+    )
     return 0
 
 
@@ -483,12 +559,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args.argv = list(sys.argv[1:] if argv is None else argv)  # as the user typed it, for generated text
         handler = {
-            "simulate": _simulate, "compare": _compare, "report": _report, "validate": _validate, "live": _live,
-            "calibrate": _calibrate, "policies": _policies, "scenarios": _scenarios, "schema": _schema,
+            "simulate": _simulate,
+            "compare": _compare,
+            "report": _report,
+            "validate": _validate,
+            "live": _live,
+            "calibrate": _calibrate,
+            "policies": _policies,
+            "scenarios": _scenarios,
+            "schema": _schema,
         }[args.command]
         return handler(args)
-    except (UsageError, ScenarioError, MeasurementError, CalibrationError, EventLogError, TraceError, ValidationUnavailable,
-            LiveError) as exc:
+    except (UsageError, ScenarioError, MeasurementError, CalibrationError, EventLogError, TraceError, ValidationUnavailable, LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WorkloadError as exc:  # raised mid-run, by code that does not know the scenario's file

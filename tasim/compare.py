@@ -10,10 +10,11 @@ to a process pool and the results do not depend on how many run at once. Plots l
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rich import box
 from rich.table import Table
@@ -22,8 +23,8 @@ from rich.text import Text
 from tasim.errors import UsageError
 from tasim.metrics import summary_value
 from tasim.parallel import map_in_processes
-from tasim.rundir import run_simulation
 from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe, split_outside_brackets
+from tasim.rundir import run_simulation
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, shown
 
 RUNS_DIR = "runs"
@@ -108,7 +109,7 @@ class Plan:
 
     def last_point(self) -> list[Run]:
         """The runs at the last sweep point (the largest, for numbers), one per policy."""
-        return list(self.runs[-len(self.specs):])
+        return list(self.runs[-len(self.specs) :])
 
 
 # --- parsing and validation ------------------------------------------------------------------
@@ -154,8 +155,10 @@ def check_overrides(overrides: Sequence[str], sweep: Sweep | None, seed: int | N
     for assignment in overrides:
         override = Override.parse(assignment)
         if override.key[0] == "policy":
-            raise UsageError(f"--set {shown(assignment)}: policies and their params come from --policies "
-                             "(e.g. --policies 'thunderagent[variant=dynamo],least_loaded')")
+            raise UsageError(
+                f"--set {shown(assignment)}: policies and their params come from --policies "
+                "(e.g. --policies 'thunderagent[variant=dynamo],least_loaded')"
+            )
         if sweep is not None and any(swept.overwrites(override) for swept in sweep.overrides()):
             raise UsageError(f"--set {shown(assignment)}: --sweep {sweep.key} sets it in every run")
     if seed is not None and sweep is not None and any(swept.overwrites(Override(("seed",), seed)) for swept in sweep.overrides()):
@@ -202,18 +205,13 @@ def plan_runs(path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overr
     load_scenario(path, overrides)  # alone first, so an error here is the file's or --set's
     # each policy without the sweep next, so an error here is the spec's
     base = [
-        Run(spec, {}, spec.label, spec.dirname, _load(path, [*overrides, *spec.overrides()], f"--policies {shown(spec.label)}"))
-        for spec in specs
+        Run(spec, {}, spec.label, spec.dirname, _load(path, [*overrides, *spec.overrides()], f"--policies {shown(spec.label)}")) for spec in specs
     ]
     if sweep is None:
         runs = tuple(base)
     else:
         _check_sweep(specs, sweep)
-        runs = tuple(
-            _sweep_run(path, overrides, spec, sweep, text, value)
-            for text, value in zip(sweep.texts, sweep.values)
-            for spec in specs
-        )
+        runs = tuple(_sweep_run(path, overrides, spec, sweep, text, value) for text, value in zip(sweep.texts, sweep.values) for spec in specs)
     _check_dirnames(runs)
     return Plan(tuple(specs), sweep, runs)
 
@@ -238,8 +236,7 @@ def records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[dict[str, A
     """What compare.json holds, in plan order (sweep value, then policy as given): ``params``
     are those the policy ran with (the spec's over the scenario's defaults, and a swept one)."""
     return [
-        {"policy": run.policy, "spec": run.spec.label, "params": run.scenario.policy.effective_params,
-         "overrides": run.point, "summary": summary}
+        {"policy": run.policy, "spec": run.spec.label, "params": run.scenario.policy.effective_params, "overrides": run.point, "summary": summary}
         for run, summary in zip(plan.runs, summaries)
     ]
 

@@ -7,7 +7,7 @@ In a scenario file a distribution is either a plain number (fixed) or a mapping 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -48,7 +48,7 @@ class Uniform(_Dist):
     high: float = Field(ge=0, le=LIMIT)
 
     @model_validator(mode="after")
-    def _ordered(self) -> "Uniform":
+    def _ordered(self) -> Uniform:
         if self.high < self.low:
             raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
         return self
@@ -103,7 +103,7 @@ class Empirical(_Dist):
     weights: list[Annotated[float, Field(le=LIMIT)]] | None = None
 
     @model_validator(mode="after")
-    def _weights_match(self) -> "Empirical":
+    def _weights_match(self) -> Empirical:
         if any(v < 0 for v in self.values):
             raise ValueError("values must be >= 0")
         if self.weights is not None:
@@ -137,7 +137,7 @@ def _number_is_fixed(value: Any) -> Any:
 DISTRIBUTION_KINDS = (Fixed, Uniform, LogNormal, Pareto, Empirical)
 
 Distribution = Annotated[
-    Union[Fixed, Uniform, LogNormal, Pareto, Empirical],
+    Fixed | Uniform | LogNormal | Pareto | Empirical,
     Field(discriminator="kind"),
     BeforeValidator(_number_is_fixed),
 ]

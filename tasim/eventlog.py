@@ -5,8 +5,9 @@ from __future__ import annotations
 import gzip
 import io
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from tasim.events import Event, from_record, to_record
 
@@ -24,13 +25,10 @@ class EventWriter:
 
     def __init__(self, path: Path, compress: bool = False) -> None:
         self.path = path
-        raw: IO[bytes] = open(path, "wb")
-        if compress:
-            raw = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0)  # type: ignore[assignment]
-            self._outer = raw.fileobj  # type: ignore[attr-defined]
-        else:
-            self._outer = None
-        self._raw = raw
+        file = open(path, "wb")  # noqa: SIM115 (the writer holds it open until close())
+        # gzip does not close the file it writes into, so a compressed log closes both
+        self._outer: IO[bytes] | None = file if compress else None
+        raw: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if compress else file
         self._out = io.TextIOWrapper(raw, encoding="utf-8", newline="\n")
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 

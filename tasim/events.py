@@ -320,9 +320,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
     )
 }
 
-_FIELDS: dict[type[Event], tuple[str, ...]] = {
-    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in EVENT_TYPES.values()
-}
+_FIELDS: dict[type[Event], tuple[str, ...]] = {cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in EVENT_TYPES.values()}
 # Per event type, its fields that have a default, with the default (written only when different).
 _DEFAULTS: dict[type[Event], dict[str, Any]] = {
     cls: defaults

@@ -9,8 +9,9 @@ first admission since the start (vLLM >= 0.11 leaves readmissions after a preemp
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -151,7 +152,7 @@ class MetricsFold:
         if handler is not None:
             handler(self, event)
 
-    def apply_all(self, events: Iterable[ev.Event]) -> "MetricsFold":
+    def apply_all(self, events: Iterable[ev.Event]) -> MetricsFold:
         for event in events:
             self.apply(event)
         return self

@@ -14,8 +14,8 @@ is also what live mode feeds them (Dynamo's XXH3 block hashes).
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 BlockHash = int
 

@@ -7,8 +7,9 @@ between plots and nothing tries to open a window.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -46,9 +47,7 @@ def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
     return list(range(len(sweep.texts)))
 
 
-def sweep_plot(
-    plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path
-) -> Path:
+def sweep_plot(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path) -> Path:
     """The summary value at ``metric`` against the swept value, one line per policy spec."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
@@ -92,8 +91,7 @@ def kv_utilization_plot(runs: Sequence[Run], run_dirs: Sequence[Path], title: st
         ax.set_ylabel(KV_LABEL)
         ax.grid(True, alpha=0.3)
         # outside the axes so lines are never hidden; columns keep many workers readable
-        ax.legend(title="worker", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small",
-                  ncol=max(1, math.ceil(len(series) / 16)))
+        ax.legend(title="worker", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", ncol=max(1, math.ceil(len(series) / 16)))
     axes[-1].set_xlabel(TIME_LABEL)
     fig.suptitle(title)
     return _save(fig, path)
@@ -108,8 +106,11 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
         else:
             throughput = ("steps_per_min",), "steps per minute (LLM calls/min)", "Throughput"
         written.append(sweep_plot(plan, summaries, *throughput, out / "throughput.png"))
-        written.append(sweep_plot(plan, summaries, ("prefix_hit_rate",), "prefix hit rate (fraction of prompt tokens)",
-                                  "Prefix cache hit rate", out / "hit_rate.png"))
+        written.append(
+            sweep_plot(
+                plan, summaries, ("prefix_hit_rate",), "prefix hit rate (fraction of prompt tokens)", "Prefix cache hit rate", out / "hit_rate.png"
+            )
+        )
     last = plan.last_point()
     point = ", ".join(f"{k}={v}" for k, v in last[0].point.items())
     title = f"KV utilisation per worker · {plan.scenario.name}" + (f" · {point}" if point else "")

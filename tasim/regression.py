@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from tasim.metrics import MetricsFold
 from tasim.parallel import map_in_processes

@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -37,8 +38,12 @@ SMALL_RUNS = {
     "swe-agent.yaml": ["workload.concurrency=6", "duration_s=400", "metrics.warmup_s=0"],
     "multiturn-validation.yaml": ["workload.concurrency=8", "workload.programs=12", "duration_s=300"],
     "rl-rollout.yaml": [
-        "workload.prompts_per_step=3", "workload.samples_per_prompt=2", "workload.steps=2", "workload.max_concurrency=4",
-        "duration_s=2000", "workload.training_s=20",
+        "workload.prompts_per_step=3",
+        "workload.samples_per_prompt=2",
+        "workload.steps=2",
+        "workload.max_concurrency=4",
+        "duration_s=2000",
+        "workload.training_s=20",
     ],
     "toolorchestra.yaml": ["workload.concurrency=4", "duration_s=300", "metrics.warmup_s=0"],
 }
@@ -110,9 +115,10 @@ def sim_invariants(runs: int = 200, seed: int = 0) -> Outcome:
         f"{runs} random scenarios: 4 presets × {len(POLICIES)} policies × engine settings",
         f"KV pools of 4k-128k tokens: {preempted:,} preemptions; requests too big for their pool "
         f"({stalled} run{'s' if stalled != 1 else ''} stopped as every program's first request was)",
-        requests, 0, 0,
-        f"no invariant broken: {finished:,} finished, {dropped:,} dropped with a reason, "
-        f"{requests - finished - dropped:,} open at the deadline",
+        requests,
+        0,
+        0,
+        f"no invariant broken: {finished:,} finished, {dropped:,} dropped with a reason, {requests - finished - dropped:,} open at the deadline",
     )
 
 
@@ -142,7 +148,9 @@ def live_load(out: Path, programs: int = 2048, concurrency: int = 512) -> Outcom
         f"{programs:,} programs, {concurrency} concurrent, for {driver['wall_s']:.0f} s through Dynamo's frontend, "
         "the tasim router (thunderagent) and 2 mocker workers",
         f"{summary['pauses']:,} pauses and {summary['resumes']:,} resumes racing requests' admission",
-        driver["requests"], lost, summary["programs_leaked"],
+        driver["requests"],
+        lost,
+        summary["programs_leaked"],
         f"{summary['requests_completed']:,} completed, {driver['failed_requests']} failed",
     )
 
@@ -158,7 +166,9 @@ def worker_crash(out: Path) -> Outcome:
         f"{run.programs} programs, {run.concurrency} concurrent, for {run.wall_s:.0f} s through Dynamo's frontend, "
         "the tasim router (thunderagent) and 2 mocker workers",
         f"w1 SIGKILLed with {run.streaming_at_kill} calls in flight on it, restarted at once; after the run, both workers killed",
-        run.requests, run.lost_requests, run.leaked_programs,
+        run.requests,
+        run.lost_requests,
+        run.leaked_programs,
         f"w1 lost after {run.lost_after_s:.2f} s; {run.retried} calls retried ({run.retried_mid_stream} mid-stream, "
         f"their output kept), {run.failed_requests} failed; {run.replaced_programs} programs re-placed on w0; w1 serving again "
         f"{run.rejoined_after_s:.1f} s after its restart and took {run.served_after_rejoin} calls; with no worker a call got "
@@ -196,7 +206,9 @@ def abandoned_sessions(count: int = 100_000, ttl_s: float = 600.0, every_s: floa
         "live router: sessions that never end",
         f"{count:,} sessions, one call each, one every {every_s:g} s",
         "no session ever sends its session-final",
-        count, count - host.finished, len(host.programs),
+        count,
+        count - host.finished,
+        len(host.programs),
         f"program table peaked at {peak:,} (idle TTL {ttl_s:g} s); {len(set(ended)):,} programs ended by the TTL",
     )
 

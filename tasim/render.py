@@ -71,9 +71,7 @@ def _type_name(annotation: Any) -> str:
 def _bounds(field: FieldInfo) -> str:
     """Numeric constraints (pydantic keeps them as annotated_types objects in ``metadata``)."""
     symbols = (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<="))
-    return ", ".join(
-        f"{symbol} {getattr(item, attr)}" for item in field.metadata for attr, symbol in symbols if hasattr(item, attr)
-    )
+    return ", ".join(f"{symbol} {getattr(item, attr)}" for item in field.metadata for attr, symbol in symbols if hasattr(item, attr))
 
 
 def _default(field: FieldInfo) -> str:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -34,8 +35,13 @@ def write_json(path: Path, data: Any) -> None:
 
 
 def run_simulation(
-    scenario: Scenario, out: Path, gzip: bool = False, progress: bool = False, check: bool = False,
-    engine_factory: "EngineFactory | None" = None, observe: Callable[[Event], None] | None = None,
+    scenario: Scenario,
+    out: Path,
+    gzip: bool = False,
+    progress: bool = False,
+    check: bool = False,
+    engine_factory: EngineFactory | None = None,
+    observe: Callable[[Event], None] | None = None,
 ) -> dict[str, Any]:
     """Simulate ``scenario``, write the event log, summary and run metadata under ``out``.
     ``check``: check the simulator's invariants as it runs (`tasim.sim.checks`); a broken one

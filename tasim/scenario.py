@@ -9,14 +9,15 @@ from __future__ import annotations
 import re
 import reprlib
 import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Mapping, Sequence, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
-    BeforeValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     NonNegativeFloat,
@@ -81,9 +82,7 @@ class EngineConfig(_Strict):
         "false for Dynamo's mocker, which caches generated blocks under its own random token ids",
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    activation_reserve_gib: NonNegativeFloat = Field(
-        2.0, le=1024, description="per-GPU memory kept for activations (auto sizing)"
-    )
+    activation_reserve_gib: NonNegativeFloat = Field(2.0, le=1024, description="per-GPU memory kept for activations (auto sizing)")
 
     @model_validator(mode="before")
     @classmethod
@@ -95,7 +94,7 @@ class EngineConfig(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _as_vllm_runs(self) -> "EngineConfig":
+    def _as_vllm_runs(self) -> EngineConfig:
         if self.flavour == "vllm":
             if self.kv_blocks == 1:
                 raise ValueError("kv_blocks must be at least 2 with flavour vllm (one block is vLLM's null block)")
@@ -139,7 +138,7 @@ class ClusterConfig(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _fits(self) -> "ClusterConfig":
+    def _fits(self) -> ClusterConfig:
         if self.cache_blocks_per_worker() < 1:  # raises ValueError itself when the weights do not fit
             raise ValueError("the KV pool has no block beside vLLM's null block (raise GPU memory or lower the model)")
         return self
@@ -182,7 +181,7 @@ class Release(_Strict):
     delay_s: PositiveFloat | None = Field(None, le=10_000_000, description="after: seconds from the last call's end to the release")
 
     @model_validator(mode="after")
-    def _delay_with_after(self) -> "Release":
+    def _delay_with_after(self) -> Release:
         if self.kind == "after" and self.delay_s is None:
             raise ValueError("delay_s is required when kind is 'after'")
         if self.kind != "after" and self.delay_s is not None:
@@ -241,7 +240,7 @@ class ProgramShape(_Strict):
     )
 
     @model_validator(mode="after")
-    def _one_tool_model(self) -> "ProgramShape":
+    def _one_tool_model(self) -> ProgramShape:
         if self.tools is None:
             return self
         if not self.tools:
@@ -273,12 +272,10 @@ class AgentWorkload(ProgramShape):
     # bounded so arrivals stay apart (at 1e300 per second the clock would never move) and the
     # programs they start stay near MAX_LIVE_PROGRAMS
     rate_per_s: PositiveFloat | None = Field(None, le=10_000)
-    programs: PositiveInt | None = Field(
-        None, le=10_000_000, description="run exactly this many programs, then end (default: until duration_s)"
-    )
+    programs: PositiveInt | None = Field(None, le=10_000_000, description="run exactly this many programs, then end (default: until duration_s)")
 
     @model_validator(mode="after")
-    def _arrival_params(self) -> "AgentWorkload":
+    def _arrival_params(self) -> AgentWorkload:
         if self.arrival == "poisson" and self.rate_per_s is None:
             raise ValueError("rate_per_s is required when arrival is 'poisson'")
         return self
@@ -298,13 +295,14 @@ class RolloutWorkload(ProgramShape):
     reset_prefix_cache: bool = Field(True, description="drop cached KV after each weight update")
 
     @model_validator(mode="after")
-    def _groups_fit(self) -> "RolloutWorkload":
+    def _groups_fit(self) -> RolloutWorkload:
         # Prompt groups get block-hash owner keys below 2**20 (tasim.workloads.programs).
         if self.steps * self.prompts_per_step >= 1 << 20:
             raise ValueError(f"steps x prompts_per_step must be < {1 << 20} (got {self.steps * self.prompts_per_step})")
         if self.prompts_per_step * self.samples_per_prompt > MAX_LIVE_PROGRAMS:
-            raise ValueError(f"prompts_per_step x samples_per_prompt must be at most {MAX_LIVE_PROGRAMS} "
-                             f"(got {self.prompts_per_step * self.samples_per_prompt})")
+            raise ValueError(
+                f"prompts_per_step x samples_per_prompt must be at most {MAX_LIVE_PROGRAMS} (got {self.prompts_per_step * self.samples_per_prompt})"
+            )
         return self
 
 
@@ -335,7 +333,7 @@ def _agent_by_default(value: Any) -> Any:
 
 
 Workload = Annotated[
-    Union[AgentWorkload, RolloutWorkload, MooncakeTraceWorkload, DynamoTraceWorkload],
+    AgentWorkload | RolloutWorkload | MooncakeTraceWorkload | DynamoTraceWorkload,
     Field(discriminator="kind"),
     BeforeValidator(_agent_by_default),
 ]
@@ -347,8 +345,7 @@ class PolicyConfig(_Strict):
     params: dict[str, Any] = Field(default_factory=dict)
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description="per policy, the parameters this deployment gives it whichever policy a run selects "
-        "(--policy, compare); params override them",
+        description="per policy, the parameters this deployment gives it whichever policy a run selects (--policy, compare); params override them",
     )
 
     @property
@@ -356,7 +353,7 @@ class PolicyConfig(_Strict):
         return {**self.defaults.get(self.name, {}), **self.params}
 
     @model_validator(mode="after")
-    def _known_policy(self) -> "PolicyConfig":
+    def _known_policy(self) -> PolicyConfig:
         from tasim.policies import policy_class  # policies depend on core, not the reverse
 
         for name, params in self.defaults.items():
@@ -410,7 +407,9 @@ class LiveConfig(_Strict):
 
 class Scenario(_Strict):
     name: str = Field(
-        "scenario", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100,
+        "scenario",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        max_length=100,
         description="names the default output directory: letters, digits, '.', '_' and '-'",
     )
     description: str = ""
@@ -423,13 +422,13 @@ class Scenario(_Strict):
     live: LiveConfig = LiveConfig()
 
     @model_validator(mode="after")
-    def _window(self) -> "Scenario":
+    def _window(self) -> Scenario:
         if self.metrics.warmup_s >= self.duration_s:
             raise ValueError(f"metrics.warmup_s ({self.metrics.warmup_s}) must be < duration_s ({self.duration_s})")
         return self
 
     @model_validator(mode="after")
-    def _trace_blocks_nest(self) -> "Scenario":
+    def _trace_blocks_nest(self) -> Scenario:
         if isinstance(self.workload, MooncakeTraceWorkload):  # a Dynamo trace's block size is in the file
             try:
                 check_block_sizes(self.cluster.engine.block_size, self.workload.trace_block_size)
@@ -457,7 +456,7 @@ def _union_members(annotation: Any) -> tuple[type[BaseModel], ...]:
     """Model classes of a (possibly Annotated) discriminated union, else ()."""
     if get_origin(annotation) is Annotated:
         annotation = get_args(annotation)[0]
-    if get_origin(annotation) is Union:
+    if get_origin(annotation) in (Union, types.UnionType):
         return tuple(a for a in get_args(annotation) if isinstance(a, type) and issubclass(a, BaseModel))
     return ()
 
@@ -575,7 +574,7 @@ class Override:
     value: Any
 
     @classmethod
-    def parse(cls, assignment: str) -> "Override":
+    def parse(cls, assignment: str) -> Override:
         key, sep, text = assignment.partition("=")
         if not sep or not key.strip():
             raise ScenarioError(f"--set {shown(assignment)}: expected dotted.key=value")
@@ -600,7 +599,7 @@ class Override:
         depth = len(self.key)  # above it: a mapping that holds the field
         return key[:depth] == self.key and _holds(self.value, key[depth:])
 
-    def overwrites(self, earlier: "Override") -> bool:
+    def overwrites(self, earlier: Override) -> bool:
         """Whether applying this after ``earlier`` replaces any of what ``earlier`` set."""
         if self.key == earlier.key:
             return self.value != earlier.value

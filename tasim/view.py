@@ -42,14 +42,11 @@ class ClusterView:
         raise KeyError(worker_id)
 
 
-def cluster_view(scenario: "Scenario") -> ClusterView:
+def cluster_view(scenario: Scenario) -> ClusterView:
     """The scenario's workers, named ``w0 … wN-1``: identical in simulation and live mode."""
     cluster = scenario.cluster
     engine = cluster.engine
     blocks = cluster.cache_blocks_per_worker()
     return ClusterView(
-        tuple(
-            WorkerInfo(f"w{i}", engine.block_size, blocks, engine.max_num_seqs, engine.max_num_batched_tokens)
-            for i in range(cluster.backends)
-        )
+        tuple(WorkerInfo(f"w{i}", engine.block_size, blocks, engine.max_num_seqs, engine.max_num_batched_tokens) for i in range(cluster.backends))
     )

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
 import subprocess
 import sys
 import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -42,8 +41,16 @@ def live_view(workers: int = 2, kv_blocks: int = 64) -> ClusterView:
     return ClusterView(tuple(WorkerInfo(f"w{i}", LIVE_BLOCK_SIZE, kv_blocks, 64, 2048) for i in range(workers)))
 
 
-def live_host(policy: str = "round_robin", params: dict[str, Any] | None = None, *, workers: int = 2, kv_blocks: int = 64,
-              ttl: float | None = None, log_kv_events: bool = False, checked: bool = False) -> tuple["PolicyHost", FakeClock, list["ev.Event"]]:
+def live_host(
+    policy: str = "round_robin",
+    params: dict[str, Any] | None = None,
+    *,
+    workers: int = 2,
+    kv_blocks: int = 64,
+    ttl: float | None = None,
+    log_kv_events: bool = False,
+    checked: bool = False,
+) -> tuple[PolicyHost, FakeClock, list[ev.Event]]:
     """The live router's `PolicyHost` on a `FakeClock`, recording its events (through the
     simulator's `EventChecks` when ``checked``)."""
     import numpy as np
@@ -59,7 +66,7 @@ def live_host(policy: str = "round_robin", params: dict[str, Any] | None = None,
     return PolicyHost(chosen, clock, emit, LIVE_BLOCK_SIZE, log_kv_events, ttl), clock, events
 
 
-def routed(admission: "Call | Held") -> "Call":
+def routed(admission: Call | Held) -> Call:
     """The admission, which must be a routed call (not held)."""
     from tasim.live.host import Call
 
@@ -97,8 +104,7 @@ def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str
         assert fragment in lines[0], lines[0]
 
 
-def spec(rid: str, prompt: int, output: int, hashes: list[BlockHash] | None = None, block_size: int = 4,
-         program: str | None = None) -> RequestSpec:
+def spec(rid: str, prompt: int, output: int, hashes: list[BlockHash] | None = None, block_size: int = 4, program: str | None = None) -> RequestSpec:
     """A request whose full blocks get distinct hashes unless ``hashes`` are given."""
     if hashes is None:
         base = zlib.crc32(rid.encode()) % 10_000 * 1000

@@ -123,16 +123,25 @@ def test_a_simulated_continuum_pins_by_the_tool_each_turn_calls(tmp_path) -> Non
     from tasim.scenario import Scenario
     from tasim.workloads import plan_program
 
-    scenario = Scenario.model_validate({
-        "name": "tools", "seed": 3, "duration_s": 10_000,
-        "cluster": {"backends": 1, "gpu": "H100", "model": "Llama-3.1-8B", "engine": {"block_size": 16, "kv_blocks": 2000}},
-        "workload": {
-            "concurrency": 1, "programs": 1, "turns": 12, "task_prompt_tokens": 100, "output_tokens": 20, "observation_tokens": 20,
-            "tools": {"cat": {"share": 1, "latency_s": 0.5}, "pytest": {"share": 1, "latency_s": 10.0}},
-        },
-        "policy": {"name": "continuum"},
-        "metrics": {"warmup_s": 0},
-    })
+    scenario = Scenario.model_validate(
+        {
+            "name": "tools",
+            "seed": 3,
+            "duration_s": 10_000,
+            "cluster": {"backends": 1, "gpu": "H100", "model": "Llama-3.1-8B", "engine": {"block_size": 16, "kv_blocks": 2000}},
+            "workload": {
+                "concurrency": 1,
+                "programs": 1,
+                "turns": 12,
+                "task_prompt_tokens": 100,
+                "output_tokens": 20,
+                "observation_tokens": 20,
+                "tools": {"cat": {"share": 1, "latency_s": 0.5}, "pytest": {"share": 1, "latency_s": 10.0}},
+            },
+            "policy": {"name": "continuum"},
+            "metrics": {"warmup_s": 0},
+        }
+    )
     run_simulation(scenario, tmp_path / "run")
     pins = sum(isinstance(e, ev.ProgramPinned) for e in read_events(tmp_path / "run" / EVENTS_PLAIN))
     tools = [t.tool for t in plan_program(scenario.workload, 3, 0, 10**9).turns]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import TINY, assert_usage_error, tasim
+
 from tasim.calibration import CalibrationError
 from tasim.calibration.fit import MISSING_PENALTY, current_values, loss
 from tasim.calibration.report import interval
@@ -24,31 +24,36 @@ PUBLISHED = str(Path(__file__).parent / "data" / "published-tiny.yaml")
 
 def test_knobs_parse_and_take_the_field_type_from_the_scenario() -> None:
     scenario = load_scenario(TINY)
-    knobs = parse_space(["cluster.perf.mfu=0.1:0.9", "cluster.engine.kv_blocks=500:4000,workload.observation_tokens=100:2000:log"],
-                        scenario)
+    knobs = parse_space(["cluster.perf.mfu=0.1:0.9", "cluster.engine.kv_blocks=500:4000,workload.observation_tokens=100:2000:log"], scenario)
     assert knobs == (
         Knob("cluster.perf.mfu", 0.1, 0.9, integer=False),
         Knob("cluster.engine.kv_blocks", 500, 4000, integer=True),
         Knob("workload.observation_tokens", 100, 2000, integer=False, log=True),  # a fixed distribution: its value
     )
     assert [k.override(v) for k, v in zip(knobs, (0.25, 1234.0, 400.0))] == [
-        "cluster.perf.mfu=0.25", "cluster.engine.kv_blocks=1234", "workload.observation_tokens=400.0"]
+        "cluster.perf.mfu=0.25",
+        "cluster.engine.kv_blocks=1234",
+        "workload.observation_tokens=400.0",
+    ]
     assert current_values(scenario, knobs) == {"cluster.perf.mfu": 0.5, "cluster.engine.kv_blocks": 2000, "workload.observation_tokens": 400.0}
     assert current_values(scenario, (Knob("cluster.perf.mfu", 0.6, 0.9),)) is None  # 0.5 lies outside
 
 
-@pytest.mark.parametrize(("texts", "message"), [
-    (["cluster.perf.mfu"], "expected dotted.key=LOW:HIGH"),
-    (["cluster.perf.mfu=0.9:0.1"], "needs finite LOW < HIGH (got 0.9:0.1)"),
-    (["cluster.perf.mfu=a:1"], "LOW and HIGH must be numbers"),
-    (["cluster.perf.mfu=0:1:log"], "a log scale needs LOW > 0"),
-    (["cluster.perf.mfu=0.1:0.2:lin"], "expected LOW:HIGH or LOW:HIGH:log"),
-    (["cluster.perf.mfu=0.1:0.2,cluster.perf.mfu=0.3:0.4"], "--fit cluster.perf.mfu: given twice"),
-    (["workload.turns=1:5"], "--fit workload.turns: not a number in tiny (it holds dict"),
-    (["cluster.engine.kv_blocks=500.5:900"], "cluster.engine.kv_blocks is an integer; give integer bounds"),
-    (["cluster.nothing=1:2"], "not a number in tiny (it holds nothing)"),
-    ([], "--fit: name at least one"),
-])
+@pytest.mark.parametrize(
+    ("texts", "message"),
+    [
+        (["cluster.perf.mfu"], "expected dotted.key=LOW:HIGH"),
+        (["cluster.perf.mfu=0.9:0.1"], "needs finite LOW < HIGH (got 0.9:0.1)"),
+        (["cluster.perf.mfu=a:1"], "LOW and HIGH must be numbers"),
+        (["cluster.perf.mfu=0:1:log"], "a log scale needs LOW > 0"),
+        (["cluster.perf.mfu=0.1:0.2:lin"], "expected LOW:HIGH or LOW:HIGH:log"),
+        (["cluster.perf.mfu=0.1:0.2,cluster.perf.mfu=0.3:0.4"], "--fit cluster.perf.mfu: given twice"),
+        (["workload.turns=1:5"], "--fit workload.turns: not a number in tiny (it holds dict"),
+        (["cluster.engine.kv_blocks=500.5:900"], "cluster.engine.kv_blocks is an integer; give integer bounds"),
+        (["cluster.nothing=1:2"], "not a number in tiny (it holds nothing)"),
+        ([], "--fit: name at least one"),
+    ],
+)
 def test_bad_fit_specs_are_one_line(texts: list[str], message: str) -> None:
     with pytest.raises(CalibrationError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_space(texts, load_scenario(TINY))
@@ -70,8 +75,24 @@ def test_interval_is_the_student_t_95_percent_half_width() -> None:
 
 def test_calibration_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "cal"
-    args = ["calibrate", TINY, "--against", PUBLISHED, "--fit", "cluster.perf.mfu=0.1:0.9,cluster.perf.step_overhead_ms=1:20",
-            "--points", "sticky-steps-2,sticky-steps-6", "--trials", "6", "--seeds", "2", "--out", str(out), "--jobs", "2"]
+    args = [
+        "calibrate",
+        TINY,
+        "--against",
+        PUBLISHED,
+        "--fit",
+        "cluster.perf.mfu=0.1:0.9,cluster.perf.step_overhead_ms=1:20",
+        "--points",
+        "sticky-steps-2,sticky-steps-6",
+        "--trials",
+        "6",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+    ]
     result = tasim(*args)
     assert result.returncode == 0, result.stderr
     assert "held out: 4 points" in result.stdout and "leave-one-out: 2 fitted points" in result.stdout
@@ -112,13 +133,21 @@ def test_calibration_end_to_end(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "again" / "calibration.json").read_text())["fitted_values"] == fitted
 
 
-@pytest.mark.parametrize(("extra", "fragments"), [
-    (["--points", "nope"], ("--points nope: no such point",)),
-    (["--points", "sticky-steps-2,sticky-steps-4,sticky-steps-6,aware-hit-4,aware-over-sticky-4,sticky-6-over-2"],
-     ("every point of the set-up is fitted",)),
-    (["--points", "sticky-steps-2", "--fit", "workload.concurrency=2:6"], ("--fit workload.concurrency: point sticky-steps-2 sets workload.concurrency itself",)),
-    (["--points", "sticky-steps-2", "--fit", "cluster.perf.mfu=2:1"], ("needs finite LOW < HIGH",)),
-])
+@pytest.mark.parametrize(
+    ("extra", "fragments"),
+    [
+        (["--points", "nope"], ("--points nope: no such point",)),
+        (
+            ["--points", "sticky-steps-2,sticky-steps-4,sticky-steps-6,aware-hit-4,aware-over-sticky-4,sticky-6-over-2"],
+            ("every point of the set-up is fitted",),
+        ),
+        (
+            ["--points", "sticky-steps-2", "--fit", "workload.concurrency=2:6"],
+            ("--fit workload.concurrency: point sticky-steps-2 sets workload.concurrency itself",),
+        ),
+        (["--points", "sticky-steps-2", "--fit", "cluster.perf.mfu=2:1"], ("needs finite LOW < HIGH",)),
+    ],
+)
 def test_calibrate_refuses_bad_requests_in_one_line(tmp_path: Path, extra: list[str], fragments: tuple[str, ...]) -> None:
     base = ["calibrate", TINY, "--against", PUBLISHED, "--trials", "2", "--out", str(tmp_path / "cal")]
     if "--fit" not in extra:

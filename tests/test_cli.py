@@ -6,11 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, assert_usage_error, tasim
-
-
-
 
 
 def test_same_seed_gives_byte_identical_events(tmp_path: Path) -> None:
@@ -42,9 +38,23 @@ def test_report_reproduces_summary_exactly(tmp_path: Path) -> None:
     report = tasim("report", str(out), "--json")
     assert report.returncode == 0, report.stderr
     assert report.stdout == json.dumps(summary, indent=2) + "\n"
-    for key in ("policy", "requests_completed", "programs_completed", "steps_per_min", "output_tokens_per_s",
-                "prefix_hit_rate", "ttft_s", "tpot_s", "e2e_s", "recomputed_tokens", "preemptions", "pauses",
-                "resumes", "sim_time_s", "wall_time_s"):
+    for key in (
+        "policy",
+        "requests_completed",
+        "programs_completed",
+        "steps_per_min",
+        "output_tokens_per_s",
+        "prefix_hit_rate",
+        "ttft_s",
+        "tpot_s",
+        "e2e_s",
+        "recomputed_tokens",
+        "preemptions",
+        "pauses",
+        "resumes",
+        "sim_time_s",
+        "wall_time_s",
+    ):
         assert key in summary
     assert summary["policy"] == "round_robin"
     assert summary["requests_completed"] > 50
@@ -54,8 +64,9 @@ def test_report_reproduces_summary_exactly(tmp_path: Path) -> None:
 
 def test_set_and_policy_overrides(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    result = tasim("simulate", TINY, "--policy", "round_robin", "--set", "workload.concurrency=2",
-                   "--set", "duration_s=60", "--out", str(out), "--quiet")
+    result = tasim(
+        "simulate", TINY, "--policy", "round_robin", "--set", "workload.concurrency=2", "--set", "duration_s=60", "--out", str(out), "--quiet"
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["sim_time_s"] == 60
@@ -89,10 +100,11 @@ def _write(tmp_path: Path, text: str) -> str:
         ("policy: {name: nope}\n", ["policy", "unknown policy", "round_robin"]),
         ("policy: {name: round_robin, params: {x: 1}}\n", ["policy", "params.x"]),
         ("policy: {defaults: {kv_routr: {}}}\n", ["policy: defaults.kv_routr: unknown policy", "kv_router"]),
-        ("policy: {defaults: {kv_router: {router_temperature: -1}}}\n",
-         ["policy: defaults.kv_router.router_temperature", "greater than or equal to 0", "-1"]),
-        ("policy: {defaults: {random: {ttl: 5}}}\n",
-         ["defaults.random.ttl: unknown parameter of random", "allowed: session_affinity_ttl_s"]),
+        (
+            "policy: {defaults: {kv_router: {router_temperature: -1}}}\n",
+            ["policy: defaults.kv_router.router_temperature", "greater than or equal to 0", "-1"],
+        ),
+        ("policy: {defaults: {random: {ttl: 5}}}\n", ["defaults.random.ttl: unknown parameter of random", "allowed: session_affinity_ttl_s"]),
         ("policy: {defaults: {random: 3}}\n", ["policy.defaults.random", "dictionary"]),
         ("duration_s: 10\nmetrics: {warmup_s: 20}\n", ["warmup_s"]),
         ("workload: [1, 2\n", ["YAML syntax error", ":2:"]),
@@ -152,33 +164,54 @@ def test_set_policy_params_reach_the_policy_given_by_policy(tmp_path: Path) -> N
     result = tasim("simulate", TINY, "--policy", "thunderagent", "--set", "policy.params.variant=dynamo", *short, "--out", str(by_set))
     assert result.returncode == 0, result.stderr
     assert json.loads((by_set / "run.json").read_text())["scenario"]["policy"] == {
-        "name": "thunderagent", "params": {"variant": "dynamo"}, "defaults": {}}
+        "name": "thunderagent",
+        "params": {"variant": "dynamo"},
+        "defaults": {},
+    }
     result = tasim("simulate", TINY, "--policy", "thunderagent[variant=dynamo]", *short, "--out", str(by_spec))
     assert result.returncode == 0, result.stderr
     assert (by_spec / "events.jsonl").read_bytes() == (by_set / "events.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize(("args", "line"), [
-    (["simulate", TINY, "--policy", "thunderagent", "--set", "policy.name=kv_router"],
-     "error: --set policy.name=kv_router: would replace what --policy thunderagent sets"),
-    (["simulate", TINY, "--policy", "thunderagent[variant=dynamo]", "--set", "policy.params.variant=upstream"],
-     "error: --set policy.params.variant=upstream: would replace what --policy thunderagent[variant=dynamo] sets"),
-    (["simulate", TINY, "--policy", "thunderagent[variant=dynamo]", "--set", "policy.defaults.thunderagent.variant=upstream"],
-     "error: --set policy.defaults.thunderagent.variant=upstream: would do nothing: "
-     "--policy thunderagent[variant=dynamo] sets variant itself"),
-    (["simulate", TINY, "--seed", "3", "--set", "seed=4"], "error: --set seed=4: --seed 3 sets seed too (give one of them)"),
-    (["simulate", TINY, "--policy", "thunderagent[variant]"],
-     "error: --policy thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])"),
-    (["live", TINY, "--policy", "thunderagent", "--set", "policy.name=kv_router"],
-     "error: --set policy.name=kv_router: would replace what --policy thunderagent sets"),
-    (["live", TINY, "--programs", "3", "--set", "workload.programs=4"],
-     "error: --set workload.programs=4: --programs 3 sets workload.programs too (give one of them)"),
-    # validate dynamo runs each router with Dynamo's defaults and the mocker's models
-    (["validate", "dynamo", TINY, "--set", "policy.params.variant=dynamo"],
-     "error: --set policy.params.variant=dynamo: validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)"),
-    (["validate", "dynamo", TINY, "--set", "cluster.perf.model=roofline"],
-     "error: --set cluster.perf.model=roofline: validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)"),
-])
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["simulate", TINY, "--policy", "thunderagent", "--set", "policy.name=kv_router"],
+            "error: --set policy.name=kv_router: would replace what --policy thunderagent sets",
+        ),
+        (
+            ["simulate", TINY, "--policy", "thunderagent[variant=dynamo]", "--set", "policy.params.variant=upstream"],
+            "error: --set policy.params.variant=upstream: would replace what --policy thunderagent[variant=dynamo] sets",
+        ),
+        (
+            ["simulate", TINY, "--policy", "thunderagent[variant=dynamo]", "--set", "policy.defaults.thunderagent.variant=upstream"],
+            "error: --set policy.defaults.thunderagent.variant=upstream: would do nothing: --policy thunderagent[variant=dynamo] sets variant itself",
+        ),
+        (["simulate", TINY, "--seed", "3", "--set", "seed=4"], "error: --set seed=4: --seed 3 sets seed too (give one of them)"),
+        (
+            ["simulate", TINY, "--policy", "thunderagent[variant]"],
+            "error: --policy thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])",
+        ),
+        (
+            ["live", TINY, "--policy", "thunderagent", "--set", "policy.name=kv_router"],
+            "error: --set policy.name=kv_router: would replace what --policy thunderagent sets",
+        ),
+        (
+            ["live", TINY, "--programs", "3", "--set", "workload.programs=4"],
+            "error: --set workload.programs=4: --programs 3 sets workload.programs too (give one of them)",
+        ),
+        # validate dynamo runs each router with Dynamo's defaults and the mocker's models
+        (
+            ["validate", "dynamo", TINY, "--set", "policy.params.variant=dynamo"],
+            "error: --set policy.params.variant=dynamo: validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)",
+        ),
+        (
+            ["validate", "dynamo", TINY, "--set", "cluster.perf.model=roofline"],
+            "error: --set cluster.perf.model=roofline: validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)",
+        ),
+    ],
+)
 def test_an_override_that_would_be_lost_is_refused(tmp_path: Path, args: list[str], line: str) -> None:
     out = tmp_path / "out"
     result = tasim(*args, "--out", str(out))

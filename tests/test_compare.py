@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import pytest
+from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 from pydantic import BaseModel, Field, PositiveInt
 
-from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 from tasim.render import param_rows
 
 SHORT = ("--set", "duration_s=40")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
 
 
 def compare(out: Path, *args: str) -> list[dict[str, Any]]:
@@ -72,11 +70,19 @@ def test_without_sweep_one_run_per_policy_and_only_the_kv_plot(tmp_path: Path) -
 def test_rl_rollouts_are_compared_by_rollout_throughput_and_step_time(tmp_path: Path) -> None:
     """For rl_rollout workloads the table shows what a training step costs, and the throughput
     plot is rollout throughput, not calls per minute."""
-    small = ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.steps=1",
-             "workload.training_s=5", "workload.turns=3"]
+    small = ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.steps=1", "workload.training_s=5", "workload.turns=3"]
     args = [arg for o in small for arg in ("--set", o)]
-    result = tasim("compare", str(SCENARIOS / "rl-rollout.yaml"), *args, "--policies", "round_robin,thunderagent",
-                   "--sweep", "workload.max_concurrency=2,4", "--out", str(tmp_path))
+    result = tasim(
+        "compare",
+        str(SCENARIOS / "rl-rollout.yaml"),
+        *args,
+        "--policies",
+        "round_robin,thunderagent",
+        "--sweep",
+        "workload.max_concurrency=2,4",
+        "--out",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     top = next(i for i, line in enumerate(lines) if "strag-" in line)
@@ -86,8 +92,13 @@ def test_rl_rollouts_are_compared_by_rollout_throughput_and_step_time(tmp_path: 
     entries = json.loads((tmp_path / "compare.json").read_text())
     rollout = entries[0]["summary"]["rollout"]
     first_row = lines[top + 3].split()
-    assert first_row[:5] == ["2", "round_robin", f"{rollout['rollout_tokens_per_s']:,.1f}",
-                             f"{rollout['step_time_s']['mean']:,.0f}", f"{rollout['straggler_share']:.3f}"]
+    assert first_row[:5] == [
+        "2",
+        "round_robin",
+        f"{rollout['rollout_tokens_per_s']:,.1f}",
+        f"{rollout['step_time_s']['mean']:,.0f}",
+        f"{rollout['straggler_share']:.3f}",
+    ]
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
 
@@ -98,8 +109,9 @@ def test_results_do_not_depend_on_jobs(tmp_path: Path, swept: tuple[Path, list[d
 
 
 def test_categorical_sweep_keeps_the_given_order(tmp_path: Path) -> None:
-    entries = compare(tmp_path, "--policies", "round_robin", "--sweep", "cluster.engine.eviction=lru,lineage",
-                      "--set", "cluster.engine.flavour=mocker")
+    entries = compare(
+        tmp_path, "--policies", "round_robin", "--sweep", "cluster.engine.eviction=lru,lineage", "--set", "cluster.engine.flavour=mocker"
+    )
     assert [e["overrides"]["cluster.engine.eviction"] for e in entries] == ["lru", "lineage"]
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
@@ -111,33 +123,40 @@ def test_one_policy_twice_with_different_params(tmp_path: Path) -> None:
     scenario.write_text(Path(TINY).read_text() + "policy: {defaults: {thunderagent: {idle_ttl_s: 30}}}\n")
     out = tmp_path / "out"
     upstream, dynamo = "thunderagent[variant=upstream]", "thunderagent[variant=dynamo,acting_decay_tau_s=2]"
-    result = tasim("compare", str(scenario), *SHORT, "--out", str(out), "--jobs", "2", "--policies", f"{upstream},{dynamo}",
-                   "--sweep", "policy.params.scheduler_interval_s=2,1")
+    result = tasim(
+        "compare",
+        str(scenario),
+        *SHORT,
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+        "--policies",
+        f"{upstream},{dynamo}",
+        "--sweep",
+        "policy.params.scheduler_interval_s=2,1",
+    )
     assert result.returncode == 0, result.stderr
     entries = json.loads((out / "compare.json").read_text())
     upstream_params, dynamo_params = {"variant": "upstream"}, {"variant": "dynamo", "acting_decay_tau_s": 2}
     assert [(e["policy"], e["spec"], e["params"], e["overrides"]) for e in entries] == [
-        ("thunderagent", upstream, {"idle_ttl_s": 30, **upstream_params, "scheduler_interval_s": 1},
-         {"policy.params.scheduler_interval_s": 1}),
-        ("thunderagent", dynamo, {"idle_ttl_s": 30, **dynamo_params, "scheduler_interval_s": 1},
-         {"policy.params.scheduler_interval_s": 1}),
-        ("thunderagent", upstream, {"idle_ttl_s": 30, **upstream_params, "scheduler_interval_s": 2},
-         {"policy.params.scheduler_interval_s": 2}),
-        ("thunderagent", dynamo, {"idle_ttl_s": 30, **dynamo_params, "scheduler_interval_s": 2},
-         {"policy.params.scheduler_interval_s": 2}),
+        ("thunderagent", upstream, {"idle_ttl_s": 30, **upstream_params, "scheduler_interval_s": 1}, {"policy.params.scheduler_interval_s": 1}),
+        ("thunderagent", dynamo, {"idle_ttl_s": 30, **dynamo_params, "scheduler_interval_s": 1}, {"policy.params.scheduler_interval_s": 1}),
+        ("thunderagent", upstream, {"idle_ttl_s": 30, **upstream_params, "scheduler_interval_s": 2}, {"policy.params.scheduler_interval_s": 2}),
+        ("thunderagent", dynamo, {"idle_ttl_s": 30, **dynamo_params, "scheduler_interval_s": 2}, {"policy.params.scheduler_interval_s": 2}),
     ]
     dirs = {"thunderagent-variant=upstream": upstream_params, "thunderagent-variant=dynamo-acting_decay_tau_s=2": dynamo_params}
     assert sorted(path.name for path in (out / "runs").iterdir()) == sorted(
-        f"{d}-policy.params.scheduler_interval_s={i}" for d in dirs for i in (1, 2))
+        f"{d}-policy.params.scheduler_interval_s={i}" for d in dirs for i in (1, 2)
+    )
     for name, params in dirs.items():
         policy = json.loads((out / "runs" / f"{name}-policy.params.scheduler_interval_s=1" / "run.json").read_text())["scenario"]["policy"]
-        assert policy == {"name": "thunderagent", "params": {**params, "scheduler_interval_s": 1},
-                          "defaults": {"thunderagent": {"idle_ttl_s": 30}}}
+        assert policy == {"name": "thunderagent", "params": {**params, "scheduler_interval_s": 1}, "defaults": {"thunderagent": {"idle_ttl_s": 30}}}
     rows = [line.split()[:3] for line in result.stdout.splitlines() if line.split()[1:2] in ([upstream], [dynamo])]
-    assert rows == [[str(e["overrides"]["policy.params.scheduler_interval_s"]), e["spec"], f"{e['summary']['steps_per_min']:,.1f}"]
-                    for e in entries]
+    assert rows == [[str(e["overrides"]["policy.params.scheduler_interval_s"]), e["spec"], f"{e['summary']['steps_per_min']:,.1f}"] for e in entries]
     assert sorted(line.split("] ", 1)[1].split(":")[0] for line in result.stderr.splitlines()) == sorted(
-        f"{spec}-policy.params.scheduler_interval_s={i}" for spec in (upstream, dynamo) for i in (1, 2))
+        f"{spec}-policy.params.scheduler_interval_s={i}" for spec in (upstream, dynamo) for i in (1, 2)
+    )
     assert (out / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
 
@@ -148,32 +167,49 @@ LONG = "a" * 300
     ("args", "fragments"),
     [
         (["--policies", "round_robin,nope"], ["--policies", "unknown policy 'nope'", "allowed:", "round_robin"]),
-        (["--policies", "thunderagent[variant]"],
-         ["--policies thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])"]),
-        (["--policies", "least_loaded,thunderagent[nope=1]"],
-         [f"--policies thunderagent[nope=1]: {TINY}: policy: params.nope: unknown parameter of thunderagent (allowed: variant, "]),
-        (["--policies", "thunderagent[variant=dynamo"],
-         ["--policies thunderagent[variant=dynamo: no closing ']' (expected name or name[key=value,...])"]),
-        (["--policies", "thunderagent[variant=dynamo],least_loaded,thunderagent[variant=dynamo]"],
-         ["--policies thunderagent[variant=dynamo],least_loaded,thunderagent[variant=dynamo]: "
-          "thunderagent[variant=dynamo] is given twice"]),
-        (["--policies", "thunderagent[variant=dynamo,pause_target=0.99]"],
-         [f"--policies thunderagent[variant=dynamo,pause_target=0.99]: {TINY}: policy: params: "
-          "pause_target (0.99) must be <= pause_threshold (0.95)"]),
-        (["--policies", "thunderagent", "--set", "policy.params.variant=dynamo"],
-         ["--set policy.params.variant=dynamo: policies and their params come from --policies"]),
-        (["--policies", "thunderagent[variant=dynamo],thunderagent", "--sweep", "policy.params.variant=upstream,dynamo"],
-         ["--sweep policy.params.variant: would replace what thunderagent[variant=dynamo] sets"]),
-        (["--policies", "round_robin", "--sweep", "workload.concurrency=2,4", "--set", "workload.concurrency=3"],
-         ["--set workload.concurrency=3: --sweep workload.concurrency sets it in every run"]),
+        (
+            ["--policies", "thunderagent[variant]"],
+            ["--policies thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])"],
+        ),
+        (
+            ["--policies", "least_loaded,thunderagent[nope=1]"],
+            [f"--policies thunderagent[nope=1]: {TINY}: policy: params.nope: unknown parameter of thunderagent (allowed: variant, "],
+        ),
+        (
+            ["--policies", "thunderagent[variant=dynamo"],
+            ["--policies thunderagent[variant=dynamo: no closing ']' (expected name or name[key=value,...])"],
+        ),
+        (
+            ["--policies", "thunderagent[variant=dynamo],least_loaded,thunderagent[variant=dynamo]"],
+            ["--policies thunderagent[variant=dynamo],least_loaded,thunderagent[variant=dynamo]: thunderagent[variant=dynamo] is given twice"],
+        ),
+        (
+            ["--policies", "thunderagent[variant=dynamo,pause_target=0.99]"],
+            [
+                f"--policies thunderagent[variant=dynamo,pause_target=0.99]: {TINY}: policy: params: "
+                "pause_target (0.99) must be <= pause_threshold (0.95)"
+            ],
+        ),
+        (
+            ["--policies", "thunderagent", "--set", "policy.params.variant=dynamo"],
+            ["--set policy.params.variant=dynamo: policies and their params come from --policies"],
+        ),
+        (
+            ["--policies", "thunderagent[variant=dynamo],thunderagent", "--sweep", "policy.params.variant=upstream,dynamo"],
+            ["--sweep policy.params.variant: would replace what thunderagent[variant=dynamo] sets"],
+        ),
+        (
+            ["--policies", "round_robin", "--sweep", "workload.concurrency=2,4", "--set", "workload.concurrency=3"],
+            ["--set workload.concurrency=3: --sweep workload.concurrency sets it in every run"],
+        ),
         (["--policies", "round_robin", "--sweep", "seed=1,2", "--seed", "3"], ["--seed 3: --sweep seed sets the seed in every run"]),
-        (["--policies", "round_robin", "--sweep", f"description={LONG},b"],
-         ["'round_robin-...aaaaaaaaaaaaa': its run directory name would be over 255 bytes"]),
-        (["--policies", "round_robin", "--sweep", "workload.nope=1,2"],
-         ["--sweep workload.nope=1", "unknown key", "allowed:", "concurrency"]),
+        (
+            ["--policies", "round_robin", "--sweep", f"description={LONG},b"],
+            ["'round_robin-...aaaaaaaaaaaaa': its run directory name would be over 255 bytes"],
+        ),
+        (["--policies", "round_robin", "--sweep", "workload.nope=1,2"], ["--sweep workload.nope=1", "unknown key", "allowed:", "concurrency"]),
         # the bad value is the last one: nothing may run for the good ones first
-        (["--policies", "round_robin", "--sweep", "workload.concurrency=2,-3"],
-         ["--sweep workload.concurrency=-3", "greater than 0"]),
+        (["--policies", "round_robin", "--sweep", "workload.concurrency=2,-3"], ["--sweep workload.concurrency=-3", "greater than 0"]),
         (["--policies", "round_robin", "--sweep", "workload.concurrency"], ["--sweep", "dotted.key=v1,v2"]),
         (["--policies", "round_robin", "--sweep", "policy.name=round_robin"], ["--sweep policy.name", "--policies"]),
         (["--policies", "round_robin", "--jobs", "0"], ["--jobs", "at least 1"]),
@@ -196,7 +232,7 @@ class _Params(BaseModel):
     rate: float = Field(0.5, gt=0, le=1, description="a fraction")
     count: PositiveInt = 3
     mode: Literal["fast", "slow"] = "fast"
-    cap: Optional[int] = None
+    cap: int | None = None
     weights: list[int] = Field(default_factory=lambda: [1, 2])
     enabled: bool = True
     needed: str

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from conftest import REPO
 from pydantic import BaseModel
 
-from conftest import REPO
 from tasim.distributions import DISTRIBUTION_KINDS
 from tasim.scenario import Scenario, _union_members
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import Recorder, UnitStep, assert_usage_error, spec, tasim
+
 from tasim import events as ev
 from tasim.rundir import run_simulation
 from tasim.scenario import parse_scenario
@@ -18,9 +18,11 @@ from tasim.sim.runner import Simulation
 
 
 def _scenario(**overrides) -> dict:
-    raw = {"duration_s": 60, "cluster": {"engine": {"kv_blocks": 400}},
-           "workload": {"concurrency": 8, "task_prompt_tokens": 2000, "turns": 4, "output_tokens": 50,
-                        "observation_tokens": 100, "tool_latency_s": 1.0}}
+    raw = {
+        "duration_s": 60,
+        "cluster": {"engine": {"kv_blocks": 400}},
+        "workload": {"concurrency": 8, "task_prompt_tokens": 2000, "turns": 4, "output_tokens": 50, "observation_tokens": 100, "tool_latency_s": 1.0},
+    }
     for key, value in overrides.items():
         node = raw
         *path, last = key.split(".")
@@ -44,8 +46,17 @@ def test_pins_that_block_admission_do_not_stall_the_clock() -> None:
 
 
 def test_prompt_over_budget_without_chunking_is_dropped_not_stalled() -> None:
-    log = _run(_scenario(**{"cluster.engine.enable_chunked_prefill": False, "cluster.engine.max_num_batched_tokens": 1024,
-                            "workload.concurrency": 1, "workload.setup_s": 1.0, "duration_s": 5}))
+    log = _run(
+        _scenario(
+            **{
+                "cluster.engine.enable_chunked_prefill": False,
+                "cluster.engine.max_num_batched_tokens": 1024,
+                "workload.concurrency": 1,
+                "workload.setup_s": 1.0,
+                "duration_s": 5,
+            }
+        )
+    )
     drops = [e for e in log if isinstance(e, ev.RequestDropped)]
     assert drops and "max_num_batched_tokens" in drops[0].reason
 
@@ -62,8 +73,7 @@ def test_cli_reports_a_stalled_workload_in_one_line(tmp_path: Path) -> None:
 
 
 def test_dropped_programs_are_not_completed(tmp_path: Path) -> None:
-    raw = _scenario(**{"cluster.engine.kv_blocks": 100, "workload.concurrency": 1, "workload.setup_s": 1.0,
-                       "duration_s": 10})
+    raw = _scenario(**{"cluster.engine.kv_blocks": 100, "workload.concurrency": 1, "workload.setup_s": 1.0, "duration_s": 10})
     summary = run_simulation(parse_scenario(raw, "inline"), tmp_path)
     assert summary["requests_dropped"] > 0 and summary["programs_completed"] == 0
 

@@ -4,10 +4,10 @@ recompute accounting and block conservation."""
 from __future__ import annotations
 
 import pytest
+from conftest import Recorder, UnitStep, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import Recorder, UnitStep, spec
 from tasim.model import RequestSpec
 from tasim.perf.polynomial import DynamoPolynomial
 from tasim.sim.engine import Engine, EngineConfig
@@ -198,9 +198,7 @@ def test_pin_keeps_blocks_until_the_next_request_is_admitted(recorder: Recorder)
     check_conservation(engine)
 
 
-requests_strategy = st.lists(
-    st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12
-)
+requests_strategy = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12)
 
 
 @settings(max_examples=80, deadline=None)
@@ -213,8 +211,7 @@ requests_strategy = st.lists(
 )
 def test_block_conservation_and_completion(requests, num_blocks, budget, preemption, eviction) -> None:
     recorder = Recorder()
-    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=6,
-                       preemption=preemption, eviction=eviction)
+    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=6, preemption=preemption, eviction=eviction)
     engine = Engine("w0", cfg, UnitStep(), recorder)
     ids = []
     for i, (prompt, output, family) in enumerate(requests):
@@ -244,8 +241,9 @@ def test_kv_events_are_published_when_the_step_completes(recorder: Recorder) -> 
     assert (recorder.stored, recorder.removed) == ([1, 2, 3, 4], [2])
 
 
-@pytest.mark.parametrize(("duplicates", "d_hit", "removed"), [(True, 32, [309]), (False, 16, [101, 309])],
-                         ids=["vLLM: duplicates cached", "mocker: duplicates private"])
+@pytest.mark.parametrize(
+    ("duplicates", "d_hit", "removed"), [(True, 32, [309]), (False, 16, [101, 309])], ids=["vLLM: duplicates cached", "mocker: duplicates private"]
+)
 def test_a_recomputed_block_keeps_its_hash_cached_when_vllm_caches_duplicates(
     recorder: Recorder, duplicates: bool, d_hit: int, removed: list[int]
 ) -> None:

@@ -54,8 +54,11 @@ def _agents(policy: str, **engine: object) -> Scenario:
                 "perf": {"model": "dynamo_polynomial"},
             },
             "workload": {
-                "concurrency": 24, "system_prompt_tokens": 200, "task_prompt_tokens": {"kind": "uniform", "low": 100, "high": 900},
-                "turns": {"kind": "uniform", "low": 2, "high": 6}, "output_tokens": {"kind": "uniform", "low": 20, "high": 300},
+                "concurrency": 24,
+                "system_prompt_tokens": 200,
+                "task_prompt_tokens": {"kind": "uniform", "low": 100, "high": 900},
+                "turns": {"kind": "uniform", "low": 2, "high": 6},
+                "output_tokens": {"kind": "uniform", "low": 20, "high": 300},
                 "observation_tokens": {"kind": "uniform", "low": 30, "high": 400},
                 "tool_latency_s": {"kind": "lognormal", "median": 0.5, "sigma": 0.6},
             },

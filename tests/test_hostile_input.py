@@ -18,17 +18,18 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, get_args
+from typing import Any, get_args
 
 import pytest
 import yaml
+from conftest import REPO, assert_usage_error
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from conftest import REPO, assert_usage_error
 from tasim.cli import main
 from tasim.policies import POLICIES
 from tasim.scenario import WORKLOAD_KINDS, Scenario
@@ -41,7 +42,9 @@ DYNAMO_TRACE = Path(__file__).resolve().parent / "data" / "dynamo_agent_trace.js
 TIME_LIMIT_S = 30  # a valid run here simulates 5 s of a tiny cluster: well under a second
 MEMORY_HEADROOM = 2 << 30  # bytes a run may add to this process's address space
 FUZZ = settings(
-    deadline=None, derandomize=True, database=None,
+    deadline=None,
+    derandomize=True,
+    database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 
@@ -144,8 +147,30 @@ def trace_slice(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # --- scenario fuzz ---------------------------------------------------------------------------
 
 HOSTILE_VALUES: list[Any] = [
-    None, True, False, "", "many", "x" * 10_000, "a\nb", "\x00", [], [1, "two"], {}, {"nested": {"deep": [1]}},
-    -1, 0, 0.5, -1e300, 1e300, 1e-300, math.inf, -math.inf, math.nan, 10**30, 2**63, "1e999",
+    None,
+    True,
+    False,
+    "",
+    "many",
+    "x" * 10_000,
+    "a\nb",
+    "\x00",
+    [],
+    [1, "two"],
+    {},
+    {"nested": {"deep": [1]}},
+    -1,
+    0,
+    0.5,
+    -1e300,
+    1e300,
+    1e-300,
+    math.inf,
+    -math.inf,
+    math.nan,
+    10**30,
+    2**63,
+    "1e999",
 ]
 JUNK_KEYS = ["bogus", "Seed", "seed ", "duration", "kv-blocks", "x" * 300, "a\nb", "1", ""]
 YAML_BREAKERS = ["{", "[", ": :", "\t", "&a *b", "!!python/object/apply:os.system [x]", "- - -", "%YAML 9.9\n", "'", "? "]
@@ -198,8 +223,9 @@ def hostile_scenarios(draw: st.DrawFn, trace: Path) -> tuple[str, bytes, str | N
     name = draw(st.sampled_from(sorted(SMALL)))
     raw = small_preset(name, trace)
     existing = list(_key_paths(raw))
-    op = draw(st.sampled_from(["set", "set", "set", "delete", "rename", "duplicate", "policy",
-                               "syntax", "truncate", "junk", "empty", "not a mapping"]))
+    op = draw(
+        st.sampled_from(["set", "set", "set", "delete", "rename", "duplicate", "policy", "syntax", "truncate", "junk", "empty", "not a mapping"])
+    )
     if op == "set":
         path = draw(st.sampled_from(_settable_paths(raw)))
         value = draw(st.sampled_from(HOSTILE_VALUES))
@@ -278,61 +304,84 @@ def test_fuzzed_scenarios_fail_cleanly_or_run(capsys: pytest.CaptureFixture[str]
 SWE = "swe-agent.yaml"
 
 
-@pytest.mark.parametrize(("preset", "changes", "fragments"), [
-    # tracebacks
-    (SWE, {"seed": -1}, ["seed", "greater than or equal to 0", "(got -1)"]),
-    (SWE, {"workload": {"turns": math.inf}}, ["workload.turns.value", "finite number"]),
-    (SWE, {"workload": {"output_tokens": 1e300}}, ["workload.output_tokens.value", "less than or equal to 1000000000"]),
-    (SWE, {"workload": {"tools": {"shell": {"latency_s": {"kind": "pareto", "scale": 1, "alpha": 1e-300}}}}},
-     ["workload.tools.shell.latency_s.alpha", "greater than or equal to 0.1"]),
-    (SWE, {"workload": {"tools": {"python": {"share": -1}}}}, ["workload.tools.python.share", "greater than 0", "(got -1)"]),
-    (SWE, {"workload": {"tools": {"python": {"shares": 1}}}}, ["workload.tools.python.shares", "unknown key (allowed: share, latency_s)"]),
-    (SWE, {"workload": {"tool_latency_s": 2.0}}, ["workload", "give tool_latency_s or tools, not both"]),
-    (SWE, {"workload": {"tool_latency_s": {"median": 1.5}}},
-     ["workload.tool_latency_s", "a mapping here needs a kind (fixed, uniform, lognormal, pareto, empirical)"]),
-    (SWE, {"workload": {"turns": {"kind": "empirical", "values": [1, 2], "weights": [math.inf, 1]}}},
-     ["workload.turns.weights", "finite number"]),
-    (SWE, {"workload": {"turns": {"kind": "uniform", "low": 0, "high": 1e300}}}, ["workload.turns.high", "1000000000"]),
-    (SWE, {"workload": {"tools": {"shell": {"latency_s": math.inf}}}}, ["workload.tools.shell.latency_s.value", "finite number"]),
-    ("rl-rollout.yaml", {"workload": {"tool_latency_s": math.inf}}, ["workload.tool_latency_s.value", "finite number"]),
-    (SWE, {"policy": {"name": "continuum", "params": {"ttl_s": math.inf}}}, ["policy", "params.ttl_s", "finite number"]),
-    (SWE, {"name": "a\x00b"}, ["name", "should match pattern"]),
-    (SWE, {"name": "x" * 5000}, ["name", "at most 100 characters"]),
-    # hangs: a period or an arrival gap so short that the clock stops
-    (SWE, {"metrics": {"sample_interval_s": 1e-300}}, ["metrics.sample_interval_s", "greater than or equal to 0.001"]),
-    (SWE, {"policy": {"name": "thunderagent", "params": {"scheduler_interval_s": 1e-300}}},
-     ["params.scheduler_interval_s", "greater than or equal to 0.001"]),
-    (SWE, {"workload": {"arrival": "poisson", "rate_per_s": 1e300}}, ["workload.rate_per_s", "less than or equal to 10000"]),
-    # runaway allocations or hours of planning that the old bounds allowed
-    (SWE, {"workload": {"concurrency": 1_000_000}}, ["workload.concurrency", "less than or equal to 100000"]),
-    ("rl-rollout.yaml", {"workload": {"prompts_per_step": 100_000, "samples_per_prompt": 8, "steps": 1}},
-     ["workload", "prompts_per_step x samples_per_prompt must be at most 100000 (got 800000)"]),
-    (SWE, {"workload": {"max_context_tokens": 10**30}}, ["workload.max_context_tokens", "less than or equal to 10000000"]),
-    # a message that said nothing of the field
-    (SWE, {"cluster": {"engine": {"activation_reserve_gib": 1e300}}},
-     ["cluster.engine.activation_reserve_gib", "less than or equal to 1024"]),
-    # several lines, or a line as long as the input
-    (SWE, {"a\nb": 1}, ["'a\\nb': unknown key (allowed: name,"]),
-    (SWE, {"policy": {"name": "kv_router", "params": {"a\nb": 1}}}, ["params.'a\\nb': unknown parameter of kv_router"]),
-    (SWE, {"cluster": {"gpu": "x" * 100_000}}, ["cluster.gpu", "unknown GPU 'xxxxxxxxxxxx...xxxxxxxxxxxxx'"]),
-    (SWE, {"policy": {"name": "x" * 100_000}}, ["policy", "unknown policy 'xxxxxxxxxxxx...xxxxxxxxxxxxx'"]),
-    (SWE, {"workload": {"turns": {"kind": "x" * 100_000}}},
-     ["workload.turns: unknown kind 'xxxxxxxxxxxx...xxxxxxxxxxxxx' (allowed: 'fixed', 'uniform', 'lognormal',"]),
-])
-def test_scenario_defects_are_one_line_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path, preset: str,
-                                              changes: dict[str, Any], fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("preset", "changes", "fragments"),
+    [
+        # tracebacks
+        (SWE, {"seed": -1}, ["seed", "greater than or equal to 0", "(got -1)"]),
+        (SWE, {"workload": {"turns": math.inf}}, ["workload.turns.value", "finite number"]),
+        (SWE, {"workload": {"output_tokens": 1e300}}, ["workload.output_tokens.value", "less than or equal to 1000000000"]),
+        (
+            SWE,
+            {"workload": {"tools": {"shell": {"latency_s": {"kind": "pareto", "scale": 1, "alpha": 1e-300}}}}},
+            ["workload.tools.shell.latency_s.alpha", "greater than or equal to 0.1"],
+        ),
+        (SWE, {"workload": {"tools": {"python": {"share": -1}}}}, ["workload.tools.python.share", "greater than 0", "(got -1)"]),
+        (SWE, {"workload": {"tools": {"python": {"shares": 1}}}}, ["workload.tools.python.shares", "unknown key (allowed: share, latency_s)"]),
+        (SWE, {"workload": {"tool_latency_s": 2.0}}, ["workload", "give tool_latency_s or tools, not both"]),
+        (
+            SWE,
+            {"workload": {"tool_latency_s": {"median": 1.5}}},
+            ["workload.tool_latency_s", "a mapping here needs a kind (fixed, uniform, lognormal, pareto, empirical)"],
+        ),
+        (
+            SWE,
+            {"workload": {"turns": {"kind": "empirical", "values": [1, 2], "weights": [math.inf, 1]}}},
+            ["workload.turns.weights", "finite number"],
+        ),
+        (SWE, {"workload": {"turns": {"kind": "uniform", "low": 0, "high": 1e300}}}, ["workload.turns.high", "1000000000"]),
+        (SWE, {"workload": {"tools": {"shell": {"latency_s": math.inf}}}}, ["workload.tools.shell.latency_s.value", "finite number"]),
+        ("rl-rollout.yaml", {"workload": {"tool_latency_s": math.inf}}, ["workload.tool_latency_s.value", "finite number"]),
+        (SWE, {"policy": {"name": "continuum", "params": {"ttl_s": math.inf}}}, ["policy", "params.ttl_s", "finite number"]),
+        (SWE, {"name": "a\x00b"}, ["name", "should match pattern"]),
+        (SWE, {"name": "x" * 5000}, ["name", "at most 100 characters"]),
+        # hangs: a period or an arrival gap so short that the clock stops
+        (SWE, {"metrics": {"sample_interval_s": 1e-300}}, ["metrics.sample_interval_s", "greater than or equal to 0.001"]),
+        (
+            SWE,
+            {"policy": {"name": "thunderagent", "params": {"scheduler_interval_s": 1e-300}}},
+            ["params.scheduler_interval_s", "greater than or equal to 0.001"],
+        ),
+        (SWE, {"workload": {"arrival": "poisson", "rate_per_s": 1e300}}, ["workload.rate_per_s", "less than or equal to 10000"]),
+        # runaway allocations or hours of planning that the old bounds allowed
+        (SWE, {"workload": {"concurrency": 1_000_000}}, ["workload.concurrency", "less than or equal to 100000"]),
+        (
+            "rl-rollout.yaml",
+            {"workload": {"prompts_per_step": 100_000, "samples_per_prompt": 8, "steps": 1}},
+            ["workload", "prompts_per_step x samples_per_prompt must be at most 100000 (got 800000)"],
+        ),
+        (SWE, {"workload": {"max_context_tokens": 10**30}}, ["workload.max_context_tokens", "less than or equal to 10000000"]),
+        # a message that said nothing of the field
+        (SWE, {"cluster": {"engine": {"activation_reserve_gib": 1e300}}}, ["cluster.engine.activation_reserve_gib", "less than or equal to 1024"]),
+        # several lines, or a line as long as the input
+        (SWE, {"a\nb": 1}, ["'a\\nb': unknown key (allowed: name,"]),
+        (SWE, {"policy": {"name": "kv_router", "params": {"a\nb": 1}}}, ["params.'a\\nb': unknown parameter of kv_router"]),
+        (SWE, {"cluster": {"gpu": "x" * 100_000}}, ["cluster.gpu", "unknown GPU 'xxxxxxxxxxxx...xxxxxxxxxxxxx'"]),
+        (SWE, {"policy": {"name": "x" * 100_000}}, ["policy", "unknown policy 'xxxxxxxxxxxx...xxxxxxxxxxxxx'"]),
+        (
+            SWE,
+            {"workload": {"turns": {"kind": "x" * 100_000}}},
+            ["workload.turns: unknown kind 'xxxxxxxxxxxx...xxxxxxxxxxxxx' (allowed: 'fixed', 'uniform', 'lognormal',"],
+        ),
+    ],
+)
+def test_scenario_defects_are_one_line_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, preset: str, changes: dict[str, Any], fragments: list[str]
+) -> None:
     scenario = write_scenario(tmp_path / "s.yaml", _merge(small_preset(preset), copy.deepcopy(changes)))
     error_line(simulate(capsys, scenario, tmp_path / "out"), str(scenario), *fragments)
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("text", "fragments"), [
-    (b"seed: " + b"7" * 5000 + b"\n", ["YAML value out of range", "4300 digits"]),
-    (b"workload: " + b"[" * 20_000 + b"]" * 20_000 + b"\n", ["YAML nested too deeply"]),
-    (b"name: caf\xe9\n", ["invalid UTF-8 at byte 10", "expected a YAML text file"]),
-])
-def test_unreadable_yaml_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: bytes,
-                                             fragments: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("text", "fragments"),
+    [
+        (b"seed: " + b"7" * 5000 + b"\n", ["YAML value out of range", "4300 digits"]),
+        (b"workload: " + b"[" * 20_000 + b"]" * 20_000 + b"\n", ["YAML nested too deeply"]),
+        (b"name: caf\xe9\n", ["invalid UTF-8 at byte 10", "expected a YAML text file"]),
+    ],
+)
+def test_unreadable_yaml_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, text: bytes, fragments: list[str]) -> None:
     scenario = tmp_path / "s.yaml"
     scenario.write_bytes(text)
     error_line(simulate(capsys, scenario, tmp_path / "out"), str(scenario), *fragments)
@@ -341,12 +390,12 @@ def test_unreadable_yaml_is_a_one_line_error(capsys: pytest.CaptureFixture[str],
 def test_overrides_too_big_for_yaml_are_read_as_text(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     scenario = write_scenario(tmp_path / "s.yaml", small_preset(SWE))
     result = simulate(capsys, scenario, tmp_path / "out", "--set", "seed=" + "7" * 5000)
-    error_line(result, str(scenario), "seed: Unable to parse input string as an integer, exceeded maximum size",
-               "(got '777777777777...7777777777777')")
+    error_line(
+        result, str(scenario), "seed: Unable to parse input string as an integer, exceeded maximum size", "(got '777777777777...7777777777777')"
+    )
 
 
-def test_default_output_directory_stays_under_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_output_directory_stays_under_runs(capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # The scenario's name makes the default output directory: runs/<name>-<policy>-s<seed>. The
     # names that escape runs/ land in tmp_path, where the last line would see them.
     monkeypatch.chdir(tmp_path)
@@ -362,33 +411,69 @@ def test_stalled_workload_error_names_the_scenario_file(capsys: pytest.CaptureFi
     error_line(simulate(capsys, scenario, tmp_path / "out"), f"error: {scenario}: programs finish without taking simulated time")
 
 
-def test_mooncake_block_sizes_that_do_not_nest_are_a_scenario_error(capsys: pytest.CaptureFixture[str],
-                                                                    tmp_path: Path, trace_slice: Path) -> None:
+def test_mooncake_block_sizes_that_do_not_nest_are_a_scenario_error(capsys: pytest.CaptureFixture[str], tmp_path: Path, trace_slice: Path) -> None:
     raw = _merge(small_preset("mooncake-conversation.yaml", trace_slice), {"workload": {"trace_block_size": 500}})
     scenario = write_scenario(tmp_path / "s.yaml", raw)
-    error_line(simulate(capsys, scenario, tmp_path / "out"), str(scenario),
-               "cluster.engine.block_size and workload.trace_block_size", "block_size 64 must divide trace_block_size 500")
+    error_line(
+        simulate(capsys, scenario, tmp_path / "out"),
+        str(scenario),
+        "cluster.engine.block_size and workload.trace_block_size",
+        "block_size 64 must divide trace_block_size 500",
+    )
     raw["workload"]["trace_block_size"] = 10**12
     write_scenario(scenario, raw)
-    error_line(simulate(capsys, scenario, tmp_path / "out"), str(scenario), "workload.trace_block_size",
-               "less than or equal to 1048576")
+    error_line(simulate(capsys, scenario, tmp_path / "out"), str(scenario), "workload.trace_block_size", "less than or equal to 1048576")
 
 
 # --- trace fuzz ------------------------------------------------------------------------------
 
 JSON_HOSTILE: list[Any] = [
-    None, True, "", "x", "7", "a" * 5000, [], [[1]], {}, {"a": 1}, -1, 0, 1.5, -1e300, 1e300, math.nan, math.inf,
-    10**30, 2**64, 1 << 20, (1 << 20) + 1,
+    None,
+    True,
+    "",
+    "x",
+    "7",
+    "a" * 5000,
+    [],
+    [[1]],
+    {},
+    {"a": 1},
+    -1,
+    0,
+    1.5,
+    -1e300,
+    1e300,
+    math.nan,
+    math.inf,
+    10**30,
+    2**64,
+    1 << 20,
+    (1 << 20) + 1,
 ]
 BAD_IDS: list[Any] = [-1, 1 << 30, 2**64, 1.5, True, "7", None, []]
 MOONCAKE_FIELDS = ["timestamp", "input_length", "output_length", "hash_ids", "session_id", "delay"]
 DYNAMO_FIELDS = [
-    ("schema",), ("event_type",), ("event_time_unix_ms",), ("agent_context",), ("agent_context", "session_id"),
-    ("agent_context", "parent_session_id"), ("request",), ("request", "request_id"), ("request", "output_tokens"),
-    ("request", "request_received_ms"), ("request", "total_time_ms"), ("request", "replay"),
-    ("request", "replay", "trace_block_size"), ("request", "replay", "input_length"),
-    ("request", "replay", "input_sequence_hashes"), ("tool",), ("tool", "tool_call_id"), ("tool", "started_at_unix_ms"),
-    ("tool", "ended_at_unix_ms"), ("tool", "duration_ms"), ("event",),
+    ("schema",),
+    ("event_type",),
+    ("event_time_unix_ms",),
+    ("agent_context",),
+    ("agent_context", "session_id"),
+    ("agent_context", "parent_session_id"),
+    ("request",),
+    ("request", "request_id"),
+    ("request", "output_tokens"),
+    ("request", "request_received_ms"),
+    ("request", "total_time_ms"),
+    ("request", "replay"),
+    ("request", "replay", "trace_block_size"),
+    ("request", "replay", "input_length"),
+    ("request", "replay", "input_sequence_hashes"),
+    ("tool",),
+    ("tool", "tool_call_id"),
+    ("tool", "started_at_unix_ms"),
+    ("tool", "ended_at_unix_ms"),
+    ("tool", "duration_ms"),
+    ("event",),
 ]
 NOT_UTF8 = [b"\xff", b"\xc3\x28", b"\x80", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80"]
 
@@ -404,8 +489,7 @@ def _get(node: Any, path: tuple[str, ...]) -> Any:
 
 
 @st.composite
-def corrupt_lines(draw: st.DrawFn, lines: list[bytes], fields: list[tuple[str, ...]],
-                  ids_field: tuple[str, ...]) -> tuple[str, int, bytes]:
+def corrupt_lines(draw: st.DrawFn, lines: list[bytes], fields: list[tuple[str, ...]], ids_field: tuple[str, ...]) -> tuple[str, int, bytes]:
     """(what was done, the 1-based line changed, the line's new bytes) for one corruption."""
     index = draw(st.sampled_from([i for i, line in enumerate(lines) if line.strip()]))
     line = lines[index]
@@ -442,11 +526,15 @@ def corrupt_lines(draw: st.DrawFn, lines: list[bytes], fields: list[tuple[str, .
 
 def _trace_scenario(directory: Path, kind: str, trace: Path) -> Path:
     """A tiny scenario replaying ``trace`` (block size 4 nests with both traces' blocks)."""
-    return write_scenario(directory / "replay.yaml", {
-        "name": "replay", "duration_s": 30,
-        "cluster": {"backends": 2, "engine": {"block_size": 4 if kind == "dynamo_trace" else 16, "kv_blocks": 100_000}},
-        "workload": {"kind": kind, "path": str(trace)},
-    })
+    return write_scenario(
+        directory / "replay.yaml",
+        {
+            "name": "replay",
+            "duration_s": 30,
+            "cluster": {"backends": 2, "engine": {"block_size": 4 if kind == "dynamo_trace" else 16, "kv_blocks": 100_000}},
+            "workload": {"kind": kind, "path": str(trace)},
+        },
+    )
 
 
 def _check_trace_outcome(result: subprocess.CompletedProcess[str], trace: Path, line: int | None) -> None:
@@ -463,12 +551,11 @@ def _check_trace_outcome(result: subprocess.CompletedProcess[str], trace: Path, 
 
 @settings(FUZZ, max_examples=300)
 @given(data=st.data())
-def test_fuzzed_mooncake_traces_fail_at_their_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                                   trace_slice: Path, data: st.DataObject) -> None:
+def test_fuzzed_mooncake_traces_fail_at_their_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, trace_slice: Path, data: st.DataObject
+) -> None:
     lines = trace_slice.read_bytes().splitlines()
-    what, number, changed = data.draw(
-        corrupt_lines(lines, [(field,) for field in MOONCAKE_FIELDS], ("hash_ids",)), label="corruption"
-    )
+    what, number, changed = data.draw(corrupt_lines(lines, [(field,) for field in MOONCAKE_FIELDS], ("hash_ids",)), label="corruption")
     trace = tmp_path / "corrupt.jsonl"
     trace.write_bytes(b"\n".join(lines[: number - 1] + [changed] + lines[number:]) + b"\n")
     result = simulate(capsys, _trace_scenario(tmp_path, "mooncake_trace", trace), tmp_path / "out")
@@ -479,12 +566,9 @@ def test_fuzzed_mooncake_traces_fail_at_their_line(capsys: pytest.CaptureFixture
 
 @settings(FUZZ, max_examples=300)
 @given(data=st.data())
-def test_fuzzed_dynamo_traces_fail_at_a_line(capsys: pytest.CaptureFixture[str], tmp_path: Path,
-                                             data: st.DataObject) -> None:
+def test_fuzzed_dynamo_traces_fail_at_a_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, data: st.DataObject) -> None:
     lines = DYNAMO_TRACE.read_bytes().splitlines()
-    what, number, changed = data.draw(
-        corrupt_lines(lines, DYNAMO_FIELDS, ("request", "replay", "input_sequence_hashes")), label="corruption"
-    )
+    what, number, changed = data.draw(corrupt_lines(lines, DYNAMO_FIELDS, ("request", "replay", "input_sequence_hashes")), label="corruption")
     trace = tmp_path / "corrupt.jsonl"
     trace.write_bytes(b"\n".join(lines[: number - 1] + [changed] + lines[number:]) + b"\n")
     result = simulate(capsys, _trace_scenario(tmp_path, "dynamo_trace", trace), tmp_path / "out")
@@ -494,6 +578,7 @@ def test_fuzzed_dynamo_traces_fail_at_a_line(capsys: pytest.CaptureFixture[str],
 
 
 # --- trace defects, one by one, through every command that reads the trace ---------------------
+
 
 def _mooncake_line(**changes: Any) -> bytes:
     return json.dumps({"timestamp": 0, "input_length": 600, "output_length": 10, "hash_ids": [0, 1], **changes}).encode()
@@ -505,11 +590,12 @@ TRACE_DEFECTS = [  # (bad line 3, the message after "path:3: ")
     (b'{"timestamp": ' + b"9" * 5000 + b"}", "invalid JSON (a number with too many digits); expected one JSON object per line"),
     (b"[" * 100_000 + b"]" * 100_000, "invalid JSON (nested too deeply); expected one JSON object per line"),
     (_mooncake_line(output_length=10**15), "output_length must be at most 1048576 tokens (got 1000000000000000)"),
-    (_mooncake_line(input_length=2**40, hash_ids=[0]),
-     "input_length must be at most 1048576 tokens (got 1099511627776)"),
+    (_mooncake_line(input_length=2**40, hash_ids=[0]), "input_length must be at most 1048576 tokens (got 1099511627776)"),
     # already one line before issue 9; kept as the yardstick of the style
-    (b'{"timestamp": 0, "input_length": 600,', "invalid JSON (Expecting property name enclosed in double quotes "
-                                              "at column 38); expected one JSON object per line"),
+    (
+        b'{"timestamp": 0, "input_length": 600,',
+        "invalid JSON (Expecting property name enclosed in double quotes at column 38); expected one JSON object per line",
+    ),
     (_mooncake_line(hash_ids=[0, 1 << 30]), "hash_ids must be a list of integers in [0, 2**30) (got element 1073741824)"),
     (_mooncake_line(input_length=-5), "input_length must be a non-negative integer (got -5)"),
 ]
@@ -526,14 +612,15 @@ def test_mooncake_reader_names_path_and_line(tmp_path: Path, bad: bytes, message
 
 @pytest.mark.parametrize("command", ["simulate", "compare", "validate"])
 @pytest.mark.parametrize(("bad", "message"), [TRACE_DEFECTS[0], TRACE_DEFECTS[3], TRACE_DEFECTS[5]])
-def test_every_command_reports_a_bad_trace_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str,
-                                                bad: bytes, message: str) -> None:
+def test_every_command_reports_a_bad_trace_line(capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, bad: bytes, message: str) -> None:
     trace = tmp_path / "t.jsonl"
     trace.write_bytes(b"\n".join([GOOD_LINE, b"", bad, GOOD_LINE]) + b"\n")
     scenario = _trace_scenario(tmp_path, "mooncake_trace", trace)
-    args = {"simulate": ["simulate", scenario, "--quiet"],
-            "compare": ["compare", scenario, "--policies", "round_robin,kv_router", "--jobs", "1"],
-            "validate": ["validate", "dynamo", scenario, "--routers", "round_robin", "--repeats", "1"]}[command]
+    args = {
+        "simulate": ["simulate", scenario, "--quiet"],
+        "compare": ["compare", scenario, "--policies", "round_robin,kv_router", "--jobs", "1"],
+        "validate": ["validate", "dynamo", scenario, "--routers", "round_robin", "--repeats", "1"],
+    }[command]
     line = error_line(run_cli(capsys, *args, "--out", tmp_path / "out"))
     assert line == f"error: {trace}:3: {message}"
 
@@ -541,23 +628,37 @@ def test_every_command_reports_a_bad_trace_line(capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize("command", ["simulate", "compare", "validate"])
 def test_every_command_reports_a_bad_scenario(capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str) -> None:
     scenario = write_scenario(tmp_path / "s.yaml", _merge(small_preset(SWE), {"seed": -1}))
-    args = {"simulate": ["simulate", scenario], "compare": ["compare", scenario, "--policies", "round_robin"],
-            "validate": ["validate", "dynamo", scenario]}[command]
+    args = {
+        "simulate": ["simulate", scenario],
+        "compare": ["compare", scenario, "--policies", "round_robin"],
+        "validate": ["validate", "dynamo", scenario],
+    }[command]
     error_line(run_cli(capsys, *args, "--out", tmp_path / "out"), f"error: {scenario}: seed:", "greater than or equal to 0")
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize(("record", "message"), [
-    ({"output_tokens": 10**15}, "output_tokens must be at most 1048576 tokens (got 1000000000000000)"),
-    ({"replay": {"trace_block_size": 10**12, "input_length": 10**12, "input_sequence_hashes": [1]}},
-     "trace_block_size must be at most 1048576 tokens (got 1000000000000)"),
-])
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"output_tokens": 10**15}, "output_tokens must be at most 1048576 tokens (got 1000000000000000)"),
+        (
+            {"replay": {"trace_block_size": 10**12, "input_length": 10**12, "input_sequence_hashes": [1]}},
+            "trace_block_size must be at most 1048576 tokens (got 1000000000000)",
+        ),
+    ],
+)
 def test_dynamo_reader_bounds_token_counts(tmp_path: Path, record: dict[str, Any], message: str) -> None:
-    request = {"request_id": "a", "output_tokens": 1, "request_received_ms": 0,
-               "replay": {"trace_block_size": 4, "input_length": 4, "input_sequence_hashes": [1]}, **record}
+    request = {
+        "request_id": "a",
+        "output_tokens": 1,
+        "request_received_ms": 0,
+        "replay": {"trace_block_size": 4, "input_length": 4, "input_sequence_hashes": [1]},
+        **record,
+    }
     trace = tmp_path / "t.jsonl"
-    trace.write_text(json.dumps({"schema": "dynamo.request.trace.v1", "event_type": "request_end",
-                                 "event_time_unix_ms": 10, "request": request}) + "\n")
+    trace.write_text(
+        json.dumps({"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": 10, "request": request}) + "\n"
+    )
     with pytest.raises(TraceError) as error:
         read_dynamo_agent_trace(trace, block_size=4)
     assert str(error.value) == f"{trace}:1: {message}"
@@ -565,18 +666,25 @@ def test_dynamo_reader_bounds_token_counts(tmp_path: Path, record: dict[str, Any
 
 def test_dynamo_conflicting_parents_are_shown_short(tmp_path: Path) -> None:
     def request(request_id: str, parent: str) -> dict[str, Any]:
-        return {"schema": "dynamo.request.trace.v1", "event_type": "request_end", "event_time_unix_ms": 10,
-                "agent_context": {"session_id": "s", "parent_session_id": parent},
-                "request": {"request_id": request_id, "output_tokens": 1, "request_received_ms": 0,
-                            "replay": {"trace_block_size": 4, "input_length": 4, "input_sequence_hashes": [1]}}}
+        return {
+            "schema": "dynamo.request.trace.v1",
+            "event_type": "request_end",
+            "event_time_unix_ms": 10,
+            "agent_context": {"session_id": "s", "parent_session_id": parent},
+            "request": {
+                "request_id": request_id,
+                "output_tokens": 1,
+                "request_received_ms": 0,
+                "replay": {"trace_block_size": 4, "input_length": 4, "input_sequence_hashes": [1]},
+            },
+        }
 
     trace = tmp_path / "t.jsonl"
     trace.write_text(json.dumps(request("a", "p" * 5000)) + "\n" + json.dumps(request("b", "q")) + "\n")
     with pytest.raises(TraceError) as error:
         read_dynamo_agent_trace(trace, block_size=4)
-    parent = '"' + "p" * 56 + '...'
-    assert str(error.value) == (f"{trace}:2: session \"s\" has conflicting parent_session_id values {parent}, \"q\" "
-                                "(expected one parent per session)")
+    parent = '"' + "p" * 56 + "..."
+    assert str(error.value) == (f'{trace}:2: session "s" has conflicting parent_session_id values {parent}, "q" (expected one parent per session)')
 
 
 def test_unreadable_trace_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO
 from tasim import events as ev
 from tasim.cli import EXIT_INVARIANT, main
 from tasim.reliability import SMALL_RUNS, random_scenario
@@ -22,6 +22,7 @@ from tasim.sim.kv_cache import BlockPool
 from tasim.sim.runner import Simulation
 
 PRESETS = REPO / "scenarios"
+
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[str, list[str], bool]:
@@ -169,7 +170,9 @@ def test_a_broken_pool_stops_a_checked_run_and_the_cli_keeps_the_partial_log(
         Simulation(load_scenario(scenario, SMALL_RUNS["swe-agent.yaml"]), lambda event: None, check=True).run()
     out = tmp_path / "run"
     calls = iter(range(1, 1 << 30))  # the CLI run leaks at its own third release
-    status = main(["simulate", str(scenario), "--check", "--quiet", "--out", str(out), *sum((["--set", o] for o in SMALL_RUNS["swe-agent.yaml"]), [])])
+    status = main(
+        ["simulate", str(scenario), "--check", "--quiet", "--out", str(out), *sum((["--set", o] for o in SMALL_RUNS["swe-agent.yaml"]), [])]
+    )
     assert status == EXIT_INVARIANT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("invariant violated (a bug in tasim") and "Traceback" not in err

@@ -177,8 +177,9 @@ def test_session_affinity_hard_binds_until_idle_ttl() -> None:
 
 
 def test_soft_affinity_leaves_a_busy_worker() -> None:
-    router = _router(seed=0, session_affinity_ttl_s=30.0, session_affinity_mode="soft",
-                     active_decode_blocks_threshold=0.001)  # busy above 10 active blocks
+    router = _router(
+        seed=0, session_affinity_ttl_s=30.0, session_affinity_mode="soft", active_decode_blocks_threshold=0.001
+    )  # busy above 10 active blocks
     first = router.on_request(_request("a", 320, program="s"), 0.0).worker  # books 20 blocks
     assert router.on_request(_request("b", 64, program="s"), 1.0).worker != first
 

@@ -18,13 +18,14 @@ import os
 import socket
 import sys
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
-
 from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
+
 from tasim import events as ev
 from tasim.eventlog import read_events
 from tasim.live.host import MAX_PROGRAM_ID_CHARS, Held, InvalidProgramId, PolicyHost
@@ -108,8 +109,7 @@ def test_100k_sessions_without_a_session_final_keep_the_table_bounded() -> None:
     clock.t = 99_999 * 0.5 + TTL + 0.5
     host.tick()
     assert host.programs == {} and host.expired == 100_000 and len(policy.ended) == 100_000
-    assert counts == Counter(ProgramStarted=100_000, RequestArrived=100_000, RequestRouted=100_000, RequestFinished=100_000,
-                             ProgramFinished=100_000)
+    assert counts == Counter(ProgramStarted=100_000, RequestArrived=100_000, RequestRouted=100_000, RequestFinished=100_000, ProgramFinished=100_000)
     fold.apply(ev.RunEnded(clock.t, 0, host.in_flight))
     summary = fold.summary()
     assert (summary["requests_completed"], summary["programs_completed"], summary["requests_dropped"]) == (100_000, 100_000, 0)
@@ -210,7 +210,8 @@ def test_a_session_final_for_an_unknown_ended_or_expired_program_is_a_counted_su
     assert host.unknown_finals == 3 and host.expired == 1 and host.failed == 0
     assert policy.ended == ["p", "q"]  # the policy heard each end once
     assert [e for e in events if isinstance(e, ev.ProgramFinished)] == [
-        ev.ProgramFinished(0.0, "p", 24, True), ev.ProgramFinished(TTL + 1, "q", 24, True)
+        ev.ProgramFinished(0.0, "p", 24, True),
+        ev.ProgramFinished(TTL + 1, "q", 24, True),
     ]
     fold.apply_all(events)
     fold.apply(ev.RunEnded(clock.t, 0, host.in_flight))
@@ -221,8 +222,11 @@ def _kv_bookings(policy: KvRouter) -> tuple[Any, ...]:
     """Everything KvRouter books per call: prefill tokens, active blocks, requests, bookings."""
     workers = policy.view.worker_ids
     return (
-        dict(policy._prefill), {w: policy._active[w].distinct for w in workers}, dict(policy._active_sum),
-        dict(policy._requests), dict(policy._bookings),
+        dict(policy._prefill),
+        {w: policy._active[w].distinct for w in workers},
+        dict(policy._active_sum),
+        dict(policy._requests),
+        dict(policy._bookings),
     )
 
 
@@ -276,18 +280,22 @@ def test_the_router_answers_an_unknown_session_final_and_refuses_an_over_long_id
     is counted; an over-long session id is Dynamo's InvalidArgument (HTTP 400 at the frontend).
     Neither writes an event."""
     exceptions = pytest.importorskip("dynamo.llm.exceptions")
+    from conftest import SCENARIOS
+
     from tasim.live.router import RouterConfig, _Router
     from tasim.live.run import live_summary
     from tasim.live.status import status_snapshot
     from tasim.scenario import load_scenario
 
-    from conftest import SCENARIOS
-
     scenario = load_scenario(SCENARIOS / "live-mocker.yaml", ["policy.name=round_robin", "policy.params={}"])
     events_path = tmp_path / "events.jsonl"
     config = RouterConfig(
-        scenario=scenario.model_dump(mode="json"), model_name="m", model_path=str(tmp_path), events_path=str(events_path),
-        kv_event_endpoints=["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], status_port=0,
+        scenario=scenario.model_dump(mode="json"),
+        model_name="m",
+        model_path=str(tmp_path),
+        events_path=str(events_path),
+        kv_event_endpoints=["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"],
+        status_port=0,
     )
     router = _Router(config, runtime=None)
     assert router.host.idle_ttl_s == 600.0  # the scenario's live.program_idle_ttl_s default
@@ -374,7 +382,9 @@ def test_a_tick_anywhere_in_an_admission_never_leaves_a_call_without_a_worker(ti
             call = await asyncio.wait_for(waiter, 1)
             assert call.held_s == clock.t - admission.since
         assert (call.spec.id, call.worker) == ("A.1", "w0")
-        assert [e for e in events if isinstance(e, ev.RequestRouted) and e.request == "A.1"] == [ev.RequestRouted(0.0 if waiter is None else clock.t, "A.1", "w0")]
+        assert [e for e in events if isinstance(e, ev.RequestRouted) and e.request == "A.1"] == [
+            ev.RequestRouted(0.0 if waiter is None else clock.t, "A.1", "w0")
+        ]
         assert host.in_flight == host.programs["A"].in_flight == 1 and host.programs["A"].held == []
         assert not policy.programs["A"].paused and policy.programs["A"].backend == "w0"
         assert policy.programs["A"].phase is Phase.REASONING and policy.queue.keys() <= {"B"}
@@ -443,7 +453,8 @@ def test_concurrent_calls_of_a_paused_program_are_all_held_and_all_resumed() -> 
         assert [(c.spec.id, c.worker) for c in calls] == [("A.1", "w0"), ("A.1r2", "w0")]
         assert host.in_flight == host.programs["A"].in_flight == 2 and host.programs["A"].held == []
         assert [e for e in events if isinstance(e, ev.RequestRouted) and e.t == 10.0] == [
-            ev.RequestRouted(10.0, "A.1", "w0"), ev.RequestRouted(10.0, "A.1r2", "w0")
+            ev.RequestRouted(10.0, "A.1", "w0"),
+            ev.RequestRouted(10.0, "A.1r2", "w0"),
         ]
 
     asyncio.run(go())
@@ -550,8 +561,14 @@ def _raw_post(port: int, path: str, headers: bytes, body: bytes) -> tuple[int, b
     """POST with header bytes as given (HTTP clients refuse to send control characters)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            + headers + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+            b"POST "
+            + path.encode()
+            + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            + headers
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
         )
         reply = b""
         while chunk := sock.recv(65536):
@@ -563,11 +580,11 @@ def _raw_post(port: int, path: str, headers: bytes, body: bytes) -> tuple[int, b
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("dynamo.llm")
+    from test_live_e2e import SCENARIO, TIME_SCALE
+
     from tasim.live.run import finite_scenario
     from tasim.live.stack import LiveStack
     from tasim.scenario import load_scenario
-
-    from test_live_e2e import SCENARIO, TIME_SCALE
 
     scenario = finite_scenario(load_scenario(SCENARIO, ["policy.name=round_robin", "policy.params={}"]), None)
     workdir = tmp_path_factory.mktemp("hostile")
@@ -590,8 +607,13 @@ def test_malformed_requests_get_4xx_and_leave_the_router_clean(stack: Any) -> No
         ("/v1/chat/completions", b"", json.dumps({"model": model, "max_tokens": 2}).encode(), 400, "missing field `messages`"),
         ("/v1/completions", b"", json.dumps({"model": model, "prompt": [1], "max_tokens": -5}).encode(), 400, "invalid value: integer `-5`"),
         ("/v1/completions", session + b"s" * 100_000 + b"\r\n", completion, 400, "session id of 100000 characters; at most 256 are allowed"),
-        ("/v1/completions", session + b"p\r\nx-dynamo-parent-session-id: " + b"g" * 1000 + b"\r\n", completion, 400,
-         "parent session id of 1000 characters; at most 256 are allowed"),
+        (
+            "/v1/completions",
+            session + b"p\r\nx-dynamo-parent-session-id: " + b"g" * 1000 + b"\r\n",
+            completion,
+            400,
+            "parent session id of 1000 characters; at most 256 are allowed",
+        ),
     ]
     for path, headers, body, status, fragment in refused:
         code, reply = _raw_post(port, path, headers, body)

@@ -17,7 +17,9 @@ msgpack = pytest.importorskip("msgpack")
 pytest.importorskip("zmq")
 pytest.importorskip("xxhash")
 
-from conftest import LIVE_BLOCK_SIZE, SCENARIOS, FakeClock, live_host as _host, live_view  # noqa: E402
+from conftest import LIVE_BLOCK_SIZE, SCENARIOS, FakeClock, live_view  # noqa: E402
+from conftest import live_host as _host  # noqa: E402
+
 from tasim import events as ev  # noqa: E402
 from tasim.cli import main  # noqa: E402
 from tasim.live.hashing import chain_from, local_block_hashes, sequence_hashes  # noqa: E402
@@ -62,9 +64,17 @@ class RecordingRoundRobin(RoundRobin):
 def test_local_block_hashes_match_dynamo() -> None:
     llm = pytest.importorskip("dynamo.llm")
     rng = np.random.default_rng(3)
-    cases = [(_tokens(32), 16), (_tokens(40), 16), (_tokens(31), 16), (_tokens(3), 16), ([], 16),
-             (rng.integers(0, 150_000, size=200).tolist(), 16), (rng.integers(0, 2**32, size=96).tolist(), 32),
-             (_tokens(64), 4), (_tokens(30), 1)]
+    cases = [
+        (_tokens(32), 16),
+        (_tokens(40), 16),
+        (_tokens(31), 16),
+        (_tokens(3), 16),
+        ([], 16),
+        (rng.integers(0, 150_000, size=200).tolist(), 16),
+        (rng.integers(0, 2**32, size=96).tolist(), 32),
+        (_tokens(64), 4),
+        (_tokens(30), 1),
+    ]
     for tokens, bs in cases:
         expected = llm.compute_block_hash_for_seq(tokens, bs)
         assert local_block_hashes(tokens, bs) == expected, (len(tokens), bs)
@@ -230,7 +240,10 @@ def test_program_without_completed_turn_ends_not_completed() -> None:
     host.finish(asyncio.run(host.admit("q", _tokens(20), 5)), 20, 5, 0)
     host.fail(asyncio.run(host.admit("q", _tokens(40), 5)), "engine error")
     assert host.end_program("q") is True
-    assert [e for e in events if isinstance(e, ev.ProgramFinished)] == [ev.ProgramFinished(0.0, "p", 0, False), ev.ProgramFinished(0.0, "q", 25, False)]
+    assert [e for e in events if isinstance(e, ev.ProgramFinished)] == [
+        ev.ProgramFinished(0.0, "p", 0, False),
+        ev.ProgramFinished(0.0, "q", 25, False),
+    ]
 
 
 def test_one_off_call_is_a_program_that_ends_itself() -> None:
@@ -364,7 +377,7 @@ def test_ending_a_program_with_a_call_in_flight_waits_for_the_call() -> None:
 # 8 blocks x 16 tokens = 128 tokens: a 20-token program needs 120, so each worker fits exactly one.
 
 
-async def _two_placed_and_one_held() -> tuple[PolicyHost, FakeClock, list[ev.Event], "asyncio.Task[Any]", list[Any]]:
+async def _two_placed_and_one_held() -> tuple[PolicyHost, FakeClock, list[ev.Event], asyncio.Task[Any], list[Any]]:
     host, clock, events = _host("thunderagent", kv_blocks=8)
     assert isinstance(host.policy, ThunderAgent)
     a = await host.admit("A", _tokens(20), 4)
@@ -581,7 +594,9 @@ def test_prometheus_text_and_status_snapshot() -> None:
     ):
         assert line in lines, line
     assert [line.split(" ")[0] for line in lines if line.startswith("tasim_router_decision")] == [
-        'tasim_router_decision_ms{quantile="0.5"}', 'tasim_router_decision_ms{quantile="0.99"}', "tasim_router_decision_max_ms",
+        'tasim_router_decision_ms{quantile="0.5"}',
+        'tasim_router_decision_ms{quantile="0.99"}',
+        "tasim_router_decision_max_ms",
     ]
     assert all(line.startswith("# ") or len(line.split(" ")) == 2 for line in lines)
 
@@ -596,7 +611,13 @@ def test_prometheus_text_and_status_snapshot() -> None:
             "w0": {"instance_id": 101, "serving": True, "routed": 1, "in_flight": 0, "cached_blocks": 1},
             "w1": {"instance_id": 102, "serving": False, "routed": 1, "in_flight": 1, "cached_blocks": 0},
         },
-        "programs": {"live": 1, "held": 0, "expired": 0, "unknown_finals": 0, "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}}},
+        "programs": {
+            "live": 1,
+            "held": 0,
+            "expired": 0,
+            "unknown_finals": 0,
+            "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}},
+        },
         "requests": {"in_flight": 1, "finished": 1, "failed": 0, "retried": 0, "refused": 0, "session_finals": 3},
         "pauses": 0,
         "resumes": 0,

@@ -31,8 +31,21 @@ SCENARIO = ROOT / "scenarios" / "rl-live-mocker.yaml"
 def test_verl_rollout_steps_run_through_the_tasim_router(tmp_path: Path) -> None:
     out = tmp_path / "run"
     command = [
-        sys.executable, "-m", "tasim", "live", str(SCENARIO), "--driver", "verl", "--engine", "mocker", "--time-scale", "2",
-        "--set", "workload.reset_prefix_cache=true", "--out", str(out),
+        sys.executable,
+        "-m",
+        "tasim",
+        "live",
+        str(SCENARIO),
+        "--driver",
+        "verl",
+        "--engine",
+        "mocker",
+        "--time-scale",
+        "2",
+        "--set",
+        "workload.reset_prefix_cache=true",
+        "--out",
+        str(out),
     ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -59,4 +72,11 @@ def test_verl_rollout_steps_run_through_the_tasim_router(tmp_path: Path) -> None
     finished = {e.program for e in events if isinstance(e, ev.ProgramFinished)}
     assert finished == {plan.id for plan in plans}  # one program per trajectory, each released
     marks = [(type(e).__name__, e.step) for e in events if isinstance(e, (ev.RolloutStarted, ev.RolloutFinished, ev.TrainingFinished))]
-    assert marks == [("RolloutStarted", 0), ("RolloutFinished", 0), ("TrainingFinished", 0), ("RolloutStarted", 1), ("RolloutFinished", 1), ("TrainingFinished", 1)]
+    assert marks == [
+        ("RolloutStarted", 0),
+        ("RolloutFinished", 0),
+        ("TrainingFinished", 0),
+        ("RolloutStarted", 1),
+        ("RolloutFinished", 1),
+        ("TrainingFinished", 1),
+    ]

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import REPO, TINY, assert_usage_error, tasim
+
 from tasim import events as ev
 from tasim.cli import main
 from tasim.measurements.document import BEGIN, END
 from tasim.measurements.evaluate import evaluate, plan, run
-from tasim.measurements.littles_law import closed_loop_conflicts, between_steps_conflicts
+from tasim.measurements.littles_law import between_steps_conflicts, closed_loop_conflicts
 from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
 from tasim.measurements.schema import MEASUREMENT_DIR, MeasurementError, load_measurements
 from tasim.measurements.step_latency import StepLatencyFold
@@ -65,23 +65,29 @@ def test_a_good_file_loads_with_its_scenario_resolved(tmp_path: Path) -> None:
     assert m.points[0].published.value == 10 and not m.points[0].published.approx
 
 
-@pytest.mark.parametrize(("change", "expected"), [
-    (("metric: steps_per_min", "metric: steps"),
-     "points.a-2.metric: unknown metric 'steps' (allowed: steps_per_min, prefix_hit_pct,"),
-    (("of: {system: A,", "of: {system: C,"), "points.a-2.of.system: unknown system 'C' (allowed: A, B)"),
-    (("source: s\n", "source: t\n"), "points.a-2.source: unknown source 't' (allowed: s)"),
-    (("value: 10", "value: 10\n    range: [1, 2]"), "points.a-2: give exactly one of value, range or derived: true (got value, range)"),
-    (("value: 10", "range: [3, 2]"), "points.a-2: range must be [low, high] with low <= high (got [3.0, 2.0])"),
-    (("value: 10", "derived: true"), "points.a-2: derived: true needs `over`"),
-    (("value: 10", "valu: 10"), "points.a-2.valu: unknown key (allowed: id, metric, of, over, value, range, derived,"),
-    (("set: {workload.concurrency: 2}", "set: {policy.params.variant: dynamo}"),
-     "points.a-2.of.set: Value error, policy.params.variant: the system chooses the policy"),
-    (("id: a-2", "id: a 2"), "points[0].id: String should match pattern"),
-    (("B: \"thunderagent[variant=dynamo]\"", "B: \"thunderagent[variant]\""),
-     "systems: B: thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])"),
-    ((f"scenario: {TINY}", "scenario: no-such-preset.yaml"), "scenario: no scenario file"),
-    (("title: A good file\n", ""), "title: Field required"),
-])
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (("metric: steps_per_min", "metric: steps"), "points.a-2.metric: unknown metric 'steps' (allowed: steps_per_min, prefix_hit_pct,"),
+        (("of: {system: A,", "of: {system: C,"), "points.a-2.of.system: unknown system 'C' (allowed: A, B)"),
+        (("source: s\n", "source: t\n"), "points.a-2.source: unknown source 't' (allowed: s)"),
+        (("value: 10", "value: 10\n    range: [1, 2]"), "points.a-2: give exactly one of value, range or derived: true (got value, range)"),
+        (("value: 10", "range: [3, 2]"), "points.a-2: range must be [low, high] with low <= high (got [3.0, 2.0])"),
+        (("value: 10", "derived: true"), "points.a-2: derived: true needs `over`"),
+        (("value: 10", "valu: 10"), "points.a-2.valu: unknown key (allowed: id, metric, of, over, value, range, derived,"),
+        (
+            ("set: {workload.concurrency: 2}", "set: {policy.params.variant: dynamo}"),
+            "points.a-2.of.set: Value error, policy.params.variant: the system chooses the policy",
+        ),
+        (("id: a-2", "id: a 2"), "points[0].id: String should match pattern"),
+        (
+            ('B: "thunderagent[variant=dynamo]"', 'B: "thunderagent[variant]"'),
+            "systems: B: thunderagent[variant]: variant is not key=value (expected name or name[key=value,...])",
+        ),
+        ((f"scenario: {TINY}", "scenario: no-such-preset.yaml"), "scenario: no scenario file"),
+        (("title: A good file\n", ""), "title: Field required"),
+    ],
+)
 def test_schema_errors_are_one_line_naming_the_field(tmp_path: Path, change: tuple[str, str], expected: str) -> None:
     old, new = change
     assert old in GOOD
@@ -109,7 +115,9 @@ def test_a_derived_ratio_is_the_quotient_of_the_files_points() -> None:
 
 
 def test_a_derived_ratio_needs_both_points(tmp_path: Path) -> None:
-    text = GOOD + """  - id: ratio
+    text = (
+        GOOD
+        + """  - id: ratio
     metric: steps_per_min
     of: {system: A, set: {workload.concurrency: 4}}
     over: {system: A, set: {workload.concurrency: 2}}
@@ -117,8 +125,10 @@ def test_a_derived_ratio_needs_both_points(tmp_path: Path) -> None:
     source: s
     where: quotient
 """
-    assert "points.ratio.derived: needs exactly one point with a value (not a range) of steps_per_min for its `of` " \
-           "side, found 0" in _error(tmp_path, text)
+    )
+    assert "points.ratio.derived: needs exactly one point with a value (not a range) of steps_per_min for its `of` side, found 0" in _error(
+        tmp_path, text
+    )
 
 
 def test_shipped_measurement_files_load_and_name_existing_presets() -> None:
@@ -134,10 +144,22 @@ def test_shipped_measurement_files_load_and_name_existing_presets() -> None:
 
 
 def _summary(**changes: Any) -> dict[str, Any]:
-    rollout = {"steps": 2, "rollout_time_s": {"mean": 300.0}, "step_time_s": {"mean": 480.0},
-               "rollout_tokens_per_s": 2500.0, "step_tokens_per_s": 1562.5}
-    base = {"steps_per_min": 120.5, "prefix_hit_rate": 0.875, "prefix_hit_rate_since_start": 0.75, "e2e_s": {"mean": 4.25}, "requests_completed": 3000,
-            "requests_unfinished": 0, "rollout": rollout}
+    rollout = {
+        "steps": 2,
+        "rollout_time_s": {"mean": 300.0},
+        "step_time_s": {"mean": 480.0},
+        "rollout_tokens_per_s": 2500.0,
+        "step_tokens_per_s": 1562.5,
+    }
+    base = {
+        "steps_per_min": 120.5,
+        "prefix_hit_rate": 0.875,
+        "prefix_hit_rate_since_start": 0.75,
+        "e2e_s": {"mean": 4.25},
+        "requests_completed": 3000,
+        "requests_unfinished": 0,
+        "rollout": rollout,
+    }
     return {**base, **changes}
 
 
@@ -155,8 +177,13 @@ def _latency_point(ident: str, system: str, concurrency: int, seconds: float) ->
 def test_closed_loop_conflicts_are_pairs_whose_product_exceeds_the_programs(tmp_path: Path) -> None:
     # a-2: 10 steps/min of A at N = 2; a 15 s step puts 10/60 * 15 = 2.5 programs in a step (> 2),
     # a 12 s step exactly 2 (allowed), B's 30 s step has no steps/min of B to pair with
-    text = (GOOD + _latency_point("lat-15", "A", 2, 15) + _latency_point("lat-12", "A", 2, 12)
-            + _latency_point("lat-b", "B", 2, 30) + _latency_point("lat-n4", "A", 4, 30))
+    text = (
+        GOOD
+        + _latency_point("lat-15", "A", 2, 15)
+        + _latency_point("lat-12", "A", 2, 12)
+        + _latency_point("lat-b", "B", 2, 30)
+        + _latency_point("lat-n4", "A", 4, 30)
+    )
     conflicts = closed_loop_conflicts(load_measurements(_write(tmp_path, text)))
     assert [(c.latency.id, c.throughput.id) for c in conflicts] == [("lat-15", "a-2")]
     assert conflicts[0].occupancy == pytest.approx(1.25)
@@ -181,15 +208,25 @@ def test_a_system_that_holds_nothing_back_may_not_spend_longer_between_steps(tmp
     # steps. B (thunderagent, which holds requests) at 20 steps/min: a 4 s step leaves 2 s (conflict),
     # a 5 s step on another line at N = 2 leaves 1 s (conflict); nothing is compared across N
     b_steps = GOOD.split("points:")[1].replace("a-2", "b-2").replace("system: A", "system: B").replace("value: 10", "value: 20")
-    text = (GOOD + b_steps + _latency_point("lat-a", "A", 2, 6) + _latency_point("lat-b4", "B", 2, 4)
-            + _latency_point("lat-b5", "B", 2, 5) + _latency_point("lat-a4", "A", 4, 1))
+    text = (
+        GOOD
+        + b_steps
+        + _latency_point("lat-a", "A", 2, 6)
+        + _latency_point("lat-b4", "B", 2, 4)
+        + _latency_point("lat-b5", "B", 2, 5)
+        + _latency_point("lat-a4", "A", 4, 1)
+    )
     conflicts = between_steps_conflicts(load_measurements(_write(tmp_path, text)))
     assert [(c.unheld.latency.id, c.held.latency.id) for c in conflicts] == [("lat-a", "lat-b4"), ("lat-a", "lat-b5")]
     assert [c.held.between_steps_s for c in conflicts] == [pytest.approx(2.0), pytest.approx(1.0)]
     assert conflicts[0].unheld.between_steps_s == pytest.approx(6.0)
     # a holding system longer between steps than the no-hold one is what holding allows
-    assert between_steps_conflicts(load_measurements(_write(tmp_path, GOOD + b_steps + _latency_point("lat-a1", "A", 2, 11)
-                                                        + _latency_point("lat-b", "B", 2, 4)))) == []
+    assert (
+        between_steps_conflicts(
+            load_measurements(_write(tmp_path, GOOD + b_steps + _latency_point("lat-a1", "A", 2, 11) + _latency_point("lat-b", "B", 2, 4)))
+        )
+        == []
+    )
 
 
 def test_the_papers_openhands_latencies_need_vllm_to_spend_longer_between_steps_than_thunderagent() -> None:
@@ -197,7 +234,8 @@ def test_the_papers_openhands_latencies_need_vllm_to_spend_longer_between_steps_
     # 96 * 60 / 187 - 13 = 17.80 s, though only ThunderAgent holds requests back
     conflicts = between_steps_conflicts(load_measurements(MEASUREMENT_DIR / "thunderagent-paper.yaml"))
     assert [(c.unheld.latency.id, c.held.latency.id) for c in conflicts] == [
-        ("fig10-openhands-vllm-step-latency-96", "fig10-openhands-ta-step-latency-96")]
+        ("fig10-openhands-vllm-step-latency-96", "fig10-openhands-ta-step-latency-96")
+    ]
     assert conflicts[0].unheld.between_steps_s == pytest.approx(96 * 60 / 52 - 56)
     assert conflicts[0].held.between_steps_s == pytest.approx(96 * 60 / 187 - 13)
     assert between_steps_conflicts(load_measurements(MEASUREMENT_DIR / "verl-recipe-h20.yaml")) == []
@@ -207,17 +245,23 @@ def test_metrics_of_a_hand_built_summary() -> None:
     outcome = Outcome(_summary(), step_latency_s=7.5, rollout_steps=2)
     values = {name: metric.of(outcome) for name, metric in METRICS.items()}
     assert values == {
-        "steps_per_min": 120.5, "prefix_hit_pct": 87.5, "prefix_hit_pct_since_start": 75.0, "e2e_mean_s": 4.25, "step_latency_s": 7.5,
+        "steps_per_min": 120.5,
+        "prefix_hit_pct": 87.5,
+        "prefix_hit_pct_since_start": 75.0,
+        "e2e_mean_s": 4.25,
+        "step_latency_s": 7.5,
         "rollout_steps_per_min": 3000 / (300.0 * 2) * 60,  # 300 calls per minute of rollout
-        "rollout_tokens_per_s": 2500.0, "full_step_tokens_per_s": 1562.5, "rollout_time_s": 300.0, "step_time_s": 480.0,
+        "rollout_tokens_per_s": 2500.0,
+        "full_step_tokens_per_s": 1562.5,
+        "rollout_time_s": 300.0,
+        "step_time_s": 480.0,
     }
     assert METRICS["prefix_hit_pct"].text(87.5) == "88 %" and METRICS["step_latency_s"].text(41) == "41.0 s"
 
 
 def test_metrics_a_run_lacks_say_why() -> None:
     serving = Outcome(_summary(rollout=None), step_latency_s=None, rollout_steps=None)
-    for name, reason in (("rollout_tokens_per_s", "no rollout step completed"),
-                         ("step_latency_s", "no step in the measurement window")):
+    for name, reason in (("rollout_tokens_per_s", "no rollout step completed"), ("step_latency_s", "no step in the measurement window")):
         with pytest.raises(MetricUnavailable, match=reason):
             METRICS[name].of(serving)
     cut = Outcome(_summary(), step_latency_s=None, rollout_steps=3)
@@ -247,12 +291,20 @@ def test_step_latency_runs_from_a_call_to_the_programs_next_call() -> None:
 def test_plan_runs_each_distinct_scenario_once() -> None:
     planned = plan([load_measurements(TINY_FILE)], ["duration_s=40"])
     assert [r.label for r in planned.runs] == [
-        "tiny/round_robin/workload.concurrency=2", "tiny/round_robin/workload.concurrency=4",
-        "tiny/round_robin/workload.concurrency=6", "tiny/thunderagent[scheduler_interval_s=2]/workload.concurrency=4",
+        "tiny/round_robin/workload.concurrency=2",
+        "tiny/round_robin/workload.concurrency=4",
+        "tiny/round_robin/workload.concurrency=6",
+        "tiny/thunderagent[scheduler_interval_s=2]/workload.concurrency=4",
     ]
     sides = {pp.point.id: (pp.of, pp.over) for pp in planned.points}
-    assert sides == {"sticky-steps-2": (0, None), "sticky-steps-4": (1, None), "sticky-steps-6": (2, None),
-                     "aware-hit-4": (3, None), "aware-over-sticky-4": (3, 1), "sticky-6-over-2": (2, 0)}
+    assert sides == {
+        "sticky-steps-2": (0, None),
+        "sticky-steps-4": (1, None),
+        "sticky-steps-6": (2, None),
+        "aware-hit-4": (3, None),
+        "aware-over-sticky-4": (3, 1),
+        "sticky-6-over-2": (2, 0),
+    }
     aware = planned.runs[3].scenario
     assert (aware.policy.name, aware.policy.params, aware.duration_s) == ("thunderagent", {"scheduler_interval_s": 2}, 40)
     assert aware.workload.concurrency == 4
@@ -267,17 +319,18 @@ def test_plan_remaps_a_system_and_takes_a_base_scenario() -> None:
     assert {(r.scenario.name, r.scenario.duration_s, r.scenario.seed) for r in on_base.runs} == {("mine", 30.0, 5)}
 
 
-@pytest.mark.parametrize(("overrides", "systems", "expected"), [
-    (["workload.concurrency=8"], {}, "--set workload.concurrency: "),
-    (["workload=x"], {}, "point sticky-steps-2 sets workload.concurrency itself"),
-    (["policy.params.variant=dynamo"], {}, "each system of a measurement file chooses its run's policy"),
-    ([], {"Nobody": PolicySpec("random")}, "--system Nobody: no measurement file has that system (systems: Aware, Sticky)"),
-    ([], {"Aware": PolicySpec("thunderagent", {"varaint": "dynamo"})},
-     "points.aware-hit-4.of (Aware = thunderagent[varaint=dynamo]): "),
-    (["workload.turns=-1"], {}, "tiny.yaml: workload.turns"),
-])
-def test_plan_refuses_what_would_be_lost_or_invalid(overrides: list[str], systems: dict[str, PolicySpec],
-                                                    expected: str) -> None:
+@pytest.mark.parametrize(
+    ("overrides", "systems", "expected"),
+    [
+        (["workload.concurrency=8"], {}, "--set workload.concurrency: "),
+        (["workload=x"], {}, "point sticky-steps-2 sets workload.concurrency itself"),
+        (["policy.params.variant=dynamo"], {}, "each system of a measurement file chooses its run's policy"),
+        ([], {"Nobody": PolicySpec("random")}, "--system Nobody: no measurement file has that system (systems: Aware, Sticky)"),
+        ([], {"Aware": PolicySpec("thunderagent", {"varaint": "dynamo"})}, "points.aware-hit-4.of (Aware = thunderagent[varaint=dynamo]): "),
+        (["workload.turns=-1"], {}, "tiny.yaml: workload.turns"),
+    ],
+)
+def test_plan_refuses_what_would_be_lost_or_invalid(overrides: list[str], systems: dict[str, PolicySpec], expected: str) -> None:
     with pytest.raises(MeasurementError, match=re.escape(expected)) as caught:
         plan([load_measurements(TINY_FILE)], overrides, systems)
     assert "\n" not in str(caught.value)
@@ -295,8 +348,22 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("published")
     (root / "docs").mkdir()
     (root / "docs" / "validation.md").write_text(f"{DOC_HEAD}{BEGIN}\nstale\n{END}{DOC_TAIL}")
-    result = tasim("validate", "published", str(TINY_FILE), *SHORT, "--jobs", "2", "--out", str(root / "out"), "--label",
-                   "first", "--doc", str(root / "docs" / "validation.md"), "--plots", str(root / "docs" / "published"))
+    result = tasim(
+        "validate",
+        "published",
+        str(TINY_FILE),
+        *SHORT,
+        "--jobs",
+        "2",
+        "--out",
+        str(root / "out"),
+        "--label",
+        "first",
+        "--doc",
+        str(root / "docs" / "validation.md"),
+        "--plots",
+        str(root / "docs" / "published"),
+    )
     assert result.returncode == 0, result.stderr
     return root
 
@@ -323,8 +390,10 @@ def test_record_holds_what_independent_simulate_runs_give(published: Path, tmp_p
     assert points["sticky-steps-4"]["tasim_over_published"] == sticky4["steps_per_min"] / 80
     assert points["aware-hit-4"]["tasim_over_published"] == aware4["prefix_hit_rate"] * 100 / 70  # the range's midpoint
     assert points["sticky-6-over-2"]["value"] == 90 / 50 and points["sticky-6-over-2"]["derived"]
-    assert points["aware-over-sticky-4"]["runs"] == ["tiny/thunderagent[scheduler_interval_s=2]/workload.concurrency=4",
-                                                     "tiny/round_robin/workload.concurrency=4"]
+    assert points["aware-over-sticky-4"]["runs"] == [
+        "tiny/thunderagent[scheduler_interval_s=2]/workload.concurrency=4",
+        "tiny/round_robin/workload.concurrency=4",
+    ]
     assert record["label"] == "first" and record["overrides"] == ["duration_s=40"] and record["systems"] == {}
     assert record["files"][0]["path"] == "tests/data/published-tiny.yaml"  # relative to the working directory
     run_metrics = {r["label"]: r["metrics"] for r in record["runs"]}
@@ -333,8 +402,7 @@ def test_record_holds_what_independent_simulate_runs_give(published: Path, tmp_p
 
 
 def test_record_does_not_depend_on_jobs(published: Path) -> None:
-    result = tasim("validate", "published", str(TINY_FILE), *SHORT, "--jobs", "1", "--out", str(published / "serial"),
-                   "--label", "first")
+    result = tasim("validate", "published", str(TINY_FILE), *SHORT, "--jobs", "1", "--out", str(published / "serial"), "--label", "first")
     assert result.returncode == 0, result.stderr
     assert (published / "serial" / "published.json").read_bytes() == (published / "out" / "published.json").read_bytes()
 
@@ -363,8 +431,10 @@ def test_document_span_tables_and_plots(published: Path) -> None:
     assert rows[0] == "| point | what | source: where | published | now | now/published |"
     record = {p["id"]: p for p in _record(published)["files"][0]["points"]}
     sticky4 = next(r for r in rows if r.startswith("| sticky-steps-4 "))
-    assert sticky4 == (f"| sticky-steps-4 | Sticky, steps/min, concurrency=4 | table: Table 1 | 80.0 | "
-                       f"{record['sticky-steps-4']['tasim']:,.1f} | {record['sticky-steps-4']['tasim_over_published']:.2f} |")
+    assert sticky4 == (
+        f"| sticky-steps-4 | Sticky, steps/min, concurrency=4 | table: Table 1 | 80.0 | "
+        f"{record['sticky-steps-4']['tasim']:,.1f} | {record['sticky-steps-4']['tasim_over_published']:.2f} |"
+    )
     links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", span)
     assert links == ["published/tiny-source.png", "published/tiny-source-tiny-steps_per_min-concurrency.png"]
     for link in links:
@@ -375,17 +445,25 @@ def test_document_shows_earlier_records_as_columns(published: Path) -> None:
     earlier = _record(published)
     for point in earlier["files"][0]["points"]:
         point["tasim"] = 1.5 if point["id"] == "sticky-steps-4" else None
-    (published / "earlier.json").write_text(json.dumps({**earlier, "label": "before (abc1234)",
-                                                        "systems": {"Aware": "kv_router"}}))
+    (published / "earlier.json").write_text(json.dumps({**earlier, "label": "before (abc1234)", "systems": {"Aware": "kv_router"}}))
     shutil.copy(published / "docs" / "validation.md", published / "docs" / "again.md")
-    result = tasim("validate", "published", str(TINY_FILE), "--from-record", str(published / "out" / "published.json"),
-                   "--before", str(published / "earlier.json"), "--doc", str(published / "docs" / "again.md"),
-                   "--plots", str(published / "docs" / "published"))
+    result = tasim(
+        "validate",
+        "published",
+        str(TINY_FILE),
+        "--from-record",
+        str(published / "out" / "published.json"),
+        "--before",
+        str(published / "earlier.json"),
+        "--doc",
+        str(published / "docs" / "again.md"),
+        "--plots",
+        str(published / "docs" / "published"),
+    )
     assert result.returncode == 0, result.stderr
     span = _span(published / "docs" / "again.md")
     rows = [line for line in span.splitlines() if line.startswith("| ")]
-    assert rows[0] == ("| point | what | source: where | published | before (abc1234) (Aware = kv_router, "
-                       "duration_s=40) | now | now/published |")
+    assert rows[0] == ("| point | what | source: where | published | before (abc1234) (Aware = kv_router, duration_s=40) | now | now/published |")
     assert next(r for r in rows if r.startswith("| sticky-steps-4 ")).split(" | ")[4] == "1.5"
     assert next(r for r in rows if r.startswith("| sticky-steps-2 ")).split(" | ")[4] == "—"
     # re-rendered from the run's own record: the rows of "now" are the run's

@@ -70,8 +70,7 @@ def test_every_row_has_paper_tasim_and_ratio(generated: tuple[str, Path, Path]) 
 def test_plots_exist_and_are_linked(generated: tuple[str, Path, Path]) -> None:
     text, doc, plots = generated
     links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", _span(text))
-    names = {"thrashing.png", "throughput-swe-agent.png", "throughput-openhands.png",
-             "throughput-toolorchestra.png", "rl-rollout.png"}
+    names = {"thrashing.png", "throughput-swe-agent.png", "throughput-openhands.png", "throughput-toolorchestra.png", "rl-rollout.png"}
     assert {Path(link).name for link in links} == names
     for link in links:
         png = (doc.parent / link).resolve()

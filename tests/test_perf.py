@@ -25,8 +25,9 @@ def test_polynomial_step_sums_phases_with_integer_means() -> None:
     model = DynamoPolynomial()
     # Two prefilling requests: prefixes 10 and 0, chunks 5 and 6. The mocker's integer means give
     # N = 2 * ((21 // 2) - (10 // 2)) = 10, not 11.
-    shape = StepShape(prefill_seqs=2, prefill_prompt_tokens=11, prefill_prefix_tokens=10, decode_seqs=3,
-                      decode_kv_tokens=4000, kv_capacity_tokens=16000)
+    shape = StepShape(
+        prefill_seqs=2, prefill_prompt_tokens=11, prefill_prefix_tokens=10, decode_seqs=3, decode_kv_tokens=4000, kv_capacity_tokens=16000
+    )
     expected_ms = prefill_ms(10) + decode_ms(0.25)
     assert model.step_time(shape) == pytest.approx(expected_ms / 1000, abs=1e-15)
     assert DynamoPolynomial(speedup_ratio=4.0).step_time(shape) == pytest.approx(expected_ms / 4000, abs=1e-15)
@@ -87,7 +88,13 @@ def test_kv_blocks_auto_from_memory_left_after_weights() -> None:
 def test_every_model_fits_somewhere_and_specs_load() -> None:
     assert set(specs.gpus()) >= {"H100", "H200", "H20", "A100", "B200", "RTX5090"}
     assert set(specs.models()) == {
-        "Llama-3.1-8B", "Qwen3-8B", "Qwen3-32B", "Qwen3-30B-A3B", "Qwen3-Coder-30B-A3B", "Qwen3-235B-A22B", "GLM-4.6",
+        "Llama-3.1-8B",
+        "Qwen3-8B",
+        "Qwen3-32B",
+        "Qwen3-30B-A3B",
+        "Qwen3-Coder-30B-A3B",
+        "Qwen3-235B-A22B",
+        "GLM-4.6",
     }
     for model in specs.models().values():
         assert 0 < model.active_params <= model.total_params

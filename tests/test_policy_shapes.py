@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import SCENARIOS
+
 from tasim.parallel import map_in_processes
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
@@ -34,9 +35,7 @@ def test_thunderagent_beats_round_robin_when_kv_thrashes(tmp_path: Path) -> None
 
 def _run_two_backends(args: tuple[Path, str]) -> dict:
     out, policy = args
-    scenario = load_scenario(
-        SCENARIOS / "swe-agent-2x.yaml", ["workload.concurrency=96", f"policy.name={policy}"]
-    )
+    scenario = load_scenario(SCENARIOS / "swe-agent-2x.yaml", ["workload.concurrency=96", f"policy.name={policy}"])
     return run_simulation(scenario, out / policy)
 
 

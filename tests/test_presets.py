@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import SCENARIOS, tasim
+
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 
@@ -14,8 +14,14 @@ PRESETS = sorted(SCENARIOS.glob("*.yaml"))
 
 SHORTEN = {
     "agent": ["duration_s=150", "workload.concurrency=4", "metrics.warmup_s=0"],
-    "rl_rollout": ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.steps=2",
-                   "workload.training_s=5", "workload.turns=3", "workload.max_concurrency=3"],
+    "rl_rollout": [
+        "workload.prompts_per_step=2",
+        "workload.samples_per_prompt=2",
+        "workload.steps=2",
+        "workload.training_s=5",
+        "workload.turns=3",
+        "workload.max_concurrency=3",
+    ],
     "mooncake_trace": ["workload.max_requests=60"],
     "dynamo_trace": ["workload.max_sessions=5"],
 }

@@ -33,7 +33,8 @@ def test_drift_arithmetic() -> None:
     assert regression.drifts(within, baseline) == []
     outside = {"a": {"output_tokens_per_s": 97.9, "prefix_hit_rate": 0.489}}
     assert [(d.metric, d.allowed) for d in regression.drifts(outside, baseline)] == [
-        ("output_tokens_per_s", "±2%"), ("prefix_hit_rate", "±1 pp"),
+        ("output_tokens_per_s", "±2%"),
+        ("prefix_hit_rate", "±1 pp"),
     ]
     new_case = regression.drifts({"b": {"output_tokens_per_s": 1.0, "prefix_hit_rate": 0.1}}, baseline)
     assert [d.line() for d in new_case] == [

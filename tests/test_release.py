@@ -17,10 +17,10 @@ import time
 from typing import Any
 
 import pytest
-
 from conftest import TINY, assert_usage_error, tasim
+
 from tasim import events as ev
-from tasim.scenario import ScenarioError, parse_scenario, Scenario
+from tasim.scenario import Scenario, ScenarioError, parse_scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.runner import Simulation
 
@@ -31,13 +31,23 @@ POOL = 80 * 16
 
 def _scenario(release: Any, policy: str = "thunderagent", programs: int = 2, **params: Any) -> Scenario:
     base = {"scheduler_interval_s": 1.0, "resume_timeout_s": 20.0} if policy == "thunderagent" else {}
-    return Scenario.model_validate({
-        "duration_s": 200,
-        "cluster": {"backends": 1, "engine": {"kv_blocks": 80}, "perf": {"model": "dynamo_polynomial"}},
-        "workload": {"concurrency": 1, "programs": programs, "turns": 2, "task_prompt_tokens": 600, "output_tokens": 20,
-                     "observation_tokens": 30, "tool_latency_s": 0.5, "release": release},
-        "policy": {"name": policy, "params": {**base, **params}},
-    })
+    return Scenario.model_validate(
+        {
+            "duration_s": 200,
+            "cluster": {"backends": 1, "engine": {"kv_blocks": 80}, "perf": {"model": "dynamo_polynomial"}},
+            "workload": {
+                "concurrency": 1,
+                "programs": programs,
+                "turns": 2,
+                "task_prompt_tokens": 600,
+                "output_tokens": 20,
+                "observation_tokens": 30,
+                "tool_latency_s": 0.5,
+                "release": release,
+            },
+            "policy": {"name": policy, "params": {**base, **params}},
+        }
+    )
 
 
 def _run(scenario: Scenario) -> list[ev.Event]:
@@ -110,8 +120,7 @@ def test_program_finished_writes_released_only_when_false() -> None:
 def test_the_checks_refuse_a_release_of_a_released_or_unknown_program() -> None:
     for events in (
         [ev.ProgramStarted(0.0, "p", 1), ev.ProgramFinished(1.0, "p", 5, True), ev.ProgramReleased(2.0, "p")],
-        [ev.ProgramStarted(0.0, "p", 1), ev.ProgramFinished(1.0, "p", 5, True, False), ev.ProgramReleased(2.0, "p"),
-         ev.ProgramReleased(3.0, "p")],
+        [ev.ProgramStarted(0.0, "p", 1), ev.ProgramFinished(1.0, "p", 5, True, False), ev.ProgramReleased(2.0, "p"), ev.ProgramReleased(3.0, "p")],
         [ev.ProgramReleased(0.0, "q")],
     ):
         checks = EventChecks(lambda e: None)
@@ -126,8 +135,7 @@ def test_never_released_programs_still_count_as_completed() -> None:
     assert [(e.program, e.completed, e.released) for e in finished] == [("p0", True, False), ("p1", True, False)]
     assert not any(isinstance(e, ev.ProgramReleased) for e in never)
     # A program-blind router does not hear program ends: only the released flags differ.
-    assert [ev.ProgramFinished(e.t, e.program, e.context_tokens, e.completed) if isinstance(e, ev.ProgramFinished) else e
-            for e in never] == at_end
+    assert [ev.ProgramFinished(e.t, e.program, e.context_tokens, e.completed) if isinstance(e, ev.ProgramFinished) else e for e in never] == at_end
     from tasim.metrics import MetricsFold
 
     summary = MetricsFold().apply_all(never).summary()
@@ -191,14 +199,23 @@ def test_a_release_after_a_delay_is_sent_then_and_frees_the_booking() -> None:
 
 def test_continuum_pin_of_an_unreleased_program_lasts_its_ttl() -> None:
     def used_blocks_between_programs(release: str) -> tuple[ev.ProgramPinned, float, list[tuple[float, int]]]:
-        scenario = Scenario.model_validate({
-            "duration_s": 60,
-            "cluster": {"backends": 1, "engine": {"kv_blocks": 80}, "perf": {"model": "dynamo_polynomial"}},
-            "workload": {"concurrency": 1, "programs": 2, "turns": 1, "task_prompt_tokens": 600, "output_tokens": 20,
-                         "setup_s": 5.0, "release": release},
-            "policy": {"name": "continuum", "params": {"ttl_s": 3.0}},
-            "metrics": {"sample_interval_s": 0.5},
-        })
+        scenario = Scenario.model_validate(
+            {
+                "duration_s": 60,
+                "cluster": {"backends": 1, "engine": {"kv_blocks": 80}, "perf": {"model": "dynamo_polynomial"}},
+                "workload": {
+                    "concurrency": 1,
+                    "programs": 2,
+                    "turns": 1,
+                    "task_prompt_tokens": 600,
+                    "output_tokens": 20,
+                    "setup_s": 5.0,
+                    "release": release,
+                },
+                "policy": {"name": "continuum", "params": {"ttl_s": 3.0}},
+                "metrics": {"sample_interval_s": 0.5},
+            }
+        )
         log = _run(scenario)
         pin = _one(log, ev.ProgramPinned, program="p0")
         next_call = _one(log, ev.RequestRouted, request="p1.0").t
@@ -217,10 +234,21 @@ def test_continuum_pin_of_an_unreleased_program_lasts_its_ttl() -> None:
 
 
 def _live_scenario(release: Any) -> Scenario:
-    return Scenario.model_validate({
-        "workload": {"concurrency": 1, "programs": 2, "turns": 2, "task_prompt_tokens": 20, "output_tokens": 4,
-                     "observation_tokens": 3, "tool_latency_s": 1.0, "setup_s": 50.0, "release": release},
-    })
+    return Scenario.model_validate(
+        {
+            "workload": {
+                "concurrency": 1,
+                "programs": 2,
+                "turns": 2,
+                "task_prompt_tokens": 20,
+                "output_tokens": 4,
+                "observation_tokens": 3,
+                "tool_latency_s": 1.0,
+                "setup_s": 50.0,
+                "release": release,
+            },
+        }
+    )
 
 
 async def _drive(release: Any, time_scale: float = 100.0) -> tuple[Any, Any, list[tuple[float, str, bool]]]:
@@ -229,8 +257,8 @@ async def _drive(release: Any, time_scale: float = 100.0) -> tuple[Any, Any, lis
     per request, a call's time taken when its reply is sent."""
     pytest.importorskip("xxhash")
     from aiohttp import web
-
     from conftest import live_host, serve_completions
+
     from tasim.live.driver import HttpAgentDriver
 
     host, _, _ = live_host()
@@ -267,8 +295,14 @@ def test_live_driver_sends_no_session_final_when_clients_never_release() -> None
 
 def test_live_driver_releases_at_end_or_after_the_scaled_delay() -> None:
     result, host, seen = asyncio.run(_drive("at_end"))
-    assert [(session, final) for _, session, final in seen] == [("p0", False), ("p0", False), ("p0", True),
-                                                              ("p1", False), ("p1", False), ("p1", True)]
+    assert [(session, final) for _, session, final in seen] == [
+        ("p0", False),
+        ("p0", False),
+        ("p0", True),
+        ("p1", False),
+        ("p1", False),
+        ("p1", True),
+    ]
     assert result.session_finals == 2 and host.programs == {}
 
     result, host, seen = asyncio.run(_drive({"kind": "after", "delay_s": 20.0}))  # 0.2 s of wall time
@@ -299,8 +333,13 @@ def test_verl_agent_loop_releases_as_the_row_says() -> None:
         loop = TasimAgentLoop.__new__(TasimAgentLoop)  # its base wants verl's tokenizer and data set
         loop.server_manager = client = Client()
         loop.rollout_config = SimpleNamespace(response_length=64)
-        row = {"program": "t", "prompt_ids": [1, 2, 3], "turns": [(2, 1.0, [5]), (2, 0.0, [])], "time_scale": 100.0,
-               "release_after_s": release_after_s}
+        row = {
+            "program": "t",
+            "prompt_ids": [1, 2, 3],
+            "turns": [(2, 1.0, [5]), (2, 0.0, [])],
+            "time_scale": 100.0,
+            "release_after_s": release_after_s,
+        }
         await loop.run({}, extra_info={"tasim": row})
         returned = time.monotonic()
         await asyncio.sleep(1.0)

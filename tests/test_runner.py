@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,8 +18,15 @@ def _scenario(**workload) -> Scenario:
     raw = {
         "duration_s": 60,
         "cluster": {"backends": 2, "engine": {"kv_blocks": 4000}},
-        "workload": {"concurrency": 3, "turns": 4, "task_prompt_tokens": 300, "output_tokens": 20,
-                     "observation_tokens": 50, "tool_latency_s": 0.5, **workload},
+        "workload": {
+            "concurrency": 3,
+            "turns": 4,
+            "task_prompt_tokens": 300,
+            "output_tokens": 20,
+            "observation_tokens": 50,
+            "tool_latency_s": 0.5,
+            **workload,
+        },
         "metrics": {"sample_interval_s": 10},
     }
     return Scenario.model_validate(raw)
@@ -78,8 +85,7 @@ def test_held_requests_go_where_the_resume_says() -> None:
     p0 = [
         (type(e).__name__, e.t)
         for e in log
-        if isinstance(e, (ev.RequestHeld, ev.ProgramResumed)) and e.program == "p0"
-        or isinstance(e, ev.RequestRouted) and e.request.startswith("p0.")
+        if isinstance(e, (ev.RequestHeld, ev.ProgramResumed)) and e.program == "p0" or isinstance(e, ev.RequestRouted) and e.request.startswith("p0.")
     ]
     assert p0[:3] == [("RequestHeld", 0.0), ("ProgramResumed", 2.0), ("RequestRouted", 2.0)]
     routed = {e.request: e.worker for e in log if isinstance(e, ev.RequestRouted)}
@@ -132,8 +138,15 @@ def test_output_blocks_are_reused_only_when_the_engine_reuses_them() -> None:
         raw = {
             "duration_s": 60,
             "cluster": {"backends": 1, "engine": {"kv_blocks": 400, "reuse_output_blocks": reuse}},
-            "workload": {"concurrency": 1, "programs": 1, "turns": 2, "task_prompt_tokens": 100, "output_tokens": 40,
-                         "observation_tokens": 20, "tool_latency_s": 0.5},
+            "workload": {
+                "concurrency": 1,
+                "programs": 1,
+                "turns": 2,
+                "task_prompt_tokens": 100,
+                "output_tokens": 40,
+                "observation_tokens": 20,
+                "tool_latency_s": 0.5,
+            },
         }
         finished = [e for e in _run(Scenario.model_validate(raw)) if isinstance(e, ev.RequestFinished)]
         assert [(e.request, e.prompt_tokens) for e in finished] == [("p0.0", 100), ("p0.1", 160)]
@@ -181,8 +194,14 @@ def _one_request(prompt: int, output: int, **engine: object) -> list[ev.Event]:
     raw = {
         "duration_s": 60,
         "cluster": {"backends": 1, "engine": {"block_size": 16, "kv_blocks": 10, **engine}},
-        "workload": {"concurrency": 1, "programs": 1, "turns": 1, "task_prompt_tokens": prompt, "output_tokens": output,
-                     "max_context_tokens": 10_000},
+        "workload": {
+            "concurrency": 1,
+            "programs": 1,
+            "turns": 1,
+            "task_prompt_tokens": prompt,
+            "output_tokens": output,
+            "max_context_tokens": 10_000,
+        },
     }
     return _run(Scenario.model_validate(raw))
 
@@ -216,8 +235,11 @@ def test_the_vllm_flavour_refuses_what_vllm_cannot_do() -> None:
 
     from tasim.scenario import ScenarioError, parse_scenario
 
-    with pytest.raises(ScenarioError, match=r"^s: cluster.engine: eviction lineage is Dynamo mocker's order; flavour vllm "
-                                            r"evicts lru \(or set flavour: mocker\)"):
+    with pytest.raises(
+        ScenarioError,
+        match=r"^s: cluster.engine: eviction lineage is Dynamo mocker's order; flavour vllm "
+        r"evicts lru \(or set flavour: mocker\)",
+    ):
         parse_scenario({"cluster": {"engine": {"eviction": "lineage"}}}, "s")
     with pytest.raises(ScenarioError, match=r"kv_blocks must be at least 2 with flavour vllm"):
         parse_scenario({"cluster": {"engine": {"kv_blocks": 1}}}, "s")

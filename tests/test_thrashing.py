@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import SCENARIOS
+
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 

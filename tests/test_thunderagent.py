@@ -127,8 +127,7 @@ def _paused(ta: ThunderAgent, program: str, tokens: int, steps: int = 2, phase: 
 
 
 def _resident(ta: ThunderAgent, program: str, backend: str, tokens: int, since: float = 0.0) -> None:
-    ta.programs[program] = ProgramState(program, tokens=tokens, phase=Phase.ACTING, backend=backend, steps=2,
-                                        acting_since=since)
+    ta.programs[program] = ProgramState(program, tokens=tokens, phase=Phase.ACTING, backend=backend, steps=2, acting_since=since)
 
 
 @pytest.mark.parametrize(

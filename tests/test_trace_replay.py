@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import SCENARIOS
+
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 
@@ -52,8 +52,7 @@ def test_dynamo_agent_trace_replays_sessions_with_their_gaps(tmp_path: Path) -> 
 
     trace = Path(__file__).parent / "data" / "dynamo_agent_trace.jsonl"
     scenario = parse_scenario(
-        {"duration_s": 60, "cluster": {"engine": {"block_size": 4, "kv_blocks": 1000}},
-         "workload": {"kind": "dynamo_trace", "path": str(trace)}},
+        {"duration_s": 60, "cluster": {"engine": {"block_size": 4, "kv_blocks": 1000}}, "workload": {"kind": "dynamo_trace", "path": str(trace)}},
         "inline",
     )
     log: list[ev.Event] = []

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import SCENARIOS
+
 from tasim.traces import (
     TRACE_HASH_NAMESPACE,
     TraceError,
@@ -31,8 +31,7 @@ def write_lines(path: Path, lines: list[object]) -> Path:
 
 
 def mooncake_line(input_length: int, hash_ids: list[int], timestamp: float = 0, output_length: int = 10) -> dict:
-    return {"timestamp": timestamp, "input_length": input_length, "output_length": output_length,
-            "hash_ids": hash_ids}
+    return {"timestamp": timestamp, "input_length": input_length, "output_length": output_length, "hash_ids": hash_ids}
 
 
 def h(j: int, trace_id: int) -> int:
@@ -42,10 +41,14 @@ def h(j: int, trace_id: int) -> int:
 
 # --- real Mooncake traces --------------------------------------------------------------------
 
-@pytest.mark.parametrize("name, count, hit_rate", [
-    ("conversation_trace.jsonl", 12_031, 0.374),
-    ("synthetic_trace.jsonl", 3_993, 0.651),
-])
+
+@pytest.mark.parametrize(
+    "name, count, hit_rate",
+    [
+        ("conversation_trace.jsonl", 12_031, 0.374),
+        ("synthetic_trace.jsonl", 3_993, 0.651),
+    ],
+)
 def test_real_trace_counts_and_ideal_hit_rate(name: str, count: int, hit_rate: float) -> None:
     requests = read_mooncake(TRACES / name, block_size=512)
     assert len(requests) == count
@@ -69,13 +72,16 @@ def test_session_lines_form_closed_loop_sessions(tmp_path: Path) -> None:
     """Dynamo's multi-turn form: lines sharing a session_id are one session, its turns in file
     order; the first turn's timestamp starts it (0 when absent), later turns wait `delay` ms
     after the previous one completes and their timestamps are ignored."""
-    path = write_lines(tmp_path / "t.jsonl", [
-        {**mooncake_line(100, [0], timestamp=4000), "session_id": "b"},
-        {"session_id": "a", "input_length": 64, "output_length": 2, "hash_ids": [9]},
-        {**mooncake_line(600, [0, 1], timestamp=99999), "session_id": "b", "delay": 1500},
-        mooncake_line(50, [7], timestamp=1000),
-        {"session_id": "a", "delay": 250.5, "input_length": 80, "output_length": 3, "hash_ids": [9]},
-    ])
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            {**mooncake_line(100, [0], timestamp=4000), "session_id": "b"},
+            {"session_id": "a", "input_length": 64, "output_length": 2, "hash_ids": [9]},
+            {**mooncake_line(600, [0, 1], timestamp=99999), "session_id": "b", "delay": 1500},
+            mooncake_line(50, [7], timestamp=1000),
+            {"session_id": "a", "delay": 250.5, "input_length": 80, "output_length": 3, "hash_ids": [9]},
+        ],
+    )
     requests = read_mooncake(path, block_size=16)
     assert [(r.index, r.session, r.turn, r.arrival_s, r.delay_s, r.prompt_tokens) for r in requests] == [
         (0, "a", 0, 0.0, 0.0, 64),
@@ -85,16 +91,24 @@ def test_session_lines_form_closed_loop_sessions(tmp_path: Path) -> None:
         (4, "b", 1, 4.0, 1.5, 600),
     ]
 
+
 def test_arrivals_are_sorted_stably_and_shifted_to_zero(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(100, [0], timestamp=5000, output_length=1),
-        mooncake_line(200, [1], timestamp=3000, output_length=2),
-        mooncake_line(300, [2], timestamp=3000.5, output_length=3),
-        mooncake_line(400, [3], timestamp=3000, output_length=4),
-    ])
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            mooncake_line(100, [0], timestamp=5000, output_length=1),
+            mooncake_line(200, [1], timestamp=3000, output_length=2),
+            mooncake_line(300, [2], timestamp=3000.5, output_length=3),
+            mooncake_line(400, [3], timestamp=3000, output_length=4),
+        ],
+    )
     requests = read_mooncake(path, block_size=16)
     assert [(r.index, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests] == [
-        (0, 0.0, 200, 2), (1, 0.0, 400, 4), (2, 0.0005, 300, 3), (3, 2.0, 100, 1)]
+        (0, 0.0, 200, 2),
+        (1, 0.0, 400, 4),
+        (2, 0.0005, 300, 3),
+        (3, 2.0, 100, 1),
+    ]
 
 
 def test_shared_trace_block_gives_equal_leading_hashes_then_all_differ(tmp_path: Path) -> None:
@@ -117,11 +131,14 @@ def test_only_full_engine_blocks_are_hashed(tmp_path: Path) -> None:
 
 
 def test_engine_block_spanning_trace_blocks_takes_the_id_holding_its_last_token(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(2048, [5, 6, 7, 8]),
-        mooncake_line(2048, [5, 6, 9, 10]),
-        mooncake_line(2100, [5, 11, 12, 13, 14]),
-    ])
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            mooncake_line(2048, [5, 6, 7, 8]),
+            mooncake_line(2048, [5, 6, 9, 10]),
+            mooncake_line(2100, [5, 11, 12, 13, 14]),
+        ],
+    )
     a, b, c = read_mooncake(path, block_size=1024)
     assert a.block_hashes == (h(0, 6), h(1, 8))
     assert b.block_hashes == (h(0, 6), h(1, 10))
@@ -143,12 +160,15 @@ def test_block_sizes_that_do_not_nest_are_rejected(tmp_path: Path, block_size: i
 
 
 def test_ideal_hit_rate_counts_leading_blocks_seen_before(tmp_path: Path) -> None:
-    path = write_lines(tmp_path / "t.jsonl", [
-        mooncake_line(1024, [0, 1]),
-        mooncake_line(1024, [0, 2]),  # hits 512
-        mooncake_line(1100, [0, 1, 3]),  # hits 1024
-        mooncake_line(512, [4]),
-    ])
+    path = write_lines(
+        tmp_path / "t.jsonl",
+        [
+            mooncake_line(1024, [0, 1]),
+            mooncake_line(1024, [0, 2]),  # hits 512
+            mooncake_line(1100, [0, 1, 3]),  # hits 1024
+            mooncake_line(512, [4]),
+        ],
+    )
     requests = read_mooncake(path, block_size=512)
     assert ideal_prefix_hit_rate(requests, 512) == pytest.approx((512 + 1024) / (1024 + 1024 + 1100 + 512))
     assert ideal_prefix_hit_rate([], 512) == 0.0
@@ -165,30 +185,28 @@ def test_trace_request_is_frozen() -> None:
 GOOD = mooncake_line(600, [0, 1])
 
 
-@pytest.mark.parametrize("bad, message", [
-    ("{not json", "invalid JSON (Expecting property name enclosed in double quotes at column 2); "
-                  "expected one JSON object per line"),
-    ("[1, 2]", "expected a JSON object (got [1, 2])"),
-    ({**GOOD, "input_length": "abc"}, 'input_length must be a non-negative integer (got "abc")'),
-    ({**GOOD, "output_length": -1}, "output_length must be a non-negative integer (got -1)"),
-    ({**GOOD, "input_length": 6.5}, "input_length must be a non-negative integer (got 6.5)"),
-    ({k: v for k, v in GOOD.items() if k != "output_length"},
-     "missing field output_length (expected a non-negative integer)"),
-    ({**GOOD, "timestamp": "noon"}, 'timestamp must be a non-negative number (got "noon")'),
-    ({**GOOD, "timestamp": -5}, "timestamp must be a non-negative number (got -5)"),
-    ({**GOOD, "hash_ids": "0,1"}, 'hash_ids must be a list of integers in [0, 2**30) (got "0,1")'),
-    ({**GOOD, "hash_ids": [0, True]}, "hash_ids must be a list of integers in [0, 2**30) (got element true)"),
-    ({**GOOD, "hash_ids": [0, -3]}, "hash_ids must be a list of integers in [0, 2**30) (got element -3)"),
-    ({**GOOD, "hash_ids": [0, 2**30]},
-     "hash_ids must be a list of integers in [0, 2**30) (got element 1073741824)"),
-    ({**GOOD, "hash_ids": [0]}, "hash_ids has 1 ids, expected 2 (one per 512-token block of 600 input tokens)"),
-    ({**GOOD, "hash_ids": [0, 1, 2]},
-     "hash_ids has 3 ids, expected 2 (one per 512-token block of 600 input tokens)"),
-    ({**GOOD, "session_id": 7}, "session_id must be a non-empty string (got 7)"),
-    ({**GOOD, "session_id": "s", "delay": -1}, "delay must be a non-negative number (got -1)"),
-    ({**{k: v for k, v in GOOD.items() if k != "timestamp"}},
-     "missing field timestamp (expected a non-negative number)"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", "invalid JSON (Expecting property name enclosed in double quotes at column 2); expected one JSON object per line"),
+        ("[1, 2]", "expected a JSON object (got [1, 2])"),
+        ({**GOOD, "input_length": "abc"}, 'input_length must be a non-negative integer (got "abc")'),
+        ({**GOOD, "output_length": -1}, "output_length must be a non-negative integer (got -1)"),
+        ({**GOOD, "input_length": 6.5}, "input_length must be a non-negative integer (got 6.5)"),
+        ({k: v for k, v in GOOD.items() if k != "output_length"}, "missing field output_length (expected a non-negative integer)"),
+        ({**GOOD, "timestamp": "noon"}, 'timestamp must be a non-negative number (got "noon")'),
+        ({**GOOD, "timestamp": -5}, "timestamp must be a non-negative number (got -5)"),
+        ({**GOOD, "hash_ids": "0,1"}, 'hash_ids must be a list of integers in [0, 2**30) (got "0,1")'),
+        ({**GOOD, "hash_ids": [0, True]}, "hash_ids must be a list of integers in [0, 2**30) (got element true)"),
+        ({**GOOD, "hash_ids": [0, -3]}, "hash_ids must be a list of integers in [0, 2**30) (got element -3)"),
+        ({**GOOD, "hash_ids": [0, 2**30]}, "hash_ids must be a list of integers in [0, 2**30) (got element 1073741824)"),
+        ({**GOOD, "hash_ids": [0]}, "hash_ids has 1 ids, expected 2 (one per 512-token block of 600 input tokens)"),
+        ({**GOOD, "hash_ids": [0, 1, 2]}, "hash_ids has 3 ids, expected 2 (one per 512-token block of 600 input tokens)"),
+        ({**GOOD, "session_id": 7}, "session_id must be a non-empty string (got 7)"),
+        ({**GOOD, "session_id": "s", "delay": -1}, "delay must be a non-negative number (got -1)"),
+        ({**{k: v for k, v in GOOD.items() if k != "timestamp"}}, "missing field timestamp (expected a non-negative number)"),
+    ],
+)
 def test_malformed_mooncake_line_names_path_and_line(tmp_path: Path, bad: object, message: str) -> None:
     # Line 3 holds the bad record: the blank line 2 still counts.
     path = write_lines(tmp_path / "bad.jsonl", [GOOD, "", bad, GOOD])
@@ -217,21 +235,29 @@ def test_dynamo_agent_trace_sessions_turns_and_gaps() -> None:
     # Sequence hashes are numbered by first appearance, requests in start order:
     # m1 -> A, B, 2 (its partial tail); s1 -> 3, 4; s2 -> 5; m2 -> 6, 7; m3 -> 8.
     assert sessions == [
-        TraceSession(id="main", start_s=0.0, parent_id=None, turns=(
-            TraceTurn(10, 5, (h(0, A), h(1, A), h(2, B), h(3, B), h(4, 2)), gap_before_s=0.0, tool_s=0.0),
-            # m1 ended at 1200, m2 started at 1800; tool t1 ran 1250-1700.
-            TraceTurn(16, 6, (h(0, A), h(1, A), h(2, B), h(3, B), h(4, 6), h(5, 6), h(6, 7), h(7, 7)),
-                      gap_before_s=0.6, tool_s=0.45),
-            # m2 ended at 2100, m3 started at 2600; t2 ran 2100-2400 (start from its tool_start),
-            # t3 2300-2500 (a tool_error), overlapping: 400 ms of tool time.
-            TraceTurn(16, 7, (h(0, A), h(1, A), h(2, B), h(3, B), h(4, 6), h(5, 6), h(6, 8), h(7, 8)),
-                      gap_before_s=0.5, tool_s=0.4),
-        )),
+        TraceSession(
+            id="main",
+            start_s=0.0,
+            parent_id=None,
+            turns=(
+                TraceTurn(10, 5, (h(0, A), h(1, A), h(2, B), h(3, B), h(4, 2)), gap_before_s=0.0, tool_s=0.0),
+                # m1 ended at 1200, m2 started at 1800; tool t1 ran 1250-1700.
+                TraceTurn(16, 6, (h(0, A), h(1, A), h(2, B), h(3, B), h(4, 6), h(5, 6), h(6, 7), h(7, 7)), gap_before_s=0.6, tool_s=0.45),
+                # m2 ended at 2100, m3 started at 2600; t2 ran 2100-2400 (start from its tool_start),
+                # t3 2300-2500 (a tool_error), overlapping: 400 ms of tool time.
+                TraceTurn(16, 7, (h(0, A), h(1, A), h(2, B), h(3, B), h(4, 6), h(5, 6), h(6, 8), h(7, 8)), gap_before_s=0.5, tool_s=0.4),
+            ),
+        ),
         # s1 has no total_time_ms: it ended at its event time, 1400.
-        TraceSession(id="sub", start_s=0.3, parent_id="main", turns=(
-            TraceTurn(8, 3, (h(0, 3), h(1, 3), h(2, 4), h(3, 4)), gap_before_s=0.0, tool_s=0.0),
-            TraceTurn(12, 4, (h(0, 3), h(1, 3), h(2, 4), h(3, 4), h(4, 5), h(5, 5)), gap_before_s=0.05, tool_s=0.0),
-        )),
+        TraceSession(
+            id="sub",
+            start_s=0.3,
+            parent_id="main",
+            turns=(
+                TraceTurn(8, 3, (h(0, 3), h(1, 3), h(2, 4), h(3, 4)), gap_before_s=0.0, tool_s=0.0),
+                TraceTurn(12, 4, (h(0, 3), h(1, 3), h(2, 4), h(3, 4), h(4, 5), h(5, 5)), gap_before_s=0.05, tool_s=0.0),
+            ),
+        ),
     ]
 
 
@@ -241,14 +267,19 @@ def test_dynamo_engine_blocks_spanning_trace_blocks() -> None:
     assert [turn.block_hashes for turn in sub.turns] == [(h(0, 4),), (h(0, 4),)]
 
 
-def dynamo_request(request_id: str, received_ms: int, hashes: list[int], session: str | None = None,
-                   block_size: int = 4, **context: str) -> dict:
-    record = {"schema": "dynamo.request.trace.v1", "event_type": "request_end",
-              "event_time_unix_ms": received_ms + 10,
-              "request": {"request_id": request_id, "output_tokens": 2, "request_received_ms": received_ms,
-                          "total_time_ms": 10,
-                          "replay": {"trace_block_size": block_size, "input_length": block_size * len(hashes),
-                                     "input_sequence_hashes": hashes}}}
+def dynamo_request(request_id: str, received_ms: int, hashes: list[int], session: str | None = None, block_size: int = 4, **context: str) -> dict:
+    record = {
+        "schema": "dynamo.request.trace.v1",
+        "event_type": "request_end",
+        "event_time_unix_ms": received_ms + 10,
+        "request": {
+            "request_id": request_id,
+            "output_tokens": 2,
+            "request_received_ms": received_ms,
+            "total_time_ms": 10,
+            "replay": {"trace_block_size": block_size, "input_length": block_size * len(hashes), "input_sequence_hashes": hashes},
+        },
+    }
     if session is not None:
         record["agent_context"] = {"session_id": session, **context}
     return record
@@ -262,8 +293,13 @@ def test_requests_without_agent_context_are_sessions_of_their_own(tmp_path: Path
 
 
 def tool_event(event_type: str, tool: dict, session: str = "s") -> dict:
-    return {"schema": "dynamo.request.trace.v1", "event_type": event_type, "event_time_unix_ms": 50,
-            "agent_context": {"session_id": session}, "tool": {"tool_call_id": "t", **tool}}
+    return {
+        "schema": "dynamo.request.trace.v1",
+        "event_type": event_type,
+        "event_time_unix_ms": 50,
+        "agent_context": {"session_id": session},
+        "tool": {"tool_call_id": "t", **tool},
+    }
 
 
 def replay_of(record: dict, **changes: object) -> dict:
@@ -275,32 +311,43 @@ def replay_of(record: dict, **changes: object) -> dict:
 OK = dynamo_request("a", 100, [1, 2], session="s")
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({**OK, "event_type": "span_end"}, 'unknown event_type "span_end" (expected one of request_end, '
-                                       "tool_start, tool_end, tool_error, request_payload)"),
-    ({**OK, "schema": "dynamo.request.trace.v2"},
-     'schema must be "dynamo.request.trace.v1" (got "dynamo.request.trace.v2")'),
-    ({k: v for k, v in OK.items() if k != "request"}, "missing field request (expected a JSON object)"),
-    ({**OK, "request": {**OK["request"], "replay": None}}, "replay must be a JSON object (got null)"),
-    ({**OK, "request": {**OK["request"], "output_tokens": "2"}},
-     'output_tokens must be a non-negative integer (got "2")'),
-    ({**OK, "agent_context": {"session_id": 7}}, "session_id must be a non-empty string (got 7)"),
-    (replay_of(OK, input_length=9),
-     "input_sequence_hashes has 2 ids, expected 3 (one per 4-token block of 9 input tokens)"),
-    (replay_of(OK, input_sequence_hashes=[1, 2**64]),
-     "input_sequence_hashes must be a list of integers in [0, 2**64) (got element 18446744073709551616)"),
-    (replay_of(OK, trace_block_size=8, input_length=16),
-     "trace_block_size 8 differs from earlier requests' 4 (expected one block size per trace)"),
-    ({**OK, "request": {**OK["request"], "request_id": "first"}},
-     'duplicate request_id "first" (first at {path}:1; expected unique ids)'),
-    ({**OK, "request": {**OK["request"], "total_time_ms": None}, "event_time_unix_ms": 90},
-     "event_time_unix_ms 90 is before request_received_ms 100 (expected a request to end after it starts)"),
-    (tool_event("tool_end", {"started_at_unix_ms": 70, "ended_at_unix_ms": 60}),
-     "tool ends at 60 before it starts at 70 (expected ended_at_unix_ms >= started_at_unix_ms)"),
-    ({**tool_event("tool_start", {}), "agent_context": None}, "agent_context must be a JSON object (got null)"),
-    (dynamo_request("b", 200, [5], session="s", parent_session_id="p2"),
-     'session "s" has conflicting parent_session_id values "p1", "p2" (expected one parent per session)'),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (
+            {**OK, "event_type": "span_end"},
+            'unknown event_type "span_end" (expected one of request_end, tool_start, tool_end, tool_error, request_payload)',
+        ),
+        ({**OK, "schema": "dynamo.request.trace.v2"}, 'schema must be "dynamo.request.trace.v1" (got "dynamo.request.trace.v2")'),
+        ({k: v for k, v in OK.items() if k != "request"}, "missing field request (expected a JSON object)"),
+        ({**OK, "request": {**OK["request"], "replay": None}}, "replay must be a JSON object (got null)"),
+        ({**OK, "request": {**OK["request"], "output_tokens": "2"}}, 'output_tokens must be a non-negative integer (got "2")'),
+        ({**OK, "agent_context": {"session_id": 7}}, "session_id must be a non-empty string (got 7)"),
+        (replay_of(OK, input_length=9), "input_sequence_hashes has 2 ids, expected 3 (one per 4-token block of 9 input tokens)"),
+        (
+            replay_of(OK, input_sequence_hashes=[1, 2**64]),
+            "input_sequence_hashes must be a list of integers in [0, 2**64) (got element 18446744073709551616)",
+        ),
+        (
+            replay_of(OK, trace_block_size=8, input_length=16),
+            "trace_block_size 8 differs from earlier requests' 4 (expected one block size per trace)",
+        ),
+        ({**OK, "request": {**OK["request"], "request_id": "first"}}, 'duplicate request_id "first" (first at {path}:1; expected unique ids)'),
+        (
+            {**OK, "request": {**OK["request"], "total_time_ms": None}, "event_time_unix_ms": 90},
+            "event_time_unix_ms 90 is before request_received_ms 100 (expected a request to end after it starts)",
+        ),
+        (
+            tool_event("tool_end", {"started_at_unix_ms": 70, "ended_at_unix_ms": 60}),
+            "tool ends at 60 before it starts at 70 (expected ended_at_unix_ms >= started_at_unix_ms)",
+        ),
+        ({**tool_event("tool_start", {}), "agent_context": None}, "agent_context must be a JSON object (got null)"),
+        (
+            dynamo_request("b", 200, [5], session="s", parent_session_id="p2"),
+            'session "s" has conflicting parent_session_id values "p1", "p2" (expected one parent per session)',
+        ),
+    ],
+)
 def test_malformed_dynamo_line_names_path_and_line(tmp_path: Path, bad: dict, message: str) -> None:
     first = dynamo_request("first", 0, [3], session="s", parent_session_id="p1")
     path = write_lines(tmp_path / "agent.jsonl", [first, bad])

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import SCENARIOS, TINY, assert_usage_error, tasim
+
 from tasim.scenario import Override, load_scenario
 from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import validate
@@ -18,15 +18,15 @@ from tasim.validation.measures import METRICS, differences
 from tasim.validation.tasim_replay import lost_in_replay
 
 SMALL_AGENTS = ["workload.concurrency=24", "workload.turns={kind: uniform, low: 3, high: 8}"]
-MOONCAKE_SLICE = ["workload.max_requests=300", "cluster.backends=2", "cluster.engine.kv_blocks=2048",
-                  "cluster.perf.model=dynamo_polynomial"]
+MOONCAKE_SLICE = ["workload.max_requests=300", "cluster.backends=2", "cluster.engine.kv_blocks=2048", "cluster.perf.model=dynamo_polynomial"]
 CASES = {
-    "agents, block 16, pool 2048 (preemption)": ("multiturn-validation.yaml", SMALL_AGENTS + [
-        "cluster.engine.block_size=16", "cluster.engine.kv_blocks=2048"]),
+    "agents, block 16, pool 2048 (preemption)": (
+        "multiturn-validation.yaml",
+        SMALL_AGENTS + ["cluster.engine.block_size=16", "cluster.engine.kv_blocks=2048"],
+    ),
     "agents, 8 workers, block 64": ("multiturn-validation.yaml", SMALL_AGENTS + ["cluster.backends=8"]),
     "Mooncake synthetic, 300 requests": ("mooncake-synthetic.yaml", MOONCAKE_SLICE),
-    "agents, Poisson arrivals": ("multiturn-validation.yaml", [
-        "workload.arrival=poisson", "workload.rate_per_s=0.5", "duration_s=60"]),
+    "agents, Poisson arrivals": ("multiturn-validation.yaml", ["workload.arrival=poisson", "workload.rate_per_s=0.5", "duration_s=60"]),
 }
 
 
@@ -44,8 +44,16 @@ def test_tasim_agrees_with_dynamo_replay(tmp_path: Path, case: str) -> None:
 
 
 def test_validate_cli_writes_the_comparison(tmp_path: Path) -> None:
-    result = tasim("validate", "dynamo", str(SCENARIOS / "multiturn-validation.yaml"), "--routers", "round_robin",
-                   "--out", str(tmp_path), *[f"--set={o}" for o in SMALL_AGENTS])
+    result = tasim(
+        "validate",
+        "dynamo",
+        str(SCENARIOS / "multiturn-validation.yaml"),
+        "--routers",
+        "round_robin",
+        "--out",
+        str(tmp_path),
+        *[f"--set={o}" for o in SMALL_AGENTS],
+    )
     assert result.returncode == 0, result.stderr
     assert "tasim against Dynamo's replay" in result.stdout
     record = json.loads((tmp_path / "validation.json").read_text())
@@ -56,23 +64,35 @@ def test_validate_cli_writes_the_comparison(tmp_path: Path) -> None:
     assert (tmp_path / "workload.jsonl").is_file()
 
 
-@pytest.mark.parametrize(("args", "fragments"), [
-    (["--routers", "random"], ["--routers 'random'", "allowed: round_robin, kv_router"]),
-    (["--repeats", "0"], ["--repeats", "must be at least 1"]),
-])
+@pytest.mark.parametrize(
+    ("args", "fragments"),
+    [
+        (["--routers", "random"], ["--routers 'random'", "allowed: round_robin, kv_router"]),
+        (["--repeats", "0"], ["--repeats", "must be at least 1"]),
+    ],
+)
 def test_validate_rejects_bad_flags(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
     assert_usage_error(tasim("validate", "dynamo", TINY, "--out", str(tmp_path), *args), *fragments)
 
 
-@pytest.mark.parametrize(("assignment", "problem"), [
-    ("cluster.engine.block_size=64", None),
-    ("cluster.perf.model=dynamo_polynomial", None),  # what the replay sets anyway
-    ("metrics.warmup_s=0", None),
-    ("cluster.perf.model=roofline", "validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)"),
-    ("cluster.engine={eviction: lru, block_size: 64}", "validate dynamo sets cluster.engine.eviction to lineage itself (the mocker evicts leaves first)"),
-    ("metrics.warmup_s=5", "validate dynamo sets metrics.warmup_s to 0.0 itself (every request of the trace is measured)"),
-    ("policy.defaults.kv_router.router_temperature=0.5", "validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)"),
-])
+@pytest.mark.parametrize(
+    ("assignment", "problem"),
+    [
+        ("cluster.engine.block_size=64", None),
+        ("cluster.perf.model=dynamo_polynomial", None),  # what the replay sets anyway
+        ("metrics.warmup_s=0", None),
+        ("cluster.perf.model=roofline", "validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)"),
+        (
+            "cluster.engine={eviction: lru, block_size: 64}",
+            "validate dynamo sets cluster.engine.eviction to lineage itself (the mocker evicts leaves first)",
+        ),
+        ("metrics.warmup_s=5", "validate dynamo sets metrics.warmup_s to 0.0 itself (every request of the trace is measured)"),
+        (
+            "policy.defaults.kv_router.router_temperature=0.5",
+            "validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)",
+        ),
+    ],
+)
 def test_overrides_the_replay_would_lose(assignment: str, problem: str | None) -> None:
     assert lost_in_replay(Override.parse(assignment)) == problem
 
@@ -87,12 +107,13 @@ def test_requests_no_worker_can_hold_are_left_out(tmp_path: Path) -> None:
     """A prompt that fits the pool but whose output does not makes Dynamo's replay abort on its
     own invariant check (tasim drops it once it outgrows the pool), so validate leaves such
     requests out of both replays and says how many; if none is left, it says so in one line."""
-    lines = ['{"timestamp": 0, "input_length": 60, "output_length": 20, "hash_ids": [1]}',
-             '{"timestamp": 5, "input_length": 30, "output_length": 2, "hash_ids": [2]}']
+    lines = [
+        '{"timestamp": 0, "input_length": 60, "output_length": 20, "hash_ids": [1]}',
+        '{"timestamp": 5, "input_length": 30, "output_length": 2, "hash_ids": [2]}',
+    ]
     (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
     scenario = tmp_path / "s.yaml"
-    scenario.write_text("cluster: {engine: {block_size: 16, kv_blocks: 4}}\n"
-                        "workload: {kind: mooncake_trace, path: t.jsonl}\n")
+    scenario.write_text("cluster: {engine: {block_size: 16, kv_blocks: 4}}\nworkload: {kind: mooncake_trace, path: t.jsonl}\n")
     result = tasim("validate", "dynamo", str(scenario), "--routers", "round_robin", "--out", str(tmp_path / "out"))
     assert result.returncode == 0, result.stderr
     assert "left out 1 requests" in result.stdout

@@ -44,8 +44,14 @@ class FakeServer:
         self.gate: asyncio.Event | None = None
 
     async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any],
-        image_data: Any = None, video_data: Any = None, **kwargs: Any,
+        self,
+        request_id: str,
+        *,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
     ) -> TokenOutput:
         self.prompts.append(list(prompt_ids))
         if self.gate is not None:
@@ -101,9 +107,7 @@ def balancers(tmp_path: Path) -> Any:
 
 async def generate(client: LLMServerClient, request_id: str, prompt: list[int]) -> TokenOutput:
     """One turn, called exactly as verl's agent loops call it."""
-    return await client.generate(
-        request_id, prompt_ids=prompt, sampling_params={"max_tokens": 4}, mm_processor_output=None, priority=0
-    )
+    return await client.generate(request_id, prompt_ids=prompt, sampling_params={"max_tokens": 4}, mm_processor_output=None, priority=0)
 
 
 async def recorded(servers: dict[str, Any]) -> dict[str, list[list[int]]]:
@@ -189,9 +193,7 @@ def test_kv_router_keeps_a_trajectory_on_its_prefix(servers: dict[str, Any], bal
 def test_thunderagent_holds_a_program_until_room_is_freed(servers: dict[str, Any], balancers: Any) -> None:
     two = {S1: servers[S1], S0: servers[S0]}
     # 16 blocks x 16 tokens = 256 tokens per server; a 100-token program needs 100 + 100 (buffer).
-    handle, client = balancers(
-        two, policy="thunderagent", policy_params={"scheduler_interval_s": 0.05}, kv_blocks=16, block_size=16
-    )
+    handle, client = balancers(two, policy="thunderagent", policy_params={"scheduler_interval_s": 0.05}, kv_blocks=16, block_size=16)
     a, b, c = ([k] * 100 for k in (1, 2, 3))
 
     async def scenario() -> None:

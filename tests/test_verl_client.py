@@ -10,9 +10,9 @@ import pytest
 from aiohttp import web
 
 pytest.importorskip("verl")
+from conftest import serve_completions  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from conftest import serve_completions  # noqa: E402
 from tasim.live.verl.client import DynamoProgramClient, RouterBypassed  # noqa: E402
 
 CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 64, "response_length": 32, "full_determinism": False}}})
@@ -43,7 +43,9 @@ def test_generate_retries_overload_and_tolerates_verl_keyword_arguments() -> Non
         try:
             client = DynamoProgramClient(CONFIG, url, "m", retry_delay_s=0.01)
             try:
-                return await client.generate("traj-1", prompt_ids=[1, 2, 3, 4, 5], sampling_params={"temperature": 1.0}, mm_processor_output=None, priority=3, future_kwarg=1)
+                return await client.generate(
+                    "traj-1", prompt_ids=[1, 2, 3, 4, 5], sampling_params={"temperature": 1.0}, mm_processor_output=None, priority=3, future_kwarg=1
+                )
             finally:
                 await client.close()
         finally:

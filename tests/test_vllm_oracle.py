@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import SCENARIOS, assert_usage_error, tasim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import SCENARIOS, assert_usage_error, tasim
 from tasim.scenario import Scenario, load_scenario, parse_scenario
 from tasim.validation.against_vllm import DECISIONS, DecisionLog, compare, oracle_scenario, validate
 
@@ -18,11 +18,20 @@ pytest.importorskip("vllm", reason="the oracle extra (make install) brings vLLM"
 
 STEP_MS = 10.0
 TOOL_LOOP = {
-    "name": "tool-loop", "duration_s": 100_000,
+    "name": "tool-loop",
+    "duration_s": 100_000,
     "cluster": {"engine": {"block_size": 16, "kv_blocks": 2001, "max_num_seqs": 256, "max_num_batched_tokens": 2048}},
     "workload": {
-        "kind": "agent", "arrival": "closed", "concurrency": 60, "programs": 60, "system_prompt_tokens": 512,
-        "task_prompt_tokens": 200, "turns": 4, "output_tokens": 50, "observation_tokens": 300, "tool_latency_s": 0.3,
+        "kind": "agent",
+        "arrival": "closed",
+        "concurrency": 60,
+        "programs": 60,
+        "system_prompt_tokens": 512,
+        "task_prompt_tokens": 200,
+        "turns": 4,
+        "output_tokens": 50,
+        "observation_tokens": 300,
+        "tool_latency_s": 0.3,
     },
 }
 
@@ -48,18 +57,26 @@ def workloads(draw: st.DrawFn) -> Scenario:
     longest_output = min(40, longest // 4)
     system = min(draw(st.sampled_from([0, 3 * block, 37, 100])), longest // 4)
     raw = {
-        "name": "random", "seed": draw(st.integers(0, 1000)), "duration_s": 1e6,
+        "name": "random",
+        "seed": draw(st.integers(0, 1000)),
+        "duration_s": 1e6,
         "cluster": {
             "backends": draw(st.sampled_from([1, 1, 2])),
             "engine": {
-                "block_size": block, "kv_blocks": blocks + 1, "max_num_seqs": draw(st.sampled_from([2, 4, 8, 64])),
-                "max_num_batched_tokens": budget, "enable_chunked_prefill": chunked,
+                "block_size": block,
+                "kv_blocks": blocks + 1,
+                "max_num_seqs": draw(st.sampled_from([2, 4, 8, 64])),
+                "max_num_batched_tokens": budget,
+                "enable_chunked_prefill": chunked,
                 "enable_prefix_caching": draw(st.booleans()) or draw(st.booleans()),
             },
         },
         "workload": {
-            "kind": "agent", "arrival": "closed", "concurrency": draw(st.integers(1, 12)),
-            "programs": draw(st.integers(1, 20)), "system_prompt_tokens": system,
+            "kind": "agent",
+            "arrival": "closed",
+            "concurrency": draw(st.integers(1, 12)),
+            "programs": draw(st.integers(1, 20)),
+            "system_prompt_tokens": system,
             "task_prompt_tokens": {"kind": "uniform", "low": 1, "high": min(120, longest - system - longest_output)},
             "turns": {"kind": "uniform", "low": 1, "high": 5},
             "output_tokens": {"kind": "uniform", "low": 1, "high": longest_output},
@@ -78,11 +95,19 @@ def test_vllm_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scen
     _validate(scenario, tmp_path)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["workload.max_requests=120", "cluster.backends=2", "cluster.engine.kv_blocks=600"],
-    ["workload.max_requests=120", "cluster.engine.kv_blocks=400", "cluster.engine.enable_chunked_prefill=false",
-     "cluster.engine.max_num_batched_tokens=40000"],
-], ids=["round robin, 2 workers", "no chunked prefill"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["workload.max_requests=120", "cluster.backends=2", "cluster.engine.kv_blocks=600"],
+        [
+            "workload.max_requests=120",
+            "cluster.engine.kv_blocks=400",
+            "cluster.engine.enable_chunked_prefill=false",
+            "cluster.engine.max_num_batched_tokens=40000",
+        ],
+    ],
+    ids=["round robin, 2 workers", "no chunked prefill"],
+)
 @pytest.mark.parametrize("trace", ["mooncake-conversation.yaml", "mooncake-synthetic.yaml"])
 def test_mooncake_traces_agree(tmp_path: Path, trace: str, overrides: list[str]) -> None:
     _validate(load_scenario(SCENARIOS / trace, overrides + ["policy.name=round_robin"]), tmp_path)
@@ -97,8 +122,13 @@ def test_a_pool_one_block_larger_is_caught(tmp_path: Path) -> None:
 
     scenario = oracle_scenario(parse_scenario(TOOL_LOOP, "tool-loop"), STEP_MS)
     logs = {side: DecisionLog(STEP_MS / 1000) for side in ("tasim", "vllm")}
-    larger = scenario.model_copy(update={"cluster": scenario.cluster.model_copy(
-        update={"engine": scenario.cluster.engine.model_copy(update={"flavour": "mocker", "eviction": "lru", "reuse_output_blocks": True})})})
+    larger = scenario.model_copy(
+        update={
+            "cluster": scenario.cluster.model_copy(
+                update={"engine": scenario.cluster.engine.model_copy(update={"flavour": "mocker", "eviction": "lru", "reuse_output_blocks": True})}
+            )
+        }
+    )
     summaries = {
         "tasim": run_simulation(larger, tmp_path / "tasim", observe=logs["tasim"]),
         "vllm": run_simulation(scenario, tmp_path / "vllm", engine_factory=VllmEngine, observe=logs["vllm"]),
@@ -117,8 +147,7 @@ def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
     scenario = tmp_path / "tool-loop.yaml"
     scenario.write_text(json.dumps(TOOL_LOOP))
     out = tmp_path / "out"
-    result = tasim("validate", "vllm", str(scenario), "--set", "workload.concurrency=30", "--set", "workload.programs=30",
-                   "--out", str(out))
+    result = tasim("validate", "vllm", str(scenario), "--set", "workload.concurrency=30", "--set", "workload.programs=30", "--out", str(out))
     assert result.returncode == 0, result.stderr
     for decision in DECISIONS:
         assert f"{decision} " in result.stdout
@@ -131,14 +160,20 @@ def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
     assert (out / "tasim" / "events.jsonl").is_file() and (out / "vllm" / "events.jsonl").is_file()
 
 
-@pytest.mark.parametrize("args, fragments", [
-    (["--policy", "continuum"], ("continuum pins KV blocks",)),
-    (["--set", "cluster.engine.eviction=lineage"], ("--set cluster.engine.eviction=lineage", "validate vllm sets cluster.engine.eviction to lru")),
-    (["--set", "cluster.perf.mfu=0.3"], ("validate vllm sets cluster.perf itself",)),
-    (["--set", "cluster.engine.preemption=oldest_first"], ("cluster.engine.preemption", "newest_first")),
-    (["--set", "cluster.engine.enable_chunked_prefill=false"], ("max_num_batched_tokens (2048)", "without chunked prefill")),
-    (["--step-ms", "0"], ("--step-ms",)),
-])
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["--policy", "continuum"], ("continuum pins KV blocks",)),
+        (
+            ["--set", "cluster.engine.eviction=lineage"],
+            ("--set cluster.engine.eviction=lineage", "validate vllm sets cluster.engine.eviction to lru"),
+        ),
+        (["--set", "cluster.perf.mfu=0.3"], ("validate vllm sets cluster.perf itself",)),
+        (["--set", "cluster.engine.preemption=oldest_first"], ("cluster.engine.preemption", "newest_first")),
+        (["--set", "cluster.engine.enable_chunked_prefill=false"], ("max_num_batched_tokens (2048)", "without chunked prefill")),
+        (["--step-ms", "0"], ("--step-ms",)),
+    ],
+)
 def test_cli_refuses_what_vllm_cannot_run(tmp_path: Path, args: list[str], fragments: tuple[str, ...]) -> None:
     scenario = tmp_path / "tool-loop.yaml"
     scenario.write_text(json.dumps(TOOL_LOOP))

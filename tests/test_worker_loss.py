@@ -12,6 +12,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 
 from tasim import events as ev
 from tasim.live import membership
@@ -23,8 +24,6 @@ from tasim.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.thunderagent import ThunderAgent
-
-from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 
 BS = LIVE_BLOCK_SIZE
 
@@ -231,6 +230,7 @@ def test_a_session_final_during_the_retry_ends_the_program_after_it() -> None:
 
 def test_a_held_retry_that_the_client_abandons_rolls_back() -> None:
     host, clock, events = _host("thunderagent")
+
     async def go() -> None:
         big = list(range(5, 5 + 1400))
         routed(host.decide("a", big, 8))  # w0, nearly full

@@ -25,8 +25,9 @@ def test_chained_hashes_share_only_the_common_prefix() -> None:
 
 
 def test_program_turns_grow_a_shared_prefix() -> None:
-    config = WorkloadConfig(system_prompt_tokens=64, task_prompt_tokens=100, turns=3, output_tokens=20,
-                            observation_tokens=30, tool_latency_s=1.5, setup_s=4.0)
+    config = WorkloadConfig(
+        system_prompt_tokens=64, task_prompt_tokens=100, turns=3, output_tokens=20, observation_tokens=30, tool_latency_s=1.5, setup_s=4.0
+    )
     plan = plan_program(config, seed=0, index=5, max_context_tokens=100_000)
     calls = list(agent_script(plan, block_size=16).calls)
     (wait0, first), (wait1, second), (wait2, third) = calls
@@ -40,8 +41,9 @@ def test_program_turns_grow_a_shared_prefix() -> None:
 
 
 def test_group_samples_share_the_task_prompt() -> None:
-    config = WorkloadConfig(system_prompt_tokens=32, task_prompt_tokens={"kind": "uniform", "low": 100, "high": 900},
-                            turns=2, output_tokens=50, observation_tokens=10)
+    config = WorkloadConfig(
+        system_prompt_tokens=32, task_prompt_tokens={"kind": "uniform", "low": 100, "high": 900}, turns=2, output_tokens=50, observation_tokens=10
+    )
     a = plan_program(config, 0, 10, 10**6, group=3)
     b = plan_program(config, 0, 11, 10**6, group=3)
     assert a.task_tokens == b.task_tokens
@@ -58,8 +60,7 @@ def test_plans_depend_only_on_seed_and_index() -> None:
 
 
 def test_max_context_cuts_turns() -> None:
-    config = WorkloadConfig(system_prompt_tokens=0, task_prompt_tokens=1000, turns=50, output_tokens=100,
-                            observation_tokens=400)
+    config = WorkloadConfig(system_prompt_tokens=0, task_prompt_tokens=1000, turns=50, output_tokens=100, observation_tokens=400)
     plan = plan_program(config, 0, 0, max_context_tokens=3000)
     # turn k's prompt is 1000 + 500k; prompt + 100 output must stay <= 3000
     assert len(plan.turns) == 4
@@ -94,7 +95,10 @@ def test_lognormal_clipping_bounds_samples() -> None:
 
 def test_named_tools_are_drawn_by_share_each_with_its_own_latency() -> None:
     config = WorkloadConfig(
-        turns=2000, output_tokens=10, observation_tokens=10, task_prompt_tokens=10,
+        turns=2000,
+        output_tokens=10,
+        observation_tokens=10,
+        task_prompt_tokens=10,
         tools={"pytest": {"share": 1, "latency_s": 20.0}, "cat": {"share": 3, "latency_s": 0.5}},
     )
     plan = plan_program(config, seed=0, index=0, max_context_tokens=10_000_000)

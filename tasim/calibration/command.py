@@ -10,9 +10,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -53,7 +53,9 @@ def setup_points(measurements: Measurements, fitted: Sequence[str]) -> tuple[Mea
         raise CalibrationError("--points: a point is named twice")
     presets = {measurements.scenario_of(p) for p in measurements.points if p.id in fitted}
     if len(presets) > 1:
-        raise CalibrationError(f"--points: the fitted points ran on {len(presets)} set-ups ({', '.join(sorted(p.name for p in presets))}); fit one at a time")
+        raise CalibrationError(
+            f"--points: the fitted points ran on {len(presets)} set-ups ({', '.join(sorted(p.name for p in presets))}); fit one at a time"
+        )
     preset = presets.pop()
     same = tuple(p for p in measurements.points if measurements.scenario_of(p) == preset)
     held_out = tuple(p.id for p in same if p.id not in fitted)
@@ -66,8 +68,9 @@ def check_knobs(knobs: Sequence[Knob], measurements: Measurements) -> None:
     """A knob must not be what a point sets itself, nor what its systems choose."""
     for knob in knobs:
         if chooses_policy(knob.key):
-            raise CalibrationError(f"--fit {knob.key}: each system of a measurement file chooses its policy "
-                                   "(fit policy.defaults.<policy>.<param> instead)")
+            raise CalibrationError(
+                f"--fit {knob.key}: each system of a measurement file chooses its policy (fit policy.defaults.<policy>.<param> instead)"
+            )
         for point in measurements.points:
             for side in (point.of, point.over):
                 for key in side.set if side else ():
@@ -87,10 +90,11 @@ def calibrate(request: Request) -> Report:
     fit_runs = runs_per_evaluation(problem, request.fitted)
     total = request.trials * fit_runs + runs_per_evaluation(problem, every) * (1 + request.seeds)
     if request.loo_trials and len(request.fitted) > 1:
-        total += sum(request.loo_trials * runs_per_evaluation(problem, [i for i in request.fitted if i != left])
-                     + runs_per_evaluation(problem, [left]) for left in request.fitted)
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"),
-               TimeElapsedColumn())
+        total += sum(
+            request.loo_trials * runs_per_evaluation(problem, [i for i in request.fitted if i != left]) + runs_per_evaluation(problem, [left])
+            for left in request.fitted
+        )
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("simulations"), TimeElapsedColumn())
     console = Console(stderr=True)
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("calibrating", total=total)
@@ -101,8 +105,7 @@ def calibrate(request: Request) -> Report:
             done[0] += count
             # into a file or pipe the bar is not drawn: a line at every tenth of the way instead
             if not console.is_terminal and done[0] * 10 // total != (done[0] - count) * 10 // total:
-                console.print(f"calibrate: {done[0]}/{total} simulations ({bar.tasks[0].description})",
-                              markup=False, highlight=False)
+                console.print(f"calibrate: {done[0]}/{total} simulations ({bar.tasks[0].description})", markup=False, highlight=False)
 
         bar.update(task, description="fitting")
         fit = search(problem, request.knobs, request.fitted, request.trials, request.fit_seed, jobs, advance)
@@ -122,8 +125,19 @@ def calibrate(request: Request) -> Report:
         PointReport.of(result, request.fitted, before[i], [per_seed[i] for per_seed in after], loo.get(result.point.id))
         for i, result in enumerate(after[0])
     ]
-    return Report(request.scenario, scenario.name, measurements, request.knobs, fit, points, seeds, request.trials,
-                  request.fit_seed, request.overrides, request.command)
+    return Report(
+        request.scenario,
+        scenario.name,
+        measurements,
+        request.knobs,
+        fit,
+        points,
+        seeds,
+        request.trials,
+        request.fit_seed,
+        request.overrides,
+        request.command,
+    )
 
 
 def run_calibration(request: Request) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tasim.measurements.present import BAND, published_text, value_text
 from tasim.measurements.schema import Point, load_measurements
@@ -55,8 +56,10 @@ def record_section(record: dict[str, Any], source: Path) -> list[str]:
         error = None if p["after_mean"] is None else p["after_mean"] / p["published"] - 1
         before_error = None if p["before"] is None else p["before"] / p["published"] - 1
         loo = "" if not p["fitted"] or p["leave_one_out"] is None else value_text(point, p["leave_one_out"])
-        lines.append(f"| {p['id']} | {'fitted' if p['fitted'] else 'held out'} | {published} | {before} | {_pct(before_error)} "
-                     f"| {calibrated} | {_pct(error)} | {loo} | {_pct(p['prediction_error']) if p['fitted'] else ''} |")
+        lines.append(
+            f"| {p['id']} | {'fitted' if p['fitted'] else 'held out'} | {published} | {before} | {_pct(before_error)} "
+            f"| {calibrated} | {_pct(error)} | {loo} | {_pct(p['prediction_error']) if p['fitted'] else ''} |"
+        )
     return lines + [""] + _metric_changes(record, points)
 
 

@@ -10,8 +10,9 @@ busy; the batch does not depend on the number of processes, so neither does the 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from tasim.calibration import CalibrationError
 from tasim.calibration.space import Knob, field_value
@@ -59,8 +60,15 @@ def loss(results: Sequence[PointResult]) -> float:
     return sum(terms) / len(terms)
 
 
-def evaluate_values(problem: Problem, candidates: Sequence[Values], knobs: Sequence[Knob], ids: Sequence[str],
-                    jobs: int, seeds: Sequence[int] | None = None, progress: Progress | None = None) -> list[list[list[PointResult]]]:
+def evaluate_values(
+    problem: Problem,
+    candidates: Sequence[Values],
+    knobs: Sequence[Knob],
+    ids: Sequence[str],
+    jobs: int,
+    seeds: Sequence[int] | None = None,
+    progress: Progress | None = None,
+) -> list[list[list[PointResult]]]:
     """The points ``ids`` under each candidate, per seed (default: the scenario's): results
     [candidate][seed][point]. Every run of every candidate goes to one pool."""
     seeds = [problem.scenario.seed] if seeds is None else list(seeds)
@@ -69,7 +77,7 @@ def evaluate_values(problem: Problem, candidates: Sequence[Values], knobs: Seque
     except MeasurementError as exc:
         raise CalibrationError(str(exc)) from None
     results = run_plans(plans, jobs, progress)
-    return [results[i * len(seeds):(i + 1) * len(seeds)] for i in range(len(candidates))]
+    return [results[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(candidates))]
 
 
 def plan_values(problem: Problem, values: Values, knobs: Sequence[Knob], ids: Sequence[str], seed: int) -> Plan:
@@ -82,12 +90,13 @@ def plan_values(problem: Problem, values: Values, knobs: Sequence[Knob], ids: Se
 def run_plans(plans: Sequence[Plan], jobs: int, progress: Progress | None = None) -> list[list[PointResult]]:
     """Every plan's point results, in plan order; all their runs go to one pool."""
     runs = [run for planned in plans for run in planned.runs]
-    outcomes = map_in_processes(_measure, [run.scenario for run in runs], max(1, min(jobs, len(runs))),
-                                (lambda _, __: progress(1)) if progress else None)
+    outcomes = map_in_processes(
+        _measure, [run.scenario for run in runs], max(1, min(jobs, len(runs))), (lambda _, __: progress(1)) if progress else None
+    )
     results: list[list[PointResult]] = []
     start = 0
     for planned in plans:
-        results.append(evaluate(planned, outcomes[start:start + len(planned.runs)]))
+        results.append(evaluate(planned, outcomes[start : start + len(planned.runs)]))
         start += len(planned.runs)
     return results
 
@@ -101,8 +110,9 @@ def runs_per_evaluation(problem: Problem, ids: Sequence[str]) -> int:
     return len(plan([problem.subset(ids)], problem.overrides, problem.systems, base=problem.scenario).runs)
 
 
-def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: int, fit_seed: int, jobs: int,
-           progress: Progress | None = None) -> Search:
+def search(
+    problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: int, fit_seed: int, jobs: int, progress: Progress | None = None
+) -> Search:
     """The knob values that minimise `loss` over the points ``ids`` in ``trials`` trials. The
     scenario's own values are the first trial where they lie inside the ranges. A trial whose
     values make the scenario invalid is told to the sampler as failed (it learns to avoid the
@@ -111,7 +121,10 @@ def search(problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: 
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = optuna.samplers.TPESampler(
-        seed=fit_seed, constant_liar=True, multivariate=True, n_startup_trials=max(BATCH, trials // 4),
+        seed=fit_seed,
+        constant_liar=True,
+        multivariate=True,
+        n_startup_trials=max(BATCH, trials // 4),
     )
     study = optuna.create_study(direction="minimize", sampler=sampler)
     current = current_values(problem.scenario, knobs)

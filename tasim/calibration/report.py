@@ -7,9 +7,10 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 from rich.table import Table
@@ -46,11 +47,16 @@ class PointReport:
     loo_trials: int | None
 
     @classmethod
-    def of(cls, result: PointResult, fitted: Sequence[str], before: PointResult, after: Sequence[PointResult],
-           loo: tuple[Search, float | None] | None) -> "PointReport":
+    def of(
+        cls, result: PointResult, fitted: Sequence[str], before: PointResult, after: Sequence[PointResult], loo: tuple[Search, float | None] | None
+    ) -> PointReport:
         return cls(
-            result.point, result.point.id in fitted, before.tasim,
-            tuple(r.tasim for r in after), None if loo is None else loo[1], None if loo is None else loo[0].trials,
+            result.point,
+            result.point.id in fitted,
+            before.tasim,
+            tuple(r.tasim for r in after),
+            None if loo is None else loo[1],
+            None if loo is None else loo[0].trials,
         )
 
     @property
@@ -115,8 +121,11 @@ def _trials(search: Search) -> str:
 
 
 def knob_table(report: Report) -> Table:
-    table = Table(title=f"fitted to {len([p for p in report.points if p.fitted])} points of {report.measurements.name} "
-                        f"({_trials(report.fit)}, loss {report.fit.loss:.4f})", title_justify="left")
+    table = Table(
+        title=f"fitted to {len([p for p in report.points if p.fitted])} points of {report.measurements.name} "
+        f"({_trials(report.fit)}, loss {report.fit.loss:.4f})",
+        title_justify="left",
+    )
     for column in ("field", "range", "fitted"):
         table.add_column(column, justify="left" if column != "fitted" else "right")
     for knob in report.knobs:
@@ -134,9 +143,15 @@ def point_table(report: Report) -> Table:
         mean = p.mean
         calibrated = "-" if mean is None else _value(p, mean[0]) + ("" if mean[1] is None else f" ± {_value(p, mean[1])}")
         table.add_row(
-            p.id, "fitted" if p.fitted else "held out", published_text(p.point),
-            _value(p, p.before), _pct(p.error(p.before)), calibrated, _pct(None if mean is None else p.error(mean[0])),
-            _value(p, p.loo) if p.fitted else "", _pct(p.error(p.loo)) if p.fitted else "",
+            p.id,
+            "fitted" if p.fitted else "held out",
+            published_text(p.point),
+            _value(p, p.before),
+            _pct(p.error(p.before)),
+            calibrated,
+            _pct(None if mean is None else p.error(mean[0])),
+            _value(p, p.loo) if p.fitted else "",
+            _pct(p.error(p.loo)) if p.fitted else "",
         )
     return table
 
@@ -147,11 +162,12 @@ def summary_lines(report: Report) -> list[str]:
     lines = []
     if errors:
         within = sum(1 for e in errors if e <= BAND)
-        lines.append(f"held out: {len(errors)} points, median |error| {statistics.median(errors) * 100:.1f} %, "
-                     f"max {max(errors) * 100:.1f} %, {within} within ±{BAND * 100:.0f} %")
+        lines.append(
+            f"held out: {len(errors)} points, median |error| {statistics.median(errors) * 100:.1f} %, "
+            f"max {max(errors) * 100:.1f} %, {within} within ±{BAND * 100:.0f} %"
+        )
     if loo:
-        lines.append(f"leave-one-out: {len(loo)} fitted points, median |error| {statistics.median(loo) * 100:.1f} %, "
-                     f"max {max(loo) * 100:.1f} %")
+        lines.append(f"leave-one-out: {len(loo)} fitted points, median |error| {statistics.median(loo) * 100:.1f} %, max {max(loo) * 100:.1f} %")
     return lines
 
 
@@ -170,9 +186,15 @@ def record(report: Report) -> dict[str, Any]:
         "invalid_trials": report.fit.invalid,
         "points": [
             {
-                "id": p.id, "metric": p.metric, "fitted": p.fitted, "published": p.published.value,
-                "before": p.before, "after": list(p.after), "after_mean": None if p.mean is None else p.mean[0],
-                "after_ci95": None if p.mean is None else p.mean[1], "leave_one_out": p.loo,
+                "id": p.id,
+                "metric": p.metric,
+                "fitted": p.fitted,
+                "published": p.published.value,
+                "before": p.before,
+                "after": list(p.after),
+                "after_mean": None if p.mean is None else p.mean[0],
+                "after_ci95": None if p.mean is None else p.mean[1],
+                "leave_one_out": p.loo,
                 "prediction_error": p.prediction_error,
             }
             for p in report.points
@@ -196,11 +218,9 @@ def calibrated_yaml(report: Report, target: Path) -> str:
     header = [
         f"Calibrated from {report.scenario_path.name} by `{report.command}`.",
         f"Fitted to {len(fitted)} points of {report.measurements.path.name} ({report.measurements.title}):",
-        *(f"  {p.id}: published {published_text(p.point)}, leave-one-out error {_pct(p.prediction_error)}"
-          for p in fitted),
+        *(f"  {p.id}: published {published_text(p.point)}, leave-one-out error {_pct(p.prediction_error)}" for p in fitted),
         f"Held out ({len(report.held_out)} points), error of the calibrated value:",
-        *(f"  {p.id}: published {published_text(p.point)}, error {_pct(p.prediction_error)}"
-          for p in report.held_out),
+        *(f"  {p.id}: published {published_text(p.point)}, error {_pct(p.prediction_error)}" for p in report.held_out),
         "Fitted values: " + ", ".join(k.override(report.fit.values[k.key]) for k in report.knobs),
     ]
     comment = "\n".join(f"# {line}" if line else "#" for line in header)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any
 
 from tasim.calibration import CalibrationError
 from tasim.policy_spec import split_outside_brackets
@@ -26,7 +27,7 @@ class Knob:
     log: bool = False
 
     @classmethod
-    def parse(cls, text: str) -> "Knob":
+    def parse(cls, text: str) -> Knob:
         key, sep, bounds = text.partition("=")
         key = key.strip()
         if not sep or not _KEY.match(key):
@@ -86,8 +87,10 @@ def _bound(knob: Knob, scenario: Scenario) -> Knob:
     value = field_value(scenario, knob.key)
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         shown = "nothing" if value is None else f"{type(value).__name__} {str(value)[:60]}"
-        raise CalibrationError(f"--fit {knob.key}: not a number in {scenario.name} (it holds {shown}); fit a numeric field, "
-                               "e.g. workload.turns.median for a distribution")
+        raise CalibrationError(
+            f"--fit {knob.key}: not a number in {scenario.name} (it holds {shown}); fit a numeric field, "
+            "e.g. workload.turns.median for a distribution"
+        )
     if isinstance(value, int) and not (knob.low.is_integer() and knob.high.is_integer()):
         raise CalibrationError(f"--fit {knob.text}: {knob.key} is an integer; give integer bounds")
     return replace(knob, integer=isinstance(value, int))

@@ -189,7 +189,7 @@ class HttpAgentDriver:
                 usage = payload.get("usage") or {}
                 self.result.calls.append(CallRecord(program, context, output, proof["request"], proof["worker"], max_tokens, usage))
             return output
-        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, RuntimeError, KeyError, TypeError, ValueError) as exc:
             self.result.failed_requests += 1
             self.result.errors.append(f"{headers['x-dynamo-session-id']}: {exc}")
             return None
@@ -200,7 +200,7 @@ class HttpAgentDriver:
             async with self._session.post(self.url, json=body, headers={**headers, "x-dynamo-session-final": "true"}) as reply:
                 await reply.read()
             self.result.session_finals += 1
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             self.result.errors.append(f"{headers['x-dynamo-session-id']}: session-final failed: {exc}")
 
 

@@ -24,7 +24,9 @@ PREEMPTION_MODE = {"newest_first": "lifo", "oldest_first": "fifo"}
 WorkerCommand = tuple[str, list[str], dict[str, str]]
 
 
-def worker_commands(engine: str, scenario: Scenario, model_path: Path, model_name: str, kv_ports: list[int], time_scale: float) -> list[WorkerCommand]:
+def worker_commands(
+    engine: str, scenario: Scenario, model_path: Path, model_name: str, kv_ports: list[int], time_scale: float
+) -> list[WorkerCommand]:
     if engine == "mocker":
         return [_mocker(scenario, model_path, model_name, port, index, time_scale) for index, port in enumerate(kv_ports)]
     if time_scale != 1.0:
@@ -40,16 +42,27 @@ def _mocker(scenario: Scenario, model_path: Path, model_name: str, kv_port: int,
     cluster = scenario.cluster
     engine = cluster.engine
     args = [
-        sys.executable, "-m", "dynamo.mocker",
-        "--model-path", str(model_path),
-        "--model-name", model_name,
-        "--block-size", str(engine.block_size),
-        "--num-gpu-blocks-override", str(cluster.kv_blocks_per_worker()),
-        "--max-num-seqs", str(engine.max_num_seqs),
-        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
-        "--preemption-mode", PREEMPTION_MODE[engine.preemption],
-        "--speedup-ratio", repr(cluster.perf.speedup_ratio * time_scale),
-        "--zmq-kv-events-ports", str(kv_port),
+        sys.executable,
+        "-m",
+        "dynamo.mocker",
+        "--model-path",
+        str(model_path),
+        "--model-name",
+        model_name,
+        "--block-size",
+        str(engine.block_size),
+        "--num-gpu-blocks-override",
+        str(cluster.kv_blocks_per_worker()),
+        "--max-num-seqs",
+        str(engine.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(engine.max_num_batched_tokens),
+        "--preemption-mode",
+        PREEMPTION_MODE[engine.preemption],
+        "--speedup-ratio",
+        repr(cluster.perf.speedup_ratio * time_scale),
+        "--zmq-kv-events-ports",
+        str(kv_port),
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
         "--enable-chunked-prefill" if engine.enable_chunked_prefill else "--no-enable-chunked-prefill",
     ]
@@ -69,16 +82,26 @@ def _kv_events_config(port: int) -> str:
 def _vllm(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int) -> WorkerCommand:
     engine = scenario.cluster.engine
     args = [
-        sys.executable, "-m", "dynamo.vllm",
-        "--model", str(model_path),
-        "--served-model-name", model_name,
-        "--block-size", str(engine.block_size),
-        "--max-num-seqs", str(engine.max_num_seqs),
-        "--max-num-batched-tokens", str(engine.max_num_batched_tokens),
-        "--tensor-parallel-size", str(scenario.cluster.tp),
-        "--gpu-memory-utilization", repr(engine.gpu_memory_utilization),
+        sys.executable,
+        "-m",
+        "dynamo.vllm",
+        "--model",
+        str(model_path),
+        "--served-model-name",
+        model_name,
+        "--block-size",
+        str(engine.block_size),
+        "--max-num-seqs",
+        str(engine.max_num_seqs),
+        "--max-num-batched-tokens",
+        str(engine.max_num_batched_tokens),
+        "--tensor-parallel-size",
+        str(scenario.cluster.tp),
+        "--gpu-memory-utilization",
+        repr(engine.gpu_memory_utilization),
         "--enable-prefix-caching" if engine.enable_prefix_caching else "--no-enable-prefix-caching",
-        "--kv-events-config", _kv_events_config(kv_port),
+        "--kv-events-config",
+        _kv_events_config(kv_port),
     ]
     if engine.kv_blocks != "auto":
         args += ["--num-gpu-blocks-override", str(engine.kv_blocks)]
@@ -88,14 +111,24 @@ def _vllm(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, i
 def _sglang(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int) -> WorkerCommand:
     engine = scenario.cluster.engine
     args = [
-        sys.executable, "-m", "dynamo.sglang",
-        "--model-path", str(model_path),
-        "--served-model-name", model_name,
-        "--page-size", str(engine.block_size),
-        "--tp", str(scenario.cluster.tp),
-        "--max-running-requests", str(engine.max_num_seqs),
-        "--chunked-prefill-size", str(engine.max_num_batched_tokens),
-        "--mem-fraction-static", repr(engine.gpu_memory_utilization),
-        "--kv-events-config", json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""}),
+        sys.executable,
+        "-m",
+        "dynamo.sglang",
+        "--model-path",
+        str(model_path),
+        "--served-model-name",
+        model_name,
+        "--page-size",
+        str(engine.block_size),
+        "--tp",
+        str(scenario.cluster.tp),
+        "--max-running-requests",
+        str(engine.max_num_seqs),
+        "--chunked-prefill-size",
+        str(engine.max_num_batched_tokens),
+        "--mem-fraction-static",
+        repr(engine.gpu_memory_utilization),
+        "--kv-events-config",
+        json.dumps({"publisher": "zmq", "endpoint": f"tcp://*:{kv_port}", "topic": ""}),
     ]
     return f"worker{index}", args, _own_gpus(scenario, index)

@@ -14,9 +14,10 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tasim import events as ev
 from tasim.eventlog import EVENTS_PLAIN, read_events
@@ -58,7 +59,10 @@ def fault_scenario(programs: int = 128, concurrency: int = 32) -> Scenario:
     scenario = load_scenario(
         PRESET_DIR / "live-mocker.yaml",
         [
-            f"workload.concurrency={concurrency}", "cluster.engine.kv_blocks=1024", "policy.name=thunderagent", "policy.params={}",
+            f"workload.concurrency={concurrency}",
+            "cluster.engine.kv_blocks=1024",
+            "policy.name=thunderagent",
+            "policy.params={}",
             "workload.output_tokens={kind: uniform, low: 100, high: 200}",
         ],
     )

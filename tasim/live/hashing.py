@@ -11,7 +11,7 @@ full blocks are hashed; a partial tail block is never matched.
 from __future__ import annotations
 
 import struct
-from typing import Sequence
+from collections.abc import Sequence
 
 import xxhash
 
@@ -24,8 +24,7 @@ def local_block_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     pack = struct.Struct(f"<{block_size}I").pack
     hash64 = xxhash.xxh3_64_intdigest
     return [
-        hash64(pack(*token_ids[start : start + block_size]), seed=SEED)
-        for start in range(0, len(token_ids) // block_size * block_size, block_size)
+        hash64(pack(*token_ids[start : start + block_size]), seed=SEED) for start in range(0, len(token_ids) // block_size * block_size, block_size)
     ]
 
 

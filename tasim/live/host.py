@@ -40,8 +40,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from tasim import events as ev
 from tasim.live.hashing import chain_from, sequence_hashes
@@ -81,7 +81,7 @@ class _Program:
     failed: bool = False  # its latest call failed
     ending: bool = False  # a session-final came while a call was in flight
     in_flight: int = 0
-    held: "list[Held]" = field(default_factory=list)  # calls waiting for a resume (concurrent calls: several)
+    held: list[Held] = field(default_factory=list)  # calls waiting for a resume (concurrent calls: several)
     hash_tokens: list[int] = field(default_factory=list)  # tokens behind `hashes` (full blocks)
     hashes: list[BlockHash] = field(default_factory=list)
 
@@ -101,7 +101,7 @@ class Held:
     """A call the policy holds until it resumes the program; `PolicyHost.wait` for it."""
 
     spec: RequestSpec
-    future: "asyncio.Future[Call]"  # the call, routed when the policy resumed its program
+    future: asyncio.Future[Call]  # the call, routed when the policy resumed its program
     created: bool  # this call created its program
     since: float
 
@@ -451,4 +451,3 @@ class PolicyHost:
             self.emit(ev.KvRemoved(now, worker, blocks))
         if self.policy.wants_kv_events:
             self.policy.on_kv_removed(worker, blocks, now)
-

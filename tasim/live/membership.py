@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 from tasim.live.hashing import sequence_hashes
 from tasim.live.host import PolicyHost
@@ -119,13 +120,14 @@ class Membership:
             if not await self._answers(instance, tokens):
                 return None
             return await asyncio.wait_for(found, timeout=PROBE_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return None
         finally:
             del self._probes[block]
 
     async def _answers(self, instance: int, tokens: list[int]) -> bool:
         """Whether ``instance`` completes a one-token call within the probe timeout."""
+
         async def call() -> None:
             async for _ in await self.client.direct(probe_request(self.model_name, tokens), instance):
                 pass
@@ -202,6 +204,6 @@ class Membership:
     async def _reprobe(self, worker: str, instance: int) -> None:
         """A lost worker whose instance discovery still lists serves again once it answers."""
         self._probe_count += 1
-        if await self._answers(instance, probe_tokens(self._probe_count, self.block_size)) and self.instance_of.get(worker) == instance:
-            if self.host.worker_joined(worker):
-                logger.warning("worker %s (instance %d) answers again", worker, instance)
+        answers = await self._answers(instance, probe_tokens(self._probe_count, self.block_size))
+        if answers and self.instance_of.get(worker) == instance and self.host.worker_joined(worker):
+            logger.warning("worker %s (instance %d) answers again", worker, instance)

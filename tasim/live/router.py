@@ -18,7 +18,8 @@ off: Dynamo's ``Unavailable``) is sent again on another worker, up to ``live.max
 with the output already streamed appended to its prompt, so the client sees one uninterrupted
 reply (as Dynamo's request migration does); the policy has meanwhile heard of the lost worker and
 placed its programs elsewhere. With no worker serving, calls get HTTP 503 (Dynamo's frontend
-shows no message for a 5xx; the router's log and status name the lost workers). Status (JSON) and Prometheus metrics are served over HTTP on 127.0.0.1, as are
+shows no message for a 5xx; the router's log and status name the lost workers). Status (JSON)
+and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 ``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
 (otherwise it starts at the first request and ends at shutdown); ``POST /run/mark`` logs the RL
 step boundaries a rollout driver reports, and ``POST /caches/clear`` empties the workers'
@@ -36,9 +37,10 @@ import os
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import numpy as np
 from aiohttp import web
@@ -149,7 +151,17 @@ class _Router:
         s = self.scenario
         self._t0 = time.monotonic()
         self.writer.write(
-            ev.RunStarted(0.0, s.name, s.policy.name, s.seed, s.duration_s, self.view.worker_ids, self.block_size, self.view.workers[0].kv_blocks, s.metrics.warmup_s)
+            ev.RunStarted(
+                0.0,
+                s.name,
+                s.policy.name,
+                s.seed,
+                s.duration_s,
+                self.view.worker_ids,
+                self.block_size,
+                self.view.workers[0].kv_blocks,
+                s.metrics.warmup_s,
+            )
         )
         if self.host.policy.tick_interval_s:
             self._tick_task = asyncio.create_task(self._ticks(self.host.policy.tick_interval_s))
@@ -234,7 +246,7 @@ class _Router:
             return
         self.host.finish(call, *reply.engine_usage(call.spec.prompt_tokens))
 
-    async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: "_Reply") -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: _Reply) -> AsyncIterator[dict[str, Any]]:
         """One attempt: the worker's chunks, recorded in ``reply``."""
         first = True
         async for chunk in await self.client.direct(request, instance, annotated=False):
@@ -306,7 +318,7 @@ async def admitted(host: PolicyHost, admission: Call | Held, context: Any) -> Ca
     return waiting.result()
 
 
-async def _give_up(host: PolicyHost, waiting: "asyncio.Future[Call]") -> None:
+async def _give_up(host: PolicyHost, waiting: asyncio.Future[Call]) -> None:
     """Give up a held call: the host rolls it back, or fails it if it was routed already."""
     if waiting.done():
         if not waiting.cancelled() and waiting.exception() is None:
@@ -366,8 +378,11 @@ class _Reply:
         usage = self.usage
         if not self.carried:
             return usage
-        return {**usage, "prompt_tokens": usage.get("prompt_tokens", self.carried) - self.carried,
-                "completion_tokens": usage.get("completion_tokens", 0) + self.carried}
+        return {
+            **usage,
+            "prompt_tokens": usage.get("prompt_tokens", self.carried) - self.carried,
+            "completion_tokens": usage.get("completion_tokens", 0) + self.carried,
+        }
 
     def end(self, proof: dict[str, Any]) -> dict[str, Any]:
         """A final chunk for a reply whose tokens all came but whose stream broke before its end."""

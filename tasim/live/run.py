@@ -96,8 +96,13 @@ def run_live(
             record: dict[str, Any] = asdict(run_verl_rollout(scenario, stack, time_scale, stack.workdir))
         else:
             http = HttpAgentDriver(
-                stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), time_scale,
-                prompt_format=prompt_format, model_path=stack.model_path,
+                stack.base_url,
+                stack.model_name,
+                scenario,
+                vocab_size(stack.model_path),
+                time_scale,
+                prompt_format=prompt_format,
+                model_path=stack.model_path,
             )
             stack.begin_run()
             result = asyncio.run(http.run())

@@ -17,6 +17,7 @@ system port) is set to 127.0.0.1.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -30,9 +31,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 from tasim.live.errors import LiveError
 from tasim.scenario import Scenario
@@ -118,7 +120,7 @@ class LiveStack:
     def kv_event_endpoints(self) -> list[str]:
         return [f"tcp://{HOST}:{port}" for port in self.kv_event_ports]
 
-    def __enter__(self) -> "LiveStack":
+    def __enter__(self) -> LiveStack:
         self.start()
         return self
 
@@ -244,8 +246,13 @@ class LiveStack:
         log = self.workdir / f"{name}.log"
         with open(log, "ab") as out:  # a restarted worker keeps its predecessor's log
             popen = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, env=env or self._env(), cwd=self.workdir,
-                start_new_session=True, preexec_fn=_terminate_with(os.getpid()),
+                args,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env or self._env(),
+                cwd=self.workdir,
+                start_new_session=True,
+                preexec_fn=_terminate_with(os.getpid()),
             )
         process = _Process(name, popen, log)
         self.processes.append(process)
@@ -285,7 +292,9 @@ class LiveStack:
         while time.monotonic() < deadline:
             for process in self.processes:
                 if process.popen.poll() is not None:
-                    raise StackError(f"{process.name} exited with code {process.popen.returncode} during start-up; see {process.log}: {_tail(process.log)}")
+                    raise StackError(
+                        f"{process.name} exited with code {process.popen.returncode} during start-up; see {process.log}: {_tail(process.log)}"
+                    )
             try:
                 with urllib.request.urlopen(url, timeout=2) as reply:
                     if ok(reply.read().decode()):
@@ -298,23 +307,17 @@ class LiveStack:
     @staticmethod
     def _terminate(process: _Process, grace_s: float) -> None:
         if process.popen.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.popen.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 process.popen.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
         _kill(process)  # the group may hold children of the leader (Dynamo spawns none today, vLLM does)
 
 
 def _kill(process: _Process) -> None:
     """SIGKILL the process's whole group and reap the leader."""
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.popen.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     process.popen.wait()
 
 

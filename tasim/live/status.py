@@ -6,7 +6,8 @@ several routers in one test process never collide.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,14 +28,20 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
-def status_snapshot(router: "_Router") -> dict[str, Any]:
+def status_snapshot(router: _Router) -> dict[str, Any]:
     host = router.host
     return {
         "ready": router.ready,
         "policy": host.policy.name,
         "time_s": host.clock(),
         "workers": {
-            w: {"instance_id": router.instance_of.get(w), "serving": w not in host.lost, "routed": host.routed[w], "in_flight": host.in_flight_on[w], "cached_blocks": host.cached_blocks(w)}
+            w: {
+                "instance_id": router.instance_of.get(w),
+                "serving": w not in host.lost,
+                "routed": host.routed[w],
+                "in_flight": host.in_flight_on[w],
+                "cached_blocks": host.cached_blocks(w),
+            }
             for w in host.routed
         },
         "programs": {
@@ -42,10 +49,18 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
             "held": sum(1 for p in host.programs.values() if p.held),
             "expired": host.expired,
             "unknown_finals": host.unknown_finals,
-            "table": {p.id: {"parent": p.parent, "turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": bool(p.held)} for p in host.programs.values()},
+            "table": {
+                p.id: {"parent": p.parent, "turn": p.turn, "history_tokens": p.history_tokens, "in_flight": p.in_flight, "held": bool(p.held)}
+                for p in host.programs.values()
+            },
         },
         "requests": {
-            "in_flight": host.in_flight, "finished": host.finished, "failed": host.failed, "retried": host.retried, "refused": host.refused, "session_finals": router.session_finals,
+            "in_flight": host.in_flight,
+            "finished": host.finished,
+            "failed": host.failed,
+            "retried": host.retried,
+            "refused": host.refused,
+            "session_finals": router.session_finals,
         },
         "pauses": host.pauses,
         "resumes": host.resumes,
@@ -55,7 +70,7 @@ def status_snapshot(router: "_Router") -> dict[str, Any]:
     }
 
 
-def prometheus_text(router: "_Router") -> str:
+def prometheus_text(router: _Router) -> str:
     host = router.host
     lines: list[str] = []
 
@@ -69,7 +84,9 @@ def prometheus_text(router: "_Router") -> str:
     metric("requests_failed_total", "counter", "Requests that failed or were cancelled.", [("", host.failed)])
     metric("requests_retried_total", "counter", "Requests sent again because their worker was lost.", [("", host.retried)])
     metric("requests_refused_total", "counter", "Requests refused because no worker was serving.", [("", host.refused)])
-    metric("worker_serving", "gauge", "1 while the worker serves, 0 while it is lost.", [(f'{{worker="{w}"}}', w not in host.lost) for w in host.routed])
+    metric(
+        "worker_serving", "gauge", "1 while the worker serves, 0 while it is lost.", [(f'{{worker="{w}"}}', w not in host.lost) for w in host.routed]
+    )
     metric("requests_in_flight", "gauge", "Requests routed and not yet finished.", [("", host.in_flight)])
     metric("worker_requests_in_flight", "gauge", "Requests in flight, by worker.", [(f'{{worker="{w}"}}', n) for w, n in host.in_flight_on.items()])
     metric("programs_live", "gauge", "Programs in the router's table.", [("", len(host.programs))])
@@ -79,11 +96,16 @@ def prometheus_text(router: "_Router") -> str:
     metric("session_finals_total", "counter", "Session-final requests (program ends).", [("", router.session_finals)])
     metric("session_finals_unknown_total", "counter", "Session-finals for programs not in the table.", [("", host.unknown_finals)])
     metric("programs_expired_total", "counter", "Programs ended by the idle TTL.", [("", host.expired)])
-    metric("cached_blocks", "gauge", "Blocks each worker reports cached (KV events).", [(f'{{worker="{w}"}}', host.cached_blocks(w)) for w in host.routed])
+    metric(
+        "cached_blocks",
+        "gauge",
+        "Blocks each worker reports cached (KV events).",
+        [(f'{{worker="{w}"}}', host.cached_blocks(w)) for w in host.routed],
+    )
     metric("kv_event_gaps_total", "counter", "Gaps in a worker's KV event sequence.", [(f'{{worker="{w}"}}', n) for w, n in router.kv.gaps.items()])
     decisions = _percentiles_ms(host.decision_seconds)
     quantiles = [(f'{{quantile="{q}"}}', decisions[key]) for q, key in (("0.5", "p50"), ("0.99", "p99"))]
-    metric("decision_ms", "gauge", "Routing decision time over the last 100,000 requests.", [(l, v) for l, v in quantiles if v is not None])
+    metric("decision_ms", "gauge", "Routing decision time over the last 100,000 requests.", [(label, v) for label, v in quantiles if v is not None])
     if decisions["max"] is not None:
         metric("decision_max_ms", "gauge", "Slowest routing decision of the last 100,000 requests.", [("", decisions["max"])])
     return "\n".join(lines) + "\n"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
-from typing import Sequence
 
 from rich.console import Console
 
@@ -77,14 +77,12 @@ def _simulate(request: Request, measurements: Sequence[Measurements]) -> tuple[l
 
     def on_done(planned_run: PlannedRun, outcome: Outcome) -> None:
         wall = outcome.summary["wall_time_s"] or 0.0
-        progress.print(f"[{next(done)}/{len(planned.runs)}] {planned_run.label} ({wall:.1f} s)", markup=False,
-                       highlight=False, soft_wrap=True)
+        progress.print(f"[{next(done)}/{len(planned.runs)}] {planned_run.label} ({wall:.1f} s)", markup=False, highlight=False, soft_wrap=True)
 
     outcomes = run(planned, jobs, on_done)
     results = evaluate(planned, outcomes)
     request.out.mkdir(parents=True, exist_ok=True)
-    write_json(request.out / PUBLISHED_FILE, record_json(request.label, planned, outcomes, results, request.overrides,
-                                                         request.systems))
+    write_json(request.out / PUBLISHED_FILE, record_json(request.label, planned, outcomes, results, request.overrides, request.systems))
     return results, request.systems, len(planned.runs)
 
 
@@ -99,14 +97,16 @@ def _recorded(request: Request, measurements: Sequence[Measurements]) -> tuple[l
         for point in m.points:
             key = (m.name, point.id)
             if key not in recorded.values:
-                raise MeasurementError(f"--from-record {request.from_record}: no point {point.id} of {m.path} "
-                                       "(run without --from-record to simulate it)")
+                raise MeasurementError(
+                    f"--from-record {request.from_record}: no point {point.id} of {m.path} (run without --from-record to simulate it)"
+                )
             results.append(PointResult(m, point, recorded.values[key], recorded.reasons[key]))
     return results, {name: PolicySpec.parse(spec) for name, spec in recorded.systems.items()}, recorded.runs
 
 
-def _document(request: Request, by_file: Sequence[Sequence[PointResult]], befores: Sequence[Record],
-              systems: dict[str, PolicySpec], runs: int) -> list[Path]:
+def _document(
+    request: Request, by_file: Sequence[Sequence[PointResult]], befores: Sequence[Record], systems: dict[str, PolicySpec], runs: int
+) -> list[Path]:
     from tasim.measurements.document import markdown, splice
     from tasim.measurements.plots import write_plots  # matplotlib only when a document is asked for
 

@@ -4,12 +4,12 @@ and its plots."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tasim import __version__
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.littles_law import closed_loop_conflicts, between_steps_conflicts
+from tasim.measurements.littles_law import between_steps_conflicts, closed_loop_conflicts
 from tasim.measurements.present import BAND, describe, published_text, ratio_text, value_text
 from tasim.measurements.record import Record
 from tasim.measurements.schema import Measurements
@@ -33,8 +33,9 @@ def _within(values: Sequence[float | None], results: Sequence[PointResult]) -> s
     return f"{inside} of {len(results)}"
 
 
-def file_section(number: str, results: Sequence[PointResult], befores: Sequence[Record],
-                 systems: dict[str, PolicySpec], plots: Sequence[str]) -> list[str]:
+def file_section(
+    number: str, results: Sequence[PointResult], befores: Sequence[Record], systems: dict[str, PolicySpec], plots: Sequence[str]
+) -> list[str]:
     m = results[0].measurements
     shown = [b for b in befores if b.has(m.name)]
     lines = [f"### {number} {m.title} (`{m.path.name}`)", ""]
@@ -42,18 +43,15 @@ def file_section(number: str, results: Sequence[PointResult], befores: Sequence[
     mapping = ", ".join(f"{name} = `{systems.get(name, spec).label}`" for name, spec in m.systems.items())
     lines += ["", f"Systems: {mapping}."]
     before_values = [[b.values.get((m.name, r.point.id)) for r in results] for b in shown]
-    counts = [f"now {_within([r.tasim for r in results], results)}",
-              *(f"{b.heading} {_within(v, results)}" for b, v in zip(shown, before_values))]
+    counts = [f"now {_within([r.tasim for r in results], results)}", *(f"{b.heading} {_within(v, results)}" for b, v in zip(shown, before_values))]
     lines += [f"Points within ±{BAND * 100:.0f} % of the published value: {'; '.join(counts)}.", ""]
     heads = ["point", "what", "source: where", "published", *(b.heading for b in shown), "now", "now/published"]
-    lines += ["| " + " | ".join(heads) + " |",
-              "| " + " | ".join(["---", "---", "---", "---:", *("---:" for _ in shown), "---:", "---:"]) + " |"]
+    lines += ["| " + " | ".join(heads) + " |", "| " + " | ".join(["---", "---", "---", "---:", *("---:" for _ in shown), "---:", "---:"]) + " |"]
     for i, result in enumerate(results):
         point = result.point
         before = [value_text(point, v[i]) if v[i] is not None else "—" for v in before_values]
         now = value_text(point, result.tasim) if result.tasim is not None else f"— ({result.reason})"
-        cells = [point.id, describe(m, point), f"{point.source}: {point.where}", published_text(point), *before, now,
-                 ratio_text(result.ratio)]
+        cells = [point.id, describe(m, point), f"{point.source}: {point.where}", published_text(point), *before, now, ratio_text(result.ratio)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += [""] + _conflicts(m)
     lines += [f"![{Path(link).stem}]({link})" for link in plots]
@@ -65,32 +63,50 @@ def _conflicts(m: Measurements) -> list[str]:
     lines: list[str] = []
     conflicts = closed_loop_conflicts(m)
     if conflicts:
-        lines += ["Published values no closed loop can produce together (Little's law: with N programs, steps/s × mean "
-                  "step ≤ N, whatever the engine or router; `tasim/measurements/littles_law.py`). A simulation can meet "
-                  "at most one value of each pair; meeting the steps/min, its per-step latency is at most N / steps/s.", "",
-                  "| latency point | steps/min point | N | steps/s × step / N | longest step the steps/min allow |",
-                  "| --- | --- | ---: | ---: | ---: |"]
-        lines += [f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
-                  f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |" for c in conflicts] + [""]
+        lines += [
+            "Published values no closed loop can produce together (Little's law: with N programs, steps/s × mean "
+            "step ≤ N, whatever the engine or router; `tasim/measurements/littles_law.py`). A simulation can meet "
+            "at most one value of each pair; meeting the steps/min, its per-step latency is at most N / steps/s.",
+            "",
+            "| latency point | steps/min point | N | steps/s × step / N | longest step the steps/min allow |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {c.latency.id} ({published_text(c.latency)}) | {c.throughput.id} ({published_text(c.throughput)}) "
+            f"| {c.concurrency:g} | {c.occupancy:.2f} | {c.latency_bound_s:.1f} s |"
+            for c in conflicts
+        ] + [""]
     between = between_steps_conflicts(m)
     if between:
-        lines += ["Published values no single workload can produce together. Each pair gives a program's mean time "
-                  "between steps (a step being an LLM call and the tool call after it), N / steps/s − step: the "
-                  "environment set-up's share, the same for two systems running the same programs, plus any time a "
-                  "router holds a request back and its latency leaves out. So the system that holds nothing back cannot "
-                  "spend longer between steps than the one that does; a simulation can meet at most three of the four "
-                  "values.", "",
-                  "| no-hold system's points | between steps | holding system's points | between steps |",
-                  "| --- | ---: | --- | ---: |"]
-        lines += [f"| {c.unheld.latency.id} ({published_text(c.unheld.latency)}), {c.unheld.throughput.id} "
-                  f"({published_text(c.unheld.throughput)}) | {c.unheld.between_steps_s:.1f} s | {c.held.latency.id} "
-                  f"({published_text(c.held.latency)}), {c.held.throughput.id} ({published_text(c.held.throughput)}) "
-                  f"| {c.held.between_steps_s:.1f} s |" for c in between] + [""]
+        lines += [
+            "Published values no single workload can produce together. Each pair gives a program's mean time "
+            "between steps (a step being an LLM call and the tool call after it), N / steps/s − step: the "
+            "environment set-up's share, the same for two systems running the same programs, plus any time a "
+            "router holds a request back and its latency leaves out. So the system that holds nothing back cannot "
+            "spend longer between steps than the one that does; a simulation can meet at most three of the four "
+            "values.",
+            "",
+            "| no-hold system's points | between steps | holding system's points | between steps |",
+            "| --- | ---: | --- | ---: |",
+        ]
+        lines += [
+            f"| {c.unheld.latency.id} ({published_text(c.unheld.latency)}), {c.unheld.throughput.id} "
+            f"({published_text(c.unheld.throughput)}) | {c.unheld.between_steps_s:.1f} s | {c.held.latency.id} "
+            f"({published_text(c.held.latency)}), {c.held.throughput.id} ({published_text(c.held.throughput)}) "
+            f"| {c.held.between_steps_s:.1f} s |"
+            for c in between
+        ] + [""]
     return lines
 
 
-def markdown(files: Sequence[Sequence[PointResult]], befores: Sequence[Record], systems: dict[str, PolicySpec],
-             plots: Sequence[Sequence[str]], command: str, runs: int) -> str:
+def markdown(
+    files: Sequence[Sequence[PointResult]],
+    befores: Sequence[Record],
+    systems: dict[str, PolicySpec],
+    plots: Sequence[Sequence[str]],
+    command: str,
+    runs: int,
+) -> str:
     """The whole span: how it was made, then one section per file."""
     earlier = "; ".join(b.heading for b in befores)
     lines = [

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
 from tasim.measurements.runs import measure
@@ -62,8 +62,9 @@ class PointResult:
         return None if self.ratio is None else self.ratio - 1
 
 
-def plan(measurements: Sequence[Measurements], overrides: Sequence[str] = (),
-         systems: Mapping[str, PolicySpec] | None = None, base: Scenario | None = None) -> Plan:
+def plan(
+    measurements: Sequence[Measurements], overrides: Sequence[str] = (), systems: Mapping[str, PolicySpec] | None = None, base: Scenario | None = None
+) -> Plan:
     """The distinct runs the points need: one per distinct resolved scenario (preset or
     ``base``, then ``overrides``, a side's ``set``, its system's policy). ``systems`` replaces
     the policy spec of the named systems in every file that has them; ``base`` replaces every
@@ -79,8 +80,11 @@ def plan(measurements: Sequence[Measurements], overrides: Sequence[str] = (),
     points: list[PlannedPoint] = []
     for m in measurements:
         for point in m.points:
-            sides = [_run_index(m, point, name, side, overrides, systems, base, runs, index)
-                     for name, side in (("of", point.of), ("over", point.over)) if side is not None]
+            sides = [
+                _run_index(m, point, name, side, overrides, systems, base, runs, index)
+                for name, side in (("of", point.of), ("over", point.over))
+                if side is not None
+            ]
             points.append(PlannedPoint(m, point, sides[0], sides[1] if len(sides) > 1 else None))
     return Plan(tuple(runs), tuple(points))
 
@@ -125,9 +129,17 @@ def _measure(planned: PlannedRun) -> Outcome:
     return measure(planned.scenario)
 
 
-def _run_index(m: Measurements, point: Point, name: str, side: Side, overrides: Sequence[str],
-               systems: Mapping[str, PolicySpec], base: Scenario | None, runs: list[PlannedRun],
-               index: dict[str, int]) -> int:
+def _run_index(
+    m: Measurements,
+    point: Point,
+    name: str,
+    side: Side,
+    overrides: Sequence[str],
+    systems: Mapping[str, PolicySpec],
+    base: Scenario | None,
+    runs: list[PlannedRun],
+    index: dict[str, int],
+) -> int:
     spec = systems.get(side.system, m.systems[side.system])
     try:
         scenario = _load(m.scenario_of(point), base, [*overrides, *side.overrides(), *spec.overrides()])
@@ -138,8 +150,7 @@ def _run_index(m: Measurements, point: Point, name: str, side: Side, overrides: 
         label = _label(scenario.name, spec, side)
         taken = {r.label for r in runs}
         # two presets may share a name: number the later ones
-        unique = next(candidate for i in range(len(runs) + 1)
-                      if (candidate := f"{label}#{i}" if i else label) not in taken)
+        unique = next(candidate for i in range(len(runs) + 1) if (candidate := f"{label}#{i}" if i else label) not in taken)
         index[key] = len(runs)
         runs.append(PlannedRun(unique, scenario))
     return index[key]
@@ -169,15 +180,16 @@ def _check_overrides(measurements: Sequence[Measurements], overrides: Sequence[s
     for assignment in overrides:
         key = assignment.partition("=")[0].strip()
         if chooses_policy(key):
-            raise MeasurementError(f"--set {assignment}: each system of a measurement file chooses its run's policy "
-                                   "(remap a system with --system NAME=SPEC, or set policy.defaults.<policy>.<param>)")
+            raise MeasurementError(
+                f"--set {assignment}: each system of a measurement file chooses its run's policy "
+                "(remap a system with --system NAME=SPEC, or set policy.defaults.<policy>.<param>)"
+            )
         for m in measurements:
             for point in m.points:
                 for side in (point.of, point.over):
                     clash = next((k for k in (side.set if side else {}) if _overlap(key, k)), None)
                     if clash is not None:
-                        raise MeasurementError(f"--set {key}: {m.path} point {point.id} sets {clash} itself, so the "
-                                               "--set would be lost there")
+                        raise MeasurementError(f"--set {key}: {m.path} point {point.id} sets {clash} itself, so the --set would be lost there")
 
 
 def _check_systems(measurements: Sequence[Measurements], systems: Mapping[str, PolicySpec]) -> None:

@@ -70,9 +70,11 @@ def step_pairs(m: Measurements) -> list[StepPair]:
         concurrency = latency.of.set.get(CONCURRENCY_KEY)
         if not isinstance(concurrency, (int, float)) or isinstance(concurrency, bool) or concurrency <= 0:
             continue
-        pairs += [StepPair(throughput, latency, float(concurrency)) for throughput in plain
-                  if throughput.metric == "steps_per_min" and throughput.of == latency.of
-                  and throughput.scenario == latency.scenario]
+        pairs += [
+            StepPair(throughput, latency, float(concurrency))
+            for throughput in plain
+            if throughput.metric == "steps_per_min" and throughput.of == latency.of and throughput.scenario == latency.scenario
+        ]
     return pairs
 
 
@@ -92,5 +94,10 @@ def between_steps_conflicts(m: Measurements) -> list[BetweenStepsConflict]:
     def setting(pair: StepPair) -> tuple[object, ...]:
         return pair.latency.scenario, tuple(sorted(pair.latency.of.set.items(), key=str))
 
-    return [BetweenStepsConflict(unheld, held) for unheld in pairs if not holds(unheld) for held in pairs
-            if holds(held) and setting(held) == setting(unheld) and unheld.between_steps_s > held.between_steps_s]
+    return [
+        BetweenStepsConflict(unheld, held)
+        for unheld in pairs
+        if not holds(unheld)
+        for held in pairs
+        if holds(held) and setting(held) == setting(unheld) and unheld.between_steps_s > held.between_steps_s
+    ]

@@ -7,8 +7,9 @@ as its source prints them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 
 class MetricUnavailable(Exception):
@@ -57,8 +58,7 @@ def _finished_rollout(outcome: Outcome) -> dict[str, Any]:
     time of its completed steps."""
     rollout = _rollout(outcome)
     if rollout["steps"] != outcome.rollout_steps or outcome.summary["requests_unfinished"]:
-        raise MetricUnavailable(f"the run ended before its last rollout step ({rollout['steps']} of "
-                                f"{outcome.rollout_steps} completed)")
+        raise MetricUnavailable(f"the run ended before its last rollout step ({rollout['steps']} of {outcome.rollout_steps} completed)")
     return rollout
 
 
@@ -68,27 +68,72 @@ def rollout_steps_per_min(outcome: Outcome) -> float:
     return outcome.summary["requests_completed"] / (rollout["rollout_time_s"]["mean"] * rollout["steps"]) * 60
 
 
-METRICS: dict[str, Metric] = {m.name: m for m in (
-    Metric("steps_per_min", "steps/min", "", ",.1f", "LLM calls completed per minute of the measurement window",
-           lambda o: o.summary["steps_per_min"]),
-    Metric("prefix_hit_pct", "prefix hit rate", " %", ".0f", "prompt tokens served from the prefix cache, in percent",
-           lambda o: o.summary["prefix_hit_rate"] * 100),
-    Metric("prefix_hit_pct_since_start", "prefix hit rate since start", " %", ".0f", "prompt tokens served from the prefix "
-           "cache at first admission, from the run's start to its end (vLLM's cumulative Prometheus counters as "
-           "ThunderAgent's --metrics reads them), in percent", lambda o: o.summary["prefix_hit_rate_since_start"] * 100),
-    Metric("e2e_mean_s", "LLM-call latency", " s", ",.1f", "mean LLM-call latency, arrival to last token (summary e2e_s.mean)",
-           lambda o: _present(o.summary["e2e_s"]["mean"], "completed call")),
-    Metric("step_latency_s", "per-step latency", " s", ",.1f", "mean per-step latency: an LLM call plus the tool call after it, "
-           "from a call's arrival to the program's next call (the ThunderAgent paper's per-step E2E latency)",
-           lambda o: _present(o.step_latency_s, "step")),
-    Metric("rollout_steps_per_min", "rollout steps/min", "", ",.1f", "LLM calls per minute of rollout time, training left out "
-           "(the ThunderAgent paper's Table 2); needs every planned RL step completed", rollout_steps_per_min),
-    Metric("rollout_tokens_per_s", "rollout tokens/s", "", ",.0f", "generated tokens per second of rollout time",
-           lambda o: _rollout(o)["rollout_tokens_per_s"]),
-    Metric("full_step_tokens_per_s", "full-step tokens/s", "", ",.0f", "generated tokens per second of whole RL steps: rollout plus "
-           "training (the verl recipe's full-step throughput)", lambda o: _rollout(o)["step_tokens_per_s"]),
-    Metric("rollout_time_s", "rollout time", " s", ",.0f", "mean rollout phase of an RL step",
-           lambda o: _rollout(o)["rollout_time_s"]["mean"]),
-    Metric("step_time_s", "RL step time", " s", ",.0f", "mean RL step, rollout plus training",
-           lambda o: _rollout(o)["step_time_s"]["mean"]),
-)}
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric(
+            "steps_per_min", "steps/min", "", ",.1f", "LLM calls completed per minute of the measurement window", lambda o: o.summary["steps_per_min"]
+        ),
+        Metric(
+            "prefix_hit_pct",
+            "prefix hit rate",
+            " %",
+            ".0f",
+            "prompt tokens served from the prefix cache, in percent",
+            lambda o: o.summary["prefix_hit_rate"] * 100,
+        ),
+        Metric(
+            "prefix_hit_pct_since_start",
+            "prefix hit rate since start",
+            " %",
+            ".0f",
+            "prompt tokens served from the prefix "
+            "cache at first admission, from the run's start to its end (vLLM's cumulative Prometheus counters as "
+            "ThunderAgent's --metrics reads them), in percent",
+            lambda o: o.summary["prefix_hit_rate_since_start"] * 100,
+        ),
+        Metric(
+            "e2e_mean_s",
+            "LLM-call latency",
+            " s",
+            ",.1f",
+            "mean LLM-call latency, arrival to last token (summary e2e_s.mean)",
+            lambda o: _present(o.summary["e2e_s"]["mean"], "completed call"),
+        ),
+        Metric(
+            "step_latency_s",
+            "per-step latency",
+            " s",
+            ",.1f",
+            "mean per-step latency: an LLM call plus the tool call after it, "
+            "from a call's arrival to the program's next call (the ThunderAgent paper's per-step E2E latency)",
+            lambda o: _present(o.step_latency_s, "step"),
+        ),
+        Metric(
+            "rollout_steps_per_min",
+            "rollout steps/min",
+            "",
+            ",.1f",
+            "LLM calls per minute of rollout time, training left out (the ThunderAgent paper's Table 2); needs every planned RL step completed",
+            rollout_steps_per_min,
+        ),
+        Metric(
+            "rollout_tokens_per_s",
+            "rollout tokens/s",
+            "",
+            ",.0f",
+            "generated tokens per second of rollout time",
+            lambda o: _rollout(o)["rollout_tokens_per_s"],
+        ),
+        Metric(
+            "full_step_tokens_per_s",
+            "full-step tokens/s",
+            "",
+            ",.0f",
+            "generated tokens per second of whole RL steps: rollout plus training (the verl recipe's full-step throughput)",
+            lambda o: _rollout(o)["step_tokens_per_s"],
+        ),
+        Metric("rollout_time_s", "rollout time", " s", ",.0f", "mean rollout phase of an RL step", lambda o: _rollout(o)["rollout_time_s"]["mean"]),
+        Metric("step_time_s", "RL step time", " s", ",.0f", "mean RL step, rollout plus training", lambda o: _rollout(o)["step_time_s"]["mean"]),
+    )
+}

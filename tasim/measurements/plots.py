@@ -5,8 +5,8 @@ curves."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -42,8 +42,7 @@ def overview_plot(results: Sequence[PointResult], befores: Sequence[Record], pat
     ax.axvspan(1 - BAND, 1 + BAND, color="tab:green", alpha=0.12, label=f"±{BAND * 100:.0f} %")
     ax.axvline(1, color="black", linewidth=0.8)
     for before, marker in zip(befores, BEFORE_MARKERS):
-        pairs = [(v / r.point.published.value, y) for r, y in zip(results, ys)
-                 if (v := _before(before, r)) is not None and v > 0]
+        pairs = [(v / r.point.published.value, y) for r, y in zip(results, ys) if (v := _before(before, r)) is not None and v > 0]
         if pairs:
             ax.scatter(*zip(*pairs), marker=marker, color="tab:gray", s=36, label=before.heading, zorder=2)
     now = [(r.ratio, y) for r, y in zip(results, ys) if r.ratio is not None and r.ratio > 0]
@@ -91,11 +90,9 @@ def sweeps(results: Sequence[PointResult]) -> dict[tuple[str, str, bool, str], G
     for result in results:
         x = sweep_x(result.point)
         if x is not None:
-            key = (Path(result.measurements.scenario_of(result.point)).stem, result.point.metric,
-                   is_ratio(result.point), x[0])
+            key = (Path(result.measurements.scenario_of(result.point)).stem, result.point.metric, is_ratio(result.point), x[0])
             groups[key][_series_name(result.point)].append((x[1], result))
-    return {key: series for key, series in groups.items()
-            if any(len({x for x, _ in points}) >= 3 for points in series.values())}
+    return {key: series for key, series in groups.items() if any(len({x for x, _ in points}) >= 3 for points in series.values())}
 
 
 def _curve(ax: Axes, points: list[tuple[float, float]], **style: object) -> None:
@@ -117,19 +114,28 @@ def sweep_plot(key: tuple[str, str, bool, str], group: Group, befores: Sequence[
     for i, (name, points) in enumerate(sorted(group.items())):
         color = f"C{i}"
         handles.append(Line2D([], [], color=color, linewidth=3, label=name))
-        ax.scatter([x for x, _ in points], [r.point.published.value for _, r in points], marker="s", s=64,
-                   facecolors="none", edgecolors=color, zorder=3)
+        ax.scatter(
+            [x for x, _ in points], [r.point.published.value for _, r in points], marker="s", s=64, facecolors="none", edgecolors=color, zorder=3
+        )
         ranges = [(x, r.point.published) for x, r in points if r.point.published.high is not None]
         if ranges:  # a published range as a bar through its midpoint's square
             ax.vlines([x for x, _ in ranges], [p.low for _, p in ranges], [p.high for _, p in ranges], colors=color, zorder=3)
         _curve(ax, [(x, r.tasim) for x, r in points if r.tasim is not None], color=color, marker="o", zorder=2)
         for before, style in zip(befores, BEFORE_STYLES):
-            _curve(ax, [(x, v) for x, r in points if (v := _before(before, r)) is not None], color=color,
-                   linestyle=style, linewidth=1, alpha=0.8, zorder=1)
-    handles += [Line2D([], [], marker="s", fillstyle="none", linestyle="none", color="black", label="published"),
-                Line2D([], [], marker="o", color="black", label="tasim now"),
-                *(Line2D([], [], linestyle=style, linewidth=1, color="black", label=before.heading)
-                  for before, style in zip(befores, BEFORE_STYLES))]
+            _curve(
+                ax,
+                [(x, v) for x, r in points if (v := _before(before, r)) is not None],
+                color=color,
+                linestyle=style,
+                linewidth=1,
+                alpha=0.8,
+                zorder=1,
+            )
+    handles += [
+        Line2D([], [], marker="s", fillstyle="none", linestyle="none", color="black", label="published"),
+        Line2D([], [], marker="o", color="black", label="tasim now"),
+        *(Line2D([], [], linestyle=style, linewidth=1, color="black", label=before.heading) for before, style in zip(befores, BEFORE_STYLES)),
+    ]
     xs = sorted({x for points in group.values() for x, _ in points})
     ax.set_xticks(xs, [f"{x:g}" for x in xs])
     ax.set_xlabel(swept)

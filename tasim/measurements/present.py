@@ -55,8 +55,7 @@ def describe(m: Measurements, point: Point) -> str:
     elif over.system == of.system:
         common = {k: v for k, v in of.set.items() if k in over.set and over.set[k] == v}
         differ = [_setting(Side(system=s.system, set={k: v for k, v in s.set.items() if k not in common})) for s in (of, over)]
-        text = ", ".join(filter(None, (of.system, label, _setting(Side(system=of.system, set=common)),
-                                       " / ".join(differ))))
+        text = ", ".join(filter(None, (of.system, label, _setting(Side(system=of.system, set=common)), " / ".join(differ))))
     else:
         text = f"{_with_setting(of)} / {_with_setting(over)}, {label}"
     if len({p.scenario for p in m.points}) > 1:
@@ -67,6 +66,5 @@ def describe(m: Measurements, point: Point) -> str:
 def sweep_x(point: Point) -> tuple[str, float] | None:
     """The point's place on a sweep: its one numeric scenario override (a ratio's `of` side),
     or None when it has none or several."""
-    numbers = [(key, value) for key, value in point.of.set.items()
-               if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    numbers = [(key, value) for key, value in point.of.set.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
     return (numbers[0][0], float(numbers[0][1])) if len(numbers) == 1 and len(point.of.set) == 1 else None

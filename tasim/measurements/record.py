@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from tasim import __version__
 from tasim.measurements.evaluate import Plan, PointResult, run_metrics
@@ -32,33 +33,40 @@ def _relative(path: Path) -> str:
         return os.fspath(resolved)
 
 
-def record_json(label: str, planned: Plan, outcomes: Sequence[Outcome], results: Sequence[PointResult],
-           overrides: Sequence[str], systems: Mapping[str, PolicySpec]) -> dict[str, Any]:
+def record_json(
+    label: str,
+    planned: Plan,
+    outcomes: Sequence[Outcome],
+    results: Sequence[PointResult],
+    overrides: Sequence[str],
+    systems: Mapping[str, PolicySpec],
+) -> dict[str, Any]:
     files: dict[str, dict[str, Any]] = {}
     for pp, result in zip(planned.points, results):
         m, point = pp.measurements, pp.point
         entry = files.setdefault(m.name, {"name": m.name, "path": _relative(m.path), "points": []})
         published = {"range": list(point.range)} if point.range is not None else {"value": point.published.value}
-        entry["points"].append({
-            "id": point.id,
-            "what": describe(m, point),
-            "metric": point.metric,
-            **published,
-            "derived": point.derived,
-            "read_off_plot": point.read_off_plot,
-            "tasim": result.tasim,
-            "tasim_over_published": result.ratio,
-            "reason": result.reason,
-            "runs": [planned.runs[i].label for i in (pp.of, pp.over) if i is not None],
-        })
+        entry["points"].append(
+            {
+                "id": point.id,
+                "what": describe(m, point),
+                "metric": point.metric,
+                **published,
+                "derived": point.derived,
+                "read_off_plot": point.read_off_plot,
+                "tasim": result.tasim,
+                "tasim_over_published": result.ratio,
+                "reason": result.reason,
+                "runs": [planned.runs[i].label for i in (pp.of, pp.over) if i is not None],
+            }
+        )
     return {
         "label": label,
         "tasim_version": __version__,
         "overrides": list(overrides),
         "systems": {name: spec.label for name, spec in systems.items()},
         "files": list(files.values()),
-        "runs": [{"label": r.label, "scenario": r.scenario.name, "metrics": run_metrics(o)}
-                 for r, o in zip(planned.runs, outcomes)],
+        "runs": [{"label": r.label, "scenario": r.scenario.name, "metrics": run_metrics(o)} for r, o in zip(planned.runs, outcomes)],
     }
 
 
@@ -89,9 +97,14 @@ def read_record(path: Path, flag: str) -> Record:
     try:
         data = json.loads(path.read_text())
         points = {(f["name"], p["id"]): p for f in data["files"] for p in f["points"]}
-        return Record(str(data["label"]), tuple(data["overrides"]), dict(data["systems"]),
-                      {key: p["tasim"] for key, p in points.items()}, {key: p["reason"] for key, p in points.items()},
-                      len(data["runs"]))
+        return Record(
+            str(data["label"]),
+            tuple(data["overrides"]),
+            dict(data["systems"]),
+            {key: p["tasim"] for key, p in points.items()},
+            {key: p["reason"] for key, p in points.items()},
+            len(data["runs"]),
+        )
     except OSError as exc:
         raise MeasurementError(f"{flag} {path}: cannot read ({exc.strerror})") from None
     except (ValueError, KeyError, TypeError) as exc:

@@ -16,9 +16,10 @@ from __future__ import annotations
 import json
 import re
 import reprlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence, get_args
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -83,8 +84,10 @@ class Side(_Strict):
             if not key or any(not part for part in key.split(".")):
                 raise ValueError(f"{reprlib.repr(key)} is not a dotted scenario key (e.g. workload.concurrency)")
             if chooses_policy(key):
-                raise ValueError(f"{key}: the system chooses the policy and its parameters (map the system to a "
-                                 "policy spec under systems:, or set policy.defaults.<policy>.<param>)")
+                raise ValueError(
+                    f"{key}: the system chooses the policy and its parameters (map the system to a "
+                    "policy spec under systems:, or set policy.defaults.<policy>.<param>)"
+                )
         return value
 
     def overrides(self) -> list[str]:
@@ -113,7 +116,7 @@ class Point(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _one_value(self) -> "Point":
+    def _one_value(self) -> Point:
         given = [name for name in ("value", "range") if getattr(self, name) is not None] + (["derived"] if self.derived else [])
         if len(given) != 1:
             raise ValueError(f"give exactly one of value, range or derived: true (got {', '.join(given) or 'none'})")
@@ -151,7 +154,7 @@ class MeasurementFile(_Strict):
         return value
 
     @model_validator(mode="after")
-    def _references(self) -> "MeasurementFile":
+    def _references(self) -> MeasurementFile:
         seen: set[str] = set()
         for point in self.points:
             where = f"points.{point.id}"
@@ -159,12 +162,10 @@ class MeasurementFile(_Strict):
                 raise ValueError(f"{where}: id given twice")
             seen.add(point.id)
             if point.source not in self.sources:
-                raise ValueError(f"{where}.source: unknown source {reprlib.repr(point.source)} "
-                                 f"(allowed: {', '.join(self.sources)})")
+                raise ValueError(f"{where}.source: unknown source {reprlib.repr(point.source)} (allowed: {', '.join(self.sources)})")
             for name, side in (("of", point.of), ("over", point.over)):
                 if side is not None and side.system not in self.systems:
-                    raise ValueError(f"{where}.{name}.system: unknown system {reprlib.repr(side.system)} "
-                                     f"(allowed: {', '.join(self.systems)})")
+                    raise ValueError(f"{where}.{name}.system: unknown system {reprlib.repr(side.system)} (allowed: {', '.join(self.systems)})")
             if point.scenario is None and self.scenario is None:
                 raise ValueError(f"{where}.scenario: no scenario (give one here or at the top of the file)")
         return self
@@ -198,8 +199,7 @@ def load_measurements(path: str | Path) -> Measurements:
         spec = MeasurementFile.model_validate(raw)
     except ValidationError as exc:
         raise MeasurementError(f"{path}: {_describe(exc.errors()[0], raw)}") from None
-    points = tuple(point.model_copy(update={"scenario": str(_scenario_path(path, point.scenario or spec.scenario, point))})
-                   for point in spec.points)
+    points = tuple(point.model_copy(update={"scenario": str(_scenario_path(path, point.scenario or spec.scenario, point))}) for point in spec.points)
     points = tuple(_resolve_derived(path, point, points) for point in points)
     systems = {name: PolicySpec.parse(text) for name, text in spec.systems.items()}
     return Measurements(path, spec.name, spec.title, spec.sources, systems, points)
@@ -211,8 +211,9 @@ def _scenario_path(path: Path, name: str | None, point: Point) -> Path:
     target = (path.parent / name) if "/" in name else PRESET_DIR / name
     if not target.is_file():
         field = "scenario" if point.scenario is None else f"points.{point.id}.scenario"
-        raise MeasurementError(f"{path}: {field}: no scenario file {target} (a file name is a preset in "
-                               "scenarios/, a path with a folder is relative to this file)")
+        raise MeasurementError(
+            f"{path}: {field}: no scenario file {target} (a file name is a preset in scenarios/, a path with a folder is relative to this file)"
+        )
     return target.resolve()
 
 
@@ -223,16 +224,16 @@ def _resolve_derived(path: Path, point: Point, points: Sequence[Point]) -> Point
     assert point.over is not None
     values = []
     for name, side in (("of", point.of), ("over", point.over)):
-        found = [p for p in points if p.over is None and p.metric == point.metric and p.of == side
-                 and p.scenario == point.scenario and not p.derived]
+        found = [p for p in points if p.over is None and p.metric == point.metric and p.of == side and p.scenario == point.scenario and not p.derived]
         if len(found) != 1 or found[0].range is not None:
-            raise MeasurementError(f"{path}: points.{point.id}.derived: needs exactly one point with a value (not a "
-                                   f"range) of {point.metric} for its `{name}` side, found {len(found)}")
+            raise MeasurementError(
+                f"{path}: points.{point.id}.derived: needs exactly one point with a value (not a "
+                f"range) of {point.metric} for its `{name}` side, found {len(found)}"
+            )
         values.append(found[0])
     of, over = values
     assert of.value is not None and over.value is not None
-    return point.model_copy(update={"value": of.value / over.value,
-                                    "read_off_plot": point.read_off_plot or of.read_off_plot or over.read_off_plot})
+    return point.model_copy(update={"value": of.value / over.value, "read_off_plot": point.read_off_plot or of.read_off_plot or over.read_off_plot})
 
 
 def _yaml_text(value: Any) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich import box
 from rich.console import Group
@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tasim.measurements.evaluate import PointResult
-from tasim.measurements.littles_law import closed_loop_conflicts, between_steps_conflicts
+from tasim.measurements.littles_law import between_steps_conflicts, closed_loop_conflicts
 from tasim.measurements.present import describe, published_text, ratio_text, value_text
 
 
@@ -28,13 +28,23 @@ def file_table(results: Sequence[PointResult]) -> Group:
     for result in results:
         point = result.point
         tasim = Text(value_text(point, result.tasim)) if result.tasim is not None else Text(f"— ({result.reason})")
-        table.add_row(Text(point.id), Text(describe(m, point)), Text(published_text(point)), tasim,
-                      Text(ratio_text(result.ratio)))
-    notes = [Text(f"closed-loop conflict: {c.latency.id} × {c.throughput.id} puts {c.occupancy:.2f} of the "
-                  f"{c.concurrency:g} programs inside a step (at most 1: a step of at most {c.latency_bound_s:.1f} s "
-                  "fits that steps/min)", style="yellow") for c in closed_loop_conflicts(m)]
-    notes += [Text(f"between-steps conflict: {c.unheld.latency.id} with {c.unheld.throughput.id} leaves "
-                   f"{c.unheld.between_steps_s:.1f} s between steps, more than the {c.held.between_steps_s:.1f} s of "
-                   f"{c.held.latency.id} with {c.held.throughput.id}, whose router holds requests back",
-                   style="yellow") for c in between_steps_conflicts(m)]
+        table.add_row(Text(point.id), Text(describe(m, point)), Text(published_text(point)), tasim, Text(ratio_text(result.ratio)))
+    notes = [
+        Text(
+            f"closed-loop conflict: {c.latency.id} × {c.throughput.id} puts {c.occupancy:.2f} of the "
+            f"{c.concurrency:g} programs inside a step (at most 1: a step of at most {c.latency_bound_s:.1f} s "
+            "fits that steps/min)",
+            style="yellow",
+        )
+        for c in closed_loop_conflicts(m)
+    ]
+    notes += [
+        Text(
+            f"between-steps conflict: {c.unheld.latency.id} with {c.unheld.throughput.id} leaves "
+            f"{c.unheld.between_steps_s:.1f} s between steps, more than the {c.held.between_steps_s:.1f} s of "
+            f"{c.held.latency.id} with {c.held.throughput.id}, whose router holds requests back",
+            style="yellow",
+        )
+        for c in between_steps_conflicts(m)
+    ]
     return Group(Text(f"{m.name} · {m.title}", style="bold"), table, *notes)

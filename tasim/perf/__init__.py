@@ -12,7 +12,8 @@ from tasim.perf.roofline import Roofline
 if TYPE_CHECKING:
     from tasim.scenario import ClusterConfig
 
-def make_perf_model(cluster: "ClusterConfig") -> PerfModel:
+
+def make_perf_model(cluster: ClusterConfig) -> PerfModel:
     from tasim.perf import specs
 
     perf = cluster.perf

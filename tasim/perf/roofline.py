@@ -44,9 +44,7 @@ class Roofline:
         self.attn_flops_per_pair = 4.0 * model.layers * model.heads * model.head_dim
         self.allreduce_fixed_s = 2 * model.layers * allreduce_latency_us * 1e-6 if tp > 1 else 0.0
         self.allreduce_s_per_token = (
-            2 * model.layers * 2 * (tp - 1) / tp * model.hidden * ACTIVATION_BYTES / gpu.interconnect_bandwidth
-            if tp > 1
-            else 0.0
+            2 * model.layers * 2 * (tp - 1) / tp * model.hidden * ACTIVATION_BYTES / gpu.interconnect_bandwidth if tp > 1 else 0.0
         )
         self.scale = 1.0 / speedup_ratio
 
@@ -56,10 +54,7 @@ class Roofline:
             return 0.0
         model = self.model
         flops = 2.0 * model.active_params * tokens + self.attn_flops_per_pair * shape.attn_pairs
-        bytes_moved = (
-            model.weights_read_params(tokens) * self.weight_bytes
-            + (shape.kv_read_tokens + tokens) * self.kv_bytes_per_token
-        )
+        bytes_moved = model.weights_read_params(tokens) * self.weight_bytes + (shape.kv_read_tokens + tokens) * self.kv_bytes_per_token
         compute_s = flops / self.flops_per_s
         memory_s = bytes_moved / self.bytes_per_s
         comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * tokens
@@ -70,9 +65,7 @@ class Roofline:
         model = self.model
         attn_pairs = context_tokens + running / 2
         flops = 2.0 * model.active_params * running + self.attn_flops_per_pair * attn_pairs
-        bytes_moved = (
-            model.weights_read_params(running) * self.weight_bytes + (context_tokens + running) * self.kv_bytes_per_token
-        )
+        bytes_moved = model.weights_read_params(running) * self.weight_bytes + (context_tokens + running) * self.kv_bytes_per_token
         compute_s = flops / self.flops_per_s
         memory_s = bytes_moved / self.bytes_per_s
         comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * running

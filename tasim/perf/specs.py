@@ -44,7 +44,7 @@ class ModelSpec(BaseModel):
     moe_intermediate: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
-    def _moe_consistent(self) -> "ModelSpec":
+    def _moe_consistent(self) -> ModelSpec:
         if self.experts and not (0 < self.experts_per_token <= self.experts and self.moe_layers and self.moe_intermediate):
             raise ValueError(f"{self.name}: MoE models need experts_per_token, moe_layers, moe_intermediate")
         return self

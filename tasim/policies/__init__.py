@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import reprlib
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel
@@ -16,9 +17,7 @@ from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent
 from tasim.view import ClusterView
 
-POLICIES: dict[str, type[Policy]] = {
-    cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, ThunderAgent, Continuum)
-}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, ThunderAgent, Continuum)}
 
 
 def policy_class(name: str) -> type[Policy]:

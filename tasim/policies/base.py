@@ -7,15 +7,15 @@ methods, so a policy judged in simulation is the object that routes real traffic
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Sequence, Union
+from typing import ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from tasim.model import BlockHash, RequestSpec
 from tasim.view import ClusterView
-
 
 # --- decisions ---------------------------------------------------------------------------------
 
@@ -62,8 +62,8 @@ class Pin:
     ttl_s: float
 
 
-RequestDecision = Union[Route, Hold]
-ProgramDecision = Union[Pause, Resume, Pin]
+RequestDecision = Route | Hold
+ProgramDecision = Pause | Resume | Pin
 
 
 # --- notifications -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ block: a prompt of 200 blocks typically crosses two or three runs.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tasim.model import BlockHash, shared_prefix_end
 

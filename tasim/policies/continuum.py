@@ -16,7 +16,8 @@ names (``tool_latency_s``, or a live client), one average over every observed ga
 
 from __future__ import annotations
 
-from typing import ClassVar, Sequence
+from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field

@@ -18,8 +18,9 @@ their credits are zero. Defaults are Dynamo's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal, Sequence
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -58,7 +59,7 @@ class KvRouterParams(BaseModel):
     )
 
     @model_validator(mode="after")
-    def _predictions_need_events(self) -> "KvRouterParams":
+    def _predictions_need_events(self) -> KvRouterParams:
         if self.router_predicted_ttl_secs is not None and not self.use_kv_events:
             # Dynamo refuses this pair too: one approximate index would be fed twice
             raise ValueError("router_predicted_ttl_secs needs use_kv_events: true (approximate mode already predicts)")
@@ -92,11 +93,7 @@ def worker_cost(
         decay = 1.0 / (1.0 + d * ((prefill_tokens - min_prefill_tokens) / block_size) / request_blocks)
     credit = params.overlap_score_credit * decay * overlap_blocks
     raw = (prefill_tokens + prompt_tokens) / block_size if params.router_track_prefill_tokens else 0.0
-    return (
-        params.prefill_load_scale * max(0.0, raw - credit)
-        + (active_blocks + new_blocks)
-        + params.decode_active_request_weight * active_requests
-    )
+    return params.prefill_load_scale * max(0.0, raw - credit) + (active_blocks + new_blocks) + params.decode_active_request_weight * active_requests
 
 
 class KvRouter(SessionAffinityPolicy):
@@ -133,9 +130,7 @@ class KvRouter(SessionAffinityPolicy):
         """Cost per eligible worker and the overlap (in blocks) each one was credited."""
         return self._costs(request, request.prompt_block_hashes(self.block_size), now)
 
-    def _costs(
-        self, request: RequestSpec, hashes: tuple[int, ...], now: float
-    ) -> tuple[dict[str, float], dict[str, int]]:
+    def _costs(self, request: RequestSpec, hashes: tuple[int, ...], now: float) -> tuple[dict[str, float], dict[str, int]]:
         overlaps = self.index.overlaps(hashes, now) if self.index else {w: 0 for w in self._prefill}
         eligible = self._eligible()
         min_prefill = min(self._prefill[w] for w in eligible)
@@ -150,8 +145,15 @@ class KvRouter(SessionAffinityPolicy):
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)
             costs[w] = worker_cost(
-                self.p, self.block_size, request.prompt_tokens, self._prefill[w], min_prefill,
-                overlaps[w], active_blocks, new_blocks, self._requests[w],
+                self.p,
+                self.block_size,
+                request.prompt_tokens,
+                self._prefill[w],
+                min_prefill,
+                overlaps[w],
+                active_blocks,
+                new_blocks,
+                self._requests[w],
             )
         return costs, overlaps
 

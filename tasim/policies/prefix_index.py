@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterable, Sequence
 from itertools import takewhile
-from typing import Iterable, Sequence
 
 from tasim.model import BlockHash
 

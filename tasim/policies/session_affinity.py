@@ -13,8 +13,8 @@ any trajectory, ``least_loaded`` plus affinity is verl 0.9.1's own ``GlobalReque
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field

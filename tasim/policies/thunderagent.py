@@ -44,9 +44,10 @@ adds upstream's streamed +20 tokens per 20 events during a turn.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, Literal, Sequence
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -95,9 +96,7 @@ class ThunderAgentParams(BaseModel):
         None, gt=0, description="ACTING tokens count x 2^(-idle/tau); upstream: resume side, dynamo: forced-resume ranking"
     )
     resume_timeout_s: float = Field(1800.0, gt=0, description="a request held this long is force-resumed")
-    idle_ttl_s: float | None = Field(
-        None, gt=0, description="release ACTING programs idle this long (tasim's addition: neither source has one)"
-    )
+    idle_ttl_s: float | None = Field(None, gt=0, description="release ACTING programs idle this long (tasim's addition: neither source has one)")
     host_kv_tokens: int = Field(0, ge=0, description="host KV tier per backend added to capacity")
     fix_failed_turn: bool = Field(False, description="fix: a turn ending without usage still moves to ACTING")
     admission_order: Literal["smallest_first", "fifo", "aged"] = Field(
@@ -109,7 +108,12 @@ class ThunderAgentParams(BaseModel):
     origin_min_cached_fraction: float = Field(0.5, gt=0, le=1, description="resume_on_origin: share of blocks that must survive")
     # At most 100: text runs at 1-10 characters per token, and a huge value overflows the counts.
     payload_chars_per_token: float | None = Field(
-        None, gt=0, le=100, description="upstream: size a request as its payload's characters (this x its prompt tokens) / a learned ratio until its reply; None: exact counts"
+        None,
+        gt=0,
+        le=100,
+        description=(
+            "upstream: size a request as its payload's characters (this x its prompt tokens) / a learned ratio until its reply; None: exact counts"
+        ),
     )
 
     @model_validator(mode="before")
@@ -122,7 +126,7 @@ class ThunderAgentParams(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _bands(self) -> "ThunderAgentParams":
+    def _bands(self) -> ThunderAgentParams:
         if self.pause_target > self.pause_threshold:
             raise ValueError(f"pause_target ({self.pause_target}) must be <= pause_threshold ({self.pause_threshold})")
         if self.resume_hysteresis >= self.pause_threshold:

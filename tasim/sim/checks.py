@@ -20,7 +20,7 @@ invariant.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from tasim import events as ev
 
@@ -33,7 +33,12 @@ class InvariantViolation(Exception):
 
 # Events about one request after its arrival, and the two that end it.
 _REQUEST_EVENTS = (
-    ev.RequestHeld, ev.RequestRouted, ev.PrefillStarted, ev.RequestPreempted, ev.RequestReadmitted, ev.FirstToken,
+    ev.RequestHeld,
+    ev.RequestRouted,
+    ev.PrefillStarted,
+    ev.RequestPreempted,
+    ev.RequestReadmitted,
+    ev.FirstToken,
 )
 _REQUEST_ENDS = (ev.RequestFinished, ev.RequestDropped, ev.RequestRetried)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import simpy
 
@@ -31,7 +31,7 @@ class Alarm(simpy.Event):
     that ends at ``start + duration`` is observed at that float, however long ago it was
     planned (``now + (at - now)`` can miss ``at``, and no delay may hit it exactly)."""
 
-    def __init__(self, env: "Clock", at: float, priority: int) -> None:
+    def __init__(self, env: Clock, at: float, priority: int) -> None:
         # As simpy's Timeout initialises itself: an event already successful, merely scheduled.
         self.env = env
         self.callbacks: list = []

@@ -7,8 +7,9 @@ when a finite workload (a trace, a number of RL steps) is complete, or None for 
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Generator, Iterator
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 _TRACE_OWNER_BASE = 1 << 26
 
 
-def start_workload(sim: "Simulation") -> simpy.Event | None:
+def start_workload(sim: Simulation) -> simpy.Event | None:
     workload = sim.scenario.workload
     env = sim.env
     if isinstance(workload, AgentWorkload):
@@ -45,7 +46,7 @@ def start_workload(sim: "Simulation") -> simpy.Event | None:
     raise TypeError(f"unsupported workload {workload!r}")
 
 
-def _agent(sim: "Simulation", workload: AgentWorkload, index: int) -> Script:
+def _agent(sim: Simulation, workload: AgentWorkload, index: int) -> Script:
     plan = plan_program(workload, sim.scenario.seed, index, sim.scenario.max_context_tokens)
     return agent_script(plan, sim.block_size)
 
@@ -59,7 +60,7 @@ class WorkloadError(ValueError):
     """The workload cannot make progress; the message says which setting to change."""
 
 
-def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter: Iterator[int]) -> Generator[simpy.Event, object, None]:
+def _closed_loop_slot(sim: Simulation, workload: AgentWorkload, counter: Iterator[int]) -> Generator[simpy.Event, object, None]:
     instant = 0
     for index in counter:  # shared by every slot; a finite workload ends when it runs out
         if sim.env.now >= sim.scenario.duration_s:
@@ -74,7 +75,7 @@ def _closed_loop_slot(sim: "Simulation", workload: AgentWorkload, counter: Itera
             )
 
 
-def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter: Iterator[int]) -> Generator[simpy.Event, object, None]:
+def _poisson_arrivals(sim: Simulation, workload: AgentWorkload, counter: Iterator[int]) -> Generator[simpy.Event, object, None]:
     assert workload.rate_per_s is not None
     programs = []  # kept only for a finite workload, whose end waits for them
     for index in counter:
@@ -85,7 +86,7 @@ def _poisson_arrivals(sim: "Simulation", workload: AgentWorkload, counter: Itera
     yield sim.env.all_of(programs)
 
 
-def _replay_mooncake(sim: "Simulation", workload: MooncakeTraceWorkload) -> Generator[simpy.Event, object, None]:
+def _replay_mooncake(sim: Simulation, workload: MooncakeTraceWorkload) -> Generator[simpy.Event, object, None]:
     requests = read_mooncake(Path(workload.path), sim.block_size, workload.trace_block_size)[: workload.max_requests]
     programs = []
     for turns in _by_session(requests):
@@ -111,7 +112,7 @@ def _by_session(requests: list[TraceRequest]) -> Iterator[list[TraceRequest]]:
         yield turns
 
 
-def _trace_calls(sim: "Simulation", program: str, turns: list[TraceRequest]) -> Iterator[tuple[float, RequestSpec]]:
+def _trace_calls(sim: Simulation, program: str, turns: list[TraceRequest]) -> Iterator[tuple[float, RequestSpec]]:
     history = 0
     for request in turns:
         prompt, output = _at_least_one(request.prompt_tokens, request.output_tokens)
@@ -120,7 +121,7 @@ def _trace_calls(sim: "Simulation", program: str, turns: list[TraceRequest]) -> 
         history = prompt + output
 
 
-def _replay_dynamo(sim: "Simulation", workload: DynamoTraceWorkload) -> Generator[simpy.Event, object, None]:
+def _replay_dynamo(sim: Simulation, workload: DynamoTraceWorkload) -> Generator[simpy.Event, object, None]:
     sessions = read_dynamo_agent_trace(Path(workload.path), sim.block_size)[: workload.max_sessions]
     programs = []
     owners = iter(range(_TRACE_OWNER_BASE, 1 << 34))  # one per replayed request
@@ -132,15 +133,13 @@ def _replay_dynamo(sim: "Simulation", workload: DynamoTraceWorkload) -> Generato
     yield sim.env.all_of(programs)
 
 
-def _session_calls(sim: "Simulation", session, owners, gap_scale: float):  # type: ignore[no-untyped-def]
+def _session_calls(sim: Simulation, session, owners, gap_scale: float):  # type: ignore[no-untyped-def]
     bs = sim.block_size
     history = 0
     for turn, step in enumerate(session.turns):
         prompt, output = _at_least_one(step.prompt_tokens, step.output_tokens)
         hashes = with_private_tail(step.block_hashes, prompt + output, next(owners), bs)
-        yield step.gap_before_s * gap_scale, RequestSpec(
-            f"{session.id}.{turn}", session.id, turn, prompt, output, history, hashes
-        )
+        yield step.gap_before_s * gap_scale, RequestSpec(f"{session.id}.{turn}", session.id, turn, prompt, output, history, hashes)
         history = prompt + output
 
 

@@ -24,8 +24,9 @@ applies its outcome at the step's end. Per step:
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol, Sequence, Sized
+from typing import Literal, Protocol
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
 from tasim.perf.base import PerfModel, StepShape
@@ -49,9 +50,7 @@ class EngineConfig:
 class EngineListener(Protocol):
     """What the engine reports; the simulation runner turns these into events."""
 
-    def on_admitted(
-        self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float
-    ) -> None:
+    def on_admitted(self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float) -> None:
         """``recompute_tokens``: for a re-admission, KV lost to preemption not found in cache."""
 
     def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None: ...
@@ -90,9 +89,9 @@ class StepEngine(Protocol):
 
     def submit(self, spec: RequestSpec) -> None: ...
 
-    def begin_step(self, now: float) -> "Step": ...
+    def begin_step(self, now: float) -> Step: ...
 
-    def complete_step(self, step: "Step", now: float) -> None: ...
+    def complete_step(self, step: Step, now: float) -> None: ...
 
     def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None: ...
 
@@ -114,7 +113,16 @@ class EngineRequest:
     """Engine-side state of one request."""
 
     __slots__ = (
-        "spec", "prompt", "target", "generated", "computed", "hold", "phys", "full_done", "cached_tokens", "admissions",
+        "spec",
+        "prompt",
+        "target",
+        "generated",
+        "computed",
+        "hold",
+        "phys",
+        "full_done",
+        "cached_tokens",
+        "admissions",
         "lost",
     )
 
@@ -349,9 +357,7 @@ class Engine:
             total_blocks = blocks_for(length, bs)
             if total_blocks > cfg.num_blocks:
                 self.waiting.popleft()
-                self.listener.on_dropped(
-                    self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now
-                )
+                self.listener.on_dropped(self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now)
                 continue
             hits, active_hits = self._cached_prefix(req)
             if total_blocks - active_hits > pool.available:
@@ -362,8 +368,10 @@ class Engine:
                 if length - cached > cfg.max_num_batched_tokens:
                     self.waiting.popleft()  # no step can ever take it (vLLM rejects it too)
                     self.listener.on_dropped(
-                        self.worker, req.spec,
-                        f"{length - cached} prompt tokens exceed max_num_batched_tokens without chunked prefill", now,
+                        self.worker,
+                        req.spec,
+                        f"{length - cached} prompt tokens exceed max_num_batched_tokens without chunked prefill",
+                        now,
                     )
                     continue
                 break
@@ -456,6 +464,13 @@ def step_shape(scheduled: Sequence[tuple[ScheduledWork, int]], kv_capacity_token
         if req.generated:  # decoding, or recomputing after preemption: the mocker counts both
             decode_kv += length
     return StepShape(
-        scheduled_tokens, attn_pairs, kv_read, prefill_seqs, prefill_prompt, prefill_prefix, decode_seqs, decode_kv,
+        scheduled_tokens,
+        attn_pairs,
+        kv_read,
+        prefill_seqs,
+        prefill_prompt,
+        prefill_prefix,
+        decode_seqs,
+        decode_kv,
         kv_capacity_tokens,
     )

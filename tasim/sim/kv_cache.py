@@ -45,8 +45,9 @@ from __future__ import annotations
 
 import copy
 import heapq
+from collections.abc import Sequence
 from itertools import count
-from typing import Literal, Sequence
+from typing import Literal
 
 from tasim.model import BlockHash, shared_prefix_end
 
@@ -188,7 +189,7 @@ class BlockPool:
             if extent.refs < 0:
                 return f"negative reference count {extent.refs} on block {head}"
             if every_block:
-                blocks = extent.hashes[extent.start:extent.stop]
+                blocks = extent.hashes[extent.start : extent.stop]
                 if not seen.isdisjoint(blocks):
                     return f"a block of extent {head} is cached twice"
                 seen.update(blocks)
@@ -201,8 +202,7 @@ class BlockPool:
                 children[id(parent)] = children.get(id(parent), 0) + 1
         duplicates = [duplicate for copies in self._copies.values() for duplicate in copies]
         for duplicate in duplicates:
-            if (not duplicate.duplicate or duplicate.stop != duplicate.start + 1
-                    or self._extent_at(duplicate.hashes, duplicate.start) is None):
+            if not duplicate.duplicate or duplicate.stop != duplicate.start + 1 or self._extent_at(duplicate.hashes, duplicate.start) is None:
                 return f"duplicate of block {duplicate.hashes[duplicate.start]} is not a cached copy beside a primary"
             cached += 1
             inactive += 0 if duplicate.refs else 1
@@ -216,8 +216,12 @@ class BlockPool:
                 depth = start
                 while depth < stop:
                     extent = self._heads.get(hold.hashes[depth])
-                    if (extent is None or extent.start != depth or extent.stop > stop
-                            or extent.hashes[extent.stop - 1] != hold.hashes[extent.stop - 1]):
+                    if (
+                        extent is None
+                        or extent.start != depth
+                        or extent.stop > stop
+                        or extent.hashes[extent.stop - 1] != hold.hashes[extent.stop - 1]
+                    ):
                         return f"a holder's block {hold.hashes[depth]} is not the start of a cached extent inside its range"
                     referenced[id(extent)] = referenced.get(id(extent), 0) + 1
                     depth = extent.stop
@@ -367,7 +371,7 @@ class BlockPool:
                 begin = {True: 0, False: 0}
                 for was_stored, end in batches:
                     events = stored if was_stored else removed
-                    for block in events[begin[was_stored]:end]:
+                    for block in events[begin[was_stored] : end]:
                         if block in both:
                             final[block] = was_stored
                     begin[was_stored] = end
@@ -477,7 +481,7 @@ class BlockPool:
             while True:
                 take = min(extent.stop - extent.start, count - evicted)
                 cut = extent.stop - take
-                gone = extent.hashes[cut:extent.stop]
+                gone = extent.hashes[cut : extent.stop]
                 if self._copies:  # a hash with a duplicate stays cached by it
                     gone = [block for block in gone if not self._promote(block)]
                 removed += reversed(gone)
@@ -511,8 +515,7 @@ class BlockPool:
         self._candidates = [
             (tick, serial, extent)
             for tick, serial, extent in self._candidates
-            if extent.refs == 0 and extent.tick == tick and extent.start < extent.stop
-            and not (lineage and extent.children)
+            if extent.refs == 0 and extent.tick == tick and extent.start < extent.stop and not (lineage and extent.children)
         ]
         heapq.heapify(self._candidates)
 
@@ -529,6 +532,6 @@ class BlockPool:
 
     def _extent_of(self, block: BlockHash) -> _Extent | None:
         for extent in self._heads.values():
-            if block in extent.hashes[extent.start:extent.stop]:
+            if block in extent.hashes[extent.start : extent.stop]:
                 return extent
         return None

@@ -9,7 +9,8 @@ a prompt share its task prompt blocks.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generator
+from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
     from tasim.sim.runner import Simulation
 
 
-def rollout_steps(sim: "Simulation", workload: RolloutWorkload) -> Generator[simpy.Event, object, None]:
+def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[simpy.Event, object, None]:
     env = sim.env
     slots = simpy.Resource(env, capacity=workload.max_concurrency)
     training_rng = np.random.default_rng([sim.scenario.seed, 4])
@@ -38,7 +39,7 @@ def rollout_steps(sim: "Simulation", workload: RolloutWorkload) -> Generator[sim
         sim.emit(ev.TrainingFinished(env.now, step))
 
 
-def _trajectory(sim: "Simulation", slots: simpy.Resource, plan) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+def _trajectory(sim: Simulation, slots: simpy.Resource, plan) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
     with slots.request() as slot:
         yield slot
         yield sim.env.process(sim.run_program(agent_script(plan, sim.block_size)))

@@ -8,9 +8,9 @@ number of RL steps) has completed; requests still in flight then are counted as 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import replace
 from operator import itemgetter
-from typing import Callable, Generator, Sequence
 
 import numpy as np
 import simpy
@@ -72,7 +72,12 @@ class Simulation:
     (default: tasim's `Engine`; only it folds decode steps)."""
 
     def __init__(
-        self, scenario: Scenario, emit: Emit, policy: Policy | None = None, fast_forward: bool = True, check: bool = False,
+        self,
+        scenario: Scenario,
+        emit: Emit,
+        policy: Policy | None = None,
+        fast_forward: bool = True,
+        check: bool = False,
         engine_factory: EngineFactory = Engine,
     ) -> None:
         self.scenario = scenario
@@ -113,8 +118,15 @@ class Simulation:
         env = self.env
         self.emit(
             ev.RunStarted(
-                0.0, s.name, s.policy.name, s.seed, s.duration_s, self.view.worker_ids,
-                self.block_size, self.view.workers[0].kv_blocks, s.metrics.warmup_s,
+                0.0,
+                s.name,
+                s.policy.name,
+                s.seed,
+                s.duration_s,
+                self.view.worker_ids,
+                self.block_size,
+                self.view.workers[0].kv_blocks,
+                s.metrics.warmup_s,
             )
         )
         for index, engine in enumerate(self.engines.values()):
@@ -210,11 +222,7 @@ class Simulation:
                 yield env.timeout(wait)
                 if tool:
                     self.emit(ev.ToolFinished(env.now, script.id))
-            self.emit(
-                ev.RequestArrived(
-                    env.now, spec.id, spec.program, spec.turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens
-                )
-            )
+            self.emit(ev.RequestArrived(env.now, spec.id, spec.program, spec.turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens))
             done = self._waiters[spec.id] = env.event()
             self._dispatch(spec)
             outcome = yield done  # the policy has already seen the turn end (see on_finished)
@@ -261,9 +269,7 @@ class Simulation:
             now = self.env.now
             for engine in self.engines.values():
                 pool = engine.pool
-                self.emit(
-                    ev.WorkerSample(now, engine.worker, pool.active, pool.cached_blocks, len(engine.running), len(engine.waiting))
-                )
+                self.emit(ev.WorkerSample(now, engine.worker, pool.active, pool.cached_blocks, len(engine.running), len(engine.waiting)))
             yield self.env.timeout(interval)
 
     def _progress(self, report: Progress) -> Generator[simpy.Event, object, None]:
@@ -360,9 +366,7 @@ class Simulation:
 
     # --- engine listener ---------------------------------------------------------------------
 
-    def on_admitted(
-        self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float
-    ) -> None:
+    def on_admitted(self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float) -> None:
         if first:
             self.emit(ev.PrefillStarted(now, request.id, worker, cached_tokens))
         else:
@@ -388,12 +392,10 @@ class Simulation:
         self.policy.on_first_token(request.id, worker, now)
 
     def on_finished(self, worker: str, request: RequestSpec, cached_tokens: int, now: float) -> None:
-        self.emit(
-            ev.RequestFinished(
-                now, request.id, request.program, worker, request.prompt_tokens, request.output_tokens, cached_tokens
-            )
+        self.emit(ev.RequestFinished(now, request.id, request.program, worker, request.prompt_tokens, request.output_tokens, cached_tokens))
+        self._end_turn(
+            TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens, tool=request.tool_call)
         )
-        self._end_turn(TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens, tool=request.tool_call))
 
     def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None:
         self.emit(ev.RequestDropped(now, request.id, request.program, worker, reason))

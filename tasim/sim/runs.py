@@ -178,9 +178,7 @@ class Run:
             boundary.end = self.ends[boundary.index - 1]
         self._boundaries = boundaries
 
-    def _plan_boundaries(
-        self, engine: Engine, last: int, head_blocks: frozenset[BlockHash]
-    ) -> tuple[int, list[_Boundary]] | None:
+    def _plan_boundaries(self, engine: Engine, last: int, head_blocks: frozenset[BlockHash]) -> tuple[int, list[_Boundary]] | None:
         """The steps 2..``last`` that allocate or register blocks, with their actions, and
         ``last`` lowered where the run must stop early; None when no step can be folded."""
         bs = engine.config.block_size
@@ -195,10 +193,7 @@ class Run:
             if caching:
                 hashes = req.spec.block_hashes
                 first_full = (req.full_done + 1) * bs - c
-                touches += [
-                    (k, order, 1, req, hashes[block])
-                    for block, k in enumerate(range(first_full, last + 1, bs), req.full_done)
-                ]
+                touches += [(k, order, 1, req, hashes[block]) for block, k in enumerate(range(first_full, last + 1, bs), req.full_done)]
         touches.sort(key=_TOUCH_ORDER)
         available = engine.pool.available
         boundaries: list[_Boundary] = []

@@ -23,7 +23,8 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -57,7 +58,7 @@ def read_json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[str, Record]
     """Yield ``("path:line", object)`` for every non-blank line of a UTF-8 JSONL file."""
     name = os.fspath(path)
     try:
-        handle = open(name, "rb")  # decoded line by line, so bad bytes are reported at their line
+        handle = open(name, "rb")  # noqa: SIM115 (opened apart so only opening errors map here); decoded line by line, so bad bytes are reported at their line
     except FileNotFoundError:
         raise TraceError(f"{name}: file not found") from None
     except IsADirectoryError:
@@ -70,20 +71,17 @@ def read_json_lines(path: str | os.PathLike[str]) -> Iterator[tuple[str, Record]
             try:
                 line = raw.decode("utf-8").rstrip("\r\n")  # a cut line: the error at its end, not at column 1
             except UnicodeDecodeError as error:
-                raise TraceError(f"{where}: invalid UTF-8 at byte {error.start + 1}; "
-                                 "expected one JSON object per line") from None
+                raise TraceError(f"{where}: invalid UTF-8 at byte {error.start + 1}; expected one JSON object per line") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise TraceError(f"{where}: invalid JSON ({error.msg} at column {error.colno}); "
-                                 "expected one JSON object per line") from None
+                raise TraceError(f"{where}: invalid JSON ({error.msg} at column {error.colno}); expected one JSON object per line") from None
             except RecursionError:
                 raise TraceError(f"{where}: invalid JSON (nested too deeply); expected one JSON object per line") from None
             except ValueError:  # Python refuses to convert an integer of more than 4300 digits
-                raise TraceError(f"{where}: invalid JSON (a number with too many digits); "
-                                 "expected one JSON object per line") from None
+                raise TraceError(f"{where}: invalid JSON (a number with too many digits); expected one JSON object per line") from None
             if not isinstance(record, dict):
                 raise TraceError(f"{where}: expected a JSON object (got {shown(record)})")
             yield where, record
@@ -161,28 +159,23 @@ def check_hash_count(ids: Sequence[int], tokens: int, trace_block_size: int, key
     """Traces give one id per trace block, the partial tail included."""
     expected = -(-tokens // trace_block_size)
     if len(ids) != expected:
-        raise TraceError(f"{where}: {key} has {len(ids)} ids, expected {expected} "
-                         f"(one per {trace_block_size}-token block of {tokens} input tokens)")
+        raise TraceError(f"{where}: {key} has {len(ids)} ids, expected {expected} (one per {trace_block_size}-token block of {tokens} input tokens)")
 
 
 def check_block_sizes(block_size: int, trace_block_size: int) -> None:
     """Engine and trace blocks must nest, so each engine block has one trace block holding its end."""
     if block_size <= 0 or trace_block_size <= 0:
-        raise ValueError(f"block sizes must be positive (got block_size={block_size}, "
-                         f"trace_block_size={trace_block_size})")
+        raise ValueError(f"block sizes must be positive (got block_size={block_size}, trace_block_size={trace_block_size})")
     if trace_block_size % block_size and block_size % trace_block_size:
-        raise ValueError(f"block_size {block_size} must divide trace_block_size {trace_block_size} "
-                         "or be a multiple of it")
+        raise ValueError(f"block_size {block_size} must divide trace_block_size {trace_block_size} or be a multiple of it")
 
 
-def engine_block_hashes(trace_ids: Sequence[int], prompt_tokens: int, block_size: int,
-                        trace_block_size: int) -> tuple[int, ...]:
+def engine_block_hashes(trace_ids: Sequence[int], prompt_tokens: int, block_size: int, trace_block_size: int) -> tuple[int, ...]:
     """Hashes of the prompt's full engine blocks (scheme in the module docstring)."""
     full = prompt_tokens // block_size
     if block_size >= trace_block_size:
         per_block = block_size // trace_block_size
-        return tuple(TRACE_HASH_NAMESPACE + j * _INDEX_STRIDE + trace_ids[(j + 1) * per_block - 1]
-                     for j in range(full))
+        return tuple(TRACE_HASH_NAMESPACE + j * _INDEX_STRIDE + trace_ids[(j + 1) * per_block - 1] for j in range(full))
     # Several engine blocks per trace block: build them in numpy (a 12k-request trace has
     # millions of blocks at block size 16). Unsigned, as the hashes reach 2**63.
     ids = np.repeat(np.array(trace_ids, dtype=np.uint64), trace_block_size // block_size)[:full]

@@ -139,8 +139,7 @@ def _add_record(trace: _Trace, where: str, record: Record) -> None:
     if schema != SCHEMA:
         raise TraceError(f"{where}: schema must be {shown(SCHEMA)} (got {shown(schema)})")
     if event_type not in _EVENT_TYPES:
-        raise TraceError(f"{where}: unknown event_type {shown(event_type)} "
-                         f"(expected one of {', '.join(_EVENT_TYPES)})")
+        raise TraceError(f"{where}: unknown event_type {shown(event_type)} (expected one of {', '.join(_EVENT_TYPES)})")
     event_ms = time_field(record, "event_time_unix_ms", where)
     if event_type == "request_end":
         _add_request(trace, where, record, event_ms)
@@ -166,15 +165,15 @@ def _add_request(trace: _Trace, where: str, record: Record, event_ms: float) -> 
     request = object_field(record, "request", where)
     request_id = string_field(request, "request_id", where)
     if request_id in trace.request_lines:
-        raise TraceError(f"{where}: duplicate request_id {shown(request_id)} "
-                         f"(first at {trace.request_lines[request_id]}; expected unique ids)")
+        raise TraceError(f"{where}: duplicate request_id {shown(request_id)} (first at {trace.request_lines[request_id]}; expected unique ids)")
     session_id, parent_id = _session_of(record, where, request_id)
     start_ms = time_field(request, "request_received_ms", where)
     total_ms = _optional_time(request, "total_time_ms", where)
     end_ms = start_ms + total_ms if total_ms is not None else event_ms
     if end_ms < start_ms:
-        raise TraceError(f"{where}: event_time_unix_ms {ms(event_ms)} is before request_received_ms "
-                         f"{ms(start_ms)} (expected a request to end after it starts)")
+        raise TraceError(
+            f"{where}: event_time_unix_ms {ms(event_ms)} is before request_received_ms {ms(start_ms)} (expected a request to end after it starts)"
+        )
     output_tokens = count_field(request, "output_tokens", where)
     replay = object_field(request, "replay", where)
     _check_trace_block_size(trace, where, positive_field(replay, "trace_block_size", where))
@@ -182,8 +181,7 @@ def _add_request(trace: _Trace, where: str, record: Record, event_ms: float) -> 
     hashes = id_list_field(replay, "input_sequence_hashes", where, _HASH_LIMIT)
     check_hash_count(hashes, input_length, trace.trace_block_size, "input_sequence_hashes", where)
     trace.request_lines[request_id] = where
-    trace.requests.append(_Request(where, request_id, session_id, parent_id, start_ms, end_ms,
-                                   input_length, output_tokens, hashes))
+    trace.requests.append(_Request(where, request_id, session_id, parent_id, start_ms, end_ms, input_length, output_tokens, hashes))
 
 
 def _check_trace_block_size(trace: _Trace, where: str, size: int) -> None:
@@ -195,8 +193,9 @@ def _check_trace_block_size(trace: _Trace, where: str, size: int) -> None:
             raise TraceError(f"{where}: {error}") from None
         trace.trace_block_size = size
     elif size != trace.trace_block_size:
-        raise TraceError(f"{where}: trace_block_size {size} differs from earlier requests' "
-                         f"{trace.trace_block_size} (expected one block size per trace)")
+        raise TraceError(
+            f"{where}: trace_block_size {size} differs from earlier requests' {trace.trace_block_size} (expected one block size per trace)"
+        )
 
 
 def _add_tool_event(trace: _Trace, where: str, record: Record, event_type: str, event_ms: float) -> None:
@@ -215,8 +214,7 @@ def _add_tool_event(trace: _Trace, where: str, record: Record, event_type: str, 
         duration = _optional_time(tool, "duration_ms", where)
         start_ms = end_ms - (duration or 0.0)
     if end_ms < start_ms:
-        raise TraceError(f"{where}: tool ends at {ms(end_ms)} before it starts at {ms(start_ms)} "
-                         "(expected ended_at_unix_ms >= started_at_unix_ms)")
+        raise TraceError(f"{where}: tool ends at {ms(end_ms)} before it starts at {ms(start_ms)} (expected ended_at_unix_ms >= started_at_unix_ms)")
     trace.tool_spans.setdefault(session_id, []).append((start_ms, end_ms))
 
 
@@ -230,12 +228,14 @@ def _sessions(trace: _Trace) -> list[TraceSession]:
     sessions = []
     for session_id, turns in by_session.items():
         spans = sorted(trace.tool_spans.get(session_id, ()))
-        sessions.append(TraceSession(
-            id=session_id,
-            start_s=(turns[0].start_ms - origin_ms) / 1000.0,
-            turns=tuple(_turns(turns, spans, hashes)),
-            parent_id=_parent_of(turns),
-        ))
+        sessions.append(
+            TraceSession(
+                id=session_id,
+                start_s=(turns[0].start_ms - origin_ms) / 1000.0,
+                turns=tuple(_turns(turns, spans, hashes)),
+                parent_id=_parent_of(turns),
+            )
+        )
     sessions.sort(key=lambda s: (s.start_s, s.id))
     return sessions
 
@@ -246,8 +246,8 @@ def _engine_hashes(trace: _Trace, requests: list[_Request]) -> dict[str, tuple[i
     assert trace.trace_block_size is not None  # set by the first request
     return {
         request.request_id: engine_block_hashes(
-            [dense.setdefault(h, len(dense)) for h in request.sequence_hashes],
-            request.input_length, trace.block_size, trace.trace_block_size)
+            [dense.setdefault(h, len(dense)) for h in request.sequence_hashes], request.input_length, trace.block_size, trace.trace_block_size
+        )
         for request in requests
     }
 
@@ -256,13 +256,14 @@ def _parent_of(turns: list[_Request]) -> str | None:
     parents = {turn.parent_id for turn in turns if turn.parent_id is not None}
     if len(parents) > 1:
         late = next(turn for turn in reversed(turns) if turn.parent_id is not None)
-        raise TraceError(f"{late.where}: session {shown(late.session_id)} has conflicting parent_session_id "
-                         f"values {', '.join(map(shown, sorted(parents)))} (expected one parent per session)")
+        raise TraceError(
+            f"{late.where}: session {shown(late.session_id)} has conflicting parent_session_id "
+            f"values {', '.join(map(shown, sorted(parents)))} (expected one parent per session)"
+        )
     return next(iter(parents), None)
 
 
-def _turns(requests: list[_Request], spans: list[tuple[float, float]],
-           hashes: dict[str, tuple[int, ...]]) -> list[TraceTurn]:
+def _turns(requests: list[_Request], spans: list[tuple[float, float]], hashes: dict[str, tuple[int, ...]]) -> list[TraceTurn]:
     turns = []
     previous_end: float | None = None
     for request in requests:
@@ -270,8 +271,7 @@ def _turns(requests: list[_Request], spans: list[tuple[float, float]],
         if previous_end is not None and request.start_ms > previous_end:
             gap_ms = request.start_ms - previous_end
             tool_ms = _covered_ms(spans, previous_end, request.start_ms)
-        turns.append(TraceTurn(request.input_length, request.output_tokens, hashes[request.request_id],
-                               gap_ms / 1000.0, tool_ms / 1000.0))
+        turns.append(TraceTurn(request.input_length, request.output_tokens, hashes[request.request_id], gap_ms / 1000.0, tool_ms / 1000.0))
         previous_end = request.end_ms
     return turns
 

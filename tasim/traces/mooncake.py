@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 from bisect import bisect_left
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from tasim.traces.common import (
     MAX_TRACE_ID,
@@ -97,8 +97,7 @@ def read_mooncake_records(path: str | os.PathLike[str], trace_block_size: int = 
     return [record for turns in _sessions(path, trace_block_size) for record, _ in turns]
 
 
-def read_mooncake(path: str | os.PathLike[str], block_size: int,
-                  trace_block_size: int = 512) -> list[TraceRequest]:
+def read_mooncake(path: str | os.PathLike[str], block_size: int, trace_block_size: int = 512) -> list[TraceRequest]:
     """Requests in replay order (see :class:`TraceRequest`), start times in seconds with the
     earliest at 0.
 

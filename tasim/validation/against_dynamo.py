@@ -3,9 +3,10 @@ and the table of their metrics side by side."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from rich.table import Table
 
@@ -50,9 +51,7 @@ def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:
     return {key: sum(run[key] for run in runs) / len(runs) for key in runs[0]}
 
 
-def validate(
-    scenario: Scenario, out: Path, routers: Sequence[Router], repeats: int = 3
-) -> tuple[ReplayTrace, list[RouterResult]]:
+def validate(scenario: Scenario, out: Path, routers: Sequence[Router], repeats: int = 3) -> tuple[ReplayTrace, list[RouterResult]]:
     """Replay on both sides; randomized routers ``repeats`` times each (tasim with seeds
     ``seed``, ``seed + 1``, ...), deterministic ones once. tasim's engine runs as the mocker's
     flavour: the one Dynamo's replay simulates."""
@@ -75,7 +74,9 @@ def validation_record(scenario: Scenario, trace: ReplayTrace, results: Sequence[
     return {
         "scenario": scenario.name,
         "trace": {
-            "path": str(trace.path), "trace_block_size": trace.trace_block_size, "requests": trace.requests,
+            "path": str(trace.path),
+            "trace_block_size": trace.trace_block_size,
+            "requests": trace.requests,
             "excluded_too_large": trace.excluded,
         },
         "workers": scenario.cluster.backends,
@@ -116,13 +117,18 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
             mark = {True: " ✓", False: " ✗", None: ""}[diff.within]
             cells += [_number(diff.dynamo, metric), _number(diff.tasim, metric), diff.shown() + mark]
         table.add_row(*cells)
-    table.add_row("requests completed", *[
-        cell for r in results for cell in (
-            f"{r.dynamo['requests']:.0f} (+{r.dynamo_incomplete} not)" if r.dynamo_incomplete else f"{r.dynamo['requests']:.0f}",
-            f"{r.tasim['requests']:.0f} (+{r.tasim_incomplete} not)" if r.tasim_incomplete else f"{r.tasim['requests']:.0f}",
-            "",
-        )
-    ])
+    table.add_row(
+        "requests completed",
+        *[
+            cell
+            for r in results
+            for cell in (
+                f"{r.dynamo['requests']:.0f} (+{r.dynamo_incomplete} not)" if r.dynamo_incomplete else f"{r.dynamo['requests']:.0f}",
+                f"{r.tasim['requests']:.0f} (+{r.tasim_incomplete} not)" if r.tasim_incomplete else f"{r.tasim['requests']:.0f}",
+                "",
+            )
+        ],
+    )
     return table
 
 

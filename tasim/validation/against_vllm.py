@@ -12,9 +12,10 @@ logs by the same code.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from rich.table import Table
 
@@ -128,8 +129,8 @@ def oracle_scenario(scenario: Scenario, step_ms: float) -> Scenario:
 
 def unsupported(scenario: Scenario) -> str | None:
     """Why the scenario cannot run on vLLM's scheduler, or None."""
-    from tasim.validation.vllm_engine import vllm_unsupported
     from tasim.sim.runner import engine_config
+    from tasim.validation.vllm_engine import vllm_unsupported
 
     if scenario.policy.name in _PINNING_POLICIES:
         return f"policy {scenario.policy.name} pins KV blocks, which vLLM's scheduler cannot (choose another policy)"
@@ -153,8 +154,10 @@ def validate(scenario: Scenario, out: Path, step_ms: float) -> Comparison:
 
 
 def compare(
-    ours: dict[str, RequestDecisions], theirs: dict[str, RequestDecisions],
-    summaries: dict[str, dict[str, Any]], walls: dict[str, float],
+    ours: dict[str, RequestDecisions],
+    theirs: dict[str, RequestDecisions],
+    summaries: dict[str, dict[str, Any]],
+    walls: dict[str, float],
 ) -> Comparison:
     identical = dict.fromkeys(DECISIONS, 0)
     mismatches: list[Mismatch] = []
@@ -249,17 +252,19 @@ def validation_record(scenario: Scenario, step_ms: float, result: Comparison) ->
         "workers": scenario.cluster.backends,
         "policy": scenario.policy.name,
         "engine": {
-            "block_size": config.block_size, "num_blocks": config.num_blocks, "max_num_seqs": config.max_num_seqs,
+            "block_size": config.block_size,
+            "num_blocks": config.num_blocks,
+            "max_num_seqs": config.max_num_seqs,
             "max_num_batched_tokens": config.max_num_batched_tokens,
             "enable_prefix_caching": config.enable_prefix_caching,
-            "enable_chunked_prefill": config.enable_chunked_prefill, "max_model_len": config.max_model_len,
+            "enable_chunked_prefill": config.enable_chunked_prefill,
+            "max_model_len": config.max_model_len,
         },
         "requests": result.requests,
         "identical": result.identical,
         "all_identical": result.all_identical,
         "mismatches": [
-            {"request": m.request, "decision": m.decision, "tasim": m.tasim, "vllm": m.vllm}
-            for m in result.mismatches[:RECORDED_MISMATCHES]
+            {"request": m.request, "decision": m.decision, "tasim": m.tasim, "vllm": m.vllm} for m in result.mismatches[:RECORDED_MISMATCHES]
         ],
         "mismatch_count": len(result.mismatches),
         "summary": result.summaries,

@@ -6,15 +6,14 @@ import os
 import time
 from typing import Any, Literal
 
-from tasim.validation import ValidationUnavailable
 from tasim.live.engines import PREEMPTION_MODE
 from tasim.scenario import ClusterConfig
+from tasim.validation import ValidationUnavailable
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace
 
 Router = Literal["round_robin", "kv_router"]
 ROUTERS: tuple[Router, ...] = ("round_robin", "kv_router")
-
 
 
 class DynamoUnavailable(ValidationUnavailable):
@@ -45,9 +44,7 @@ def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tu
     try:
         from dynamo.replay.api import run_trace_replay
     except ImportError as exc:
-        raise DynamoUnavailable(
-            f"Dynamo's replay is not importable ({exc}); install the optional extra: make install (see README)"
-        ) from None
+        raise DynamoUnavailable(f"Dynamo's replay is not importable ({exc}); install the optional extra: make install (see README)") from None
     started = time.perf_counter()
     try:
         report = run_trace_replay(

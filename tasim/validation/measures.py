@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -112,26 +112,21 @@ class Difference:
 
 
 def differences(
-    dynamo: dict[str, float], tasim: dict[str, float],
-    dynamo_runs: Sequence[dict[str, float]] = (), tasim_runs: Sequence[dict[str, float]] = (),
+    dynamo: dict[str, float],
+    tasim: dict[str, float],
+    dynamo_runs: Sequence[dict[str, float]] = (),
+    tasim_runs: Sequence[dict[str, float]] = (),
 ) -> list[Difference]:
     """Per metric, tasim − Dynamo on the means; given each side's runs, with the noise
     allowance of randomized runs (tie-breaks at random: Dynamo's are unseeded, tasim's seeded
     per run), so that a comparison of means is not failed by the luck of the draw."""
-    return [
-        Difference(metric, dynamo[metric.key], tasim[metric.key], _noise(metric, dynamo, dynamo_runs, tasim_runs))
-        for metric in METRICS
-    ]
+    return [Difference(metric, dynamo[metric.key], tasim[metric.key], _noise(metric, dynamo, dynamo_runs, tasim_runs)) for metric in METRICS]
 
 
-def _noise(
-    metric: Metric, dynamo: dict[str, float], dynamo_runs: Sequence[dict[str, float]], tasim_runs: Sequence[dict[str, float]]
-) -> float:
+def _noise(metric: Metric, dynamo: dict[str, float], dynamo_runs: Sequence[dict[str, float]], tasim_runs: Sequence[dict[str, float]]) -> float:
     if len(dynamo_runs) < 2 or len(tasim_runs) < 2:
         return 0.0
-    variance = sum(
-        statistics.variance([run[metric.key] for run in runs]) / len(runs) for runs in (dynamo_runs, tasim_runs)
-    )
+    variance = sum(statistics.variance([run[metric.key] for run in runs]) / len(runs) for runs in (dynamo_runs, tasim_runs))
     spread = 2.0 * math.sqrt(variance)
     if metric.absolute:
         return spread

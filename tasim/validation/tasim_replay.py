@@ -21,7 +21,10 @@ REPLACED_FIELDS: ReplacedFields = {
     "policy": (None, "each router in --routers runs with Dynamo's defaults"),
     "cluster.engine.flavour": ("mocker", "Dynamo's replay runs the mocker"),
     "cluster.engine.eviction": (FLAVOUR_DEFAULTS["mocker"]["eviction"], "the mocker evicts leaves first"),
-    "cluster.engine.reuse_output_blocks": (FLAVOUR_DEFAULTS["mocker"]["reuse_output_blocks"], "the mocker caches its output under token ids of its own"),
+    "cluster.engine.reuse_output_blocks": (
+        FLAVOUR_DEFAULTS["mocker"]["reuse_output_blocks"],
+        "the mocker caches its output under token ids of its own",
+    ),
     "cluster.perf.model": (MOCKER_PERF_MODEL, "the mocker's step times"),
     "metrics.warmup_s": (0.0, "every request of the trace is measured"),
     "metrics.sample_interval_s": (_UNBOUNDED_S, "the replay takes no samples"),
@@ -40,7 +43,9 @@ def replay_scenario(scenario: Scenario, trace: ReplayTrace, router: str) -> Scen
     engine = cluster.engine.model_copy(update={"kv_blocks": cluster.kv_blocks_per_worker()})
     perf = cluster.perf.model_copy(update={"model": MOCKER_PERF_MODEL})
     workload = MooncakeTraceWorkload(
-        kind="mooncake_trace", path=str(trace.path), trace_block_size=trace.trace_block_size,
+        kind="mooncake_trace",
+        path=str(trace.path),
+        trace_block_size=trace.trace_block_size,
         arrival_speedup=trace.arrival_speedup,
     )
     return scenario.model_copy(

@@ -62,9 +62,16 @@ def _model_folder() -> str:
     if _MODEL_DIR is None:
         directory = Path(tempfile.mkdtemp(prefix="tasim-vllm-model-"))
         config = {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": 1,
-            "vocab_size": 1024, "max_position_embeddings": 1 << 24, "torch_dtype": "float16",
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 4,
+            "num_hidden_layers": 1,
+            "vocab_size": 1024,
+            "max_position_embeddings": 1 << 24,
+            "torch_dtype": "float16",
         }
         (directory / "config.json").write_text(json.dumps(config))
         _MODEL_DIR = str(directory)
@@ -81,11 +88,15 @@ def vllm_unsupported(config: EngineConfig) -> str | None:
     if config.eviction != "lru":
         return "cluster.engine.eviction: vLLM evicts least recently used blocks (lru)"
     if config.max_num_batched_tokens < config.max_num_seqs:
-        return (f"cluster.engine.max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least "
-                f"max_num_seqs ({config.max_num_seqs}): vLLM refuses that configuration")
+        return (
+            f"cluster.engine.max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least "
+            f"max_num_seqs ({config.max_num_seqs}): vLLM refuses that configuration"
+        )
     if not config.enable_chunked_prefill and config.max_num_batched_tokens < max_model_len(config):
-        return (f"cluster.engine.max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least the "
-                f"longest request ({max_model_len(config)} tokens) without chunked prefill: vLLM refuses that configuration")
+        return (
+            f"cluster.engine.max_num_batched_tokens ({config.max_num_batched_tokens}) must be at least the "
+            f"longest request ({max_model_len(config)} tokens) without chunked prefill: vLLM refuses that configuration"
+        )
     return None
 
 
@@ -105,28 +116,38 @@ def build_scheduler(config: EngineConfig) -> Scheduler:
     longest = max_model_len(config)
     model = ModelConfig(model=_model_folder(), skip_tokenizer_init=True, max_model_len=longest, dtype="float16")
     scheduler = SchedulerConfig(
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
-        max_model_len=longest, enable_chunked_prefill=config.enable_chunked_prefill,
-        async_scheduling=False, is_encoder_decoder=False,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_model_len=longest,
+        enable_chunked_prefill=config.enable_chunked_prefill,
+        async_scheduling=False,
+        is_encoder_decoder=False,
     )
     cache = CacheConfig(block_size=bs, enable_prefix_caching=config.enable_prefix_caching)
     cache.num_gpu_blocks = config.num_blocks + 1  # tasim counts the blocks that hold KV; vLLM adds its null block
     vllm_config = VllmConfig(
-        model_config=model, scheduler_config=scheduler, cache_config=cache, device_config=DeviceConfig(device="cpu"),
+        model_config=model,
+        scheduler_config=scheduler,
+        cache_config=cache,
+        device_config=DeviceConfig(device="cpu"),
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
     )
     spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float16)  # shapes unused without a runner
     kv_cache = KVCacheConfig(num_blocks=config.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
     return Scheduler(
-        vllm_config=vllm_config, kv_cache_config=kv_cache, structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=bs, hash_block_size=bs, log_stats=True,
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=bs,
+        hash_block_size=bs,
+        log_stats=True,
     )
 
 
 class _PoolCounts:
     """A worker sample's view of vLLM's block pool."""
 
-    def __init__(self, engine: "VllmEngine") -> None:
+    def __init__(self, engine: VllmEngine) -> None:
         self._engine = engine
 
     @property
@@ -188,9 +209,12 @@ class VllmEngine:
                 f"{self._longest} (a worker's KV pool); vLLM's front end would refuse it"
             )
         request = Request(
-            request_id=spec.id, prompt_token_ids=_tokens(spec, 0, spec.prompt_tokens, self.config.block_size),
-            sampling_params=SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True), pooling_params=None,
-            block_hasher=self._hasher, arrival_time=float(self._arrivals),
+            request_id=spec.id,
+            prompt_token_ids=_tokens(spec, 0, spec.prompt_tokens, self.config.block_size),
+            sampling_params=SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True),
+            pooling_params=None,
+            block_hasher=self._hasher,
+            arrival_time=float(self._arrivals),
         )
         self._arrivals += 1  # vLLM orders nothing by arrival time under FCFS; keep it distinct anyway
         self._requests[spec.id] = request

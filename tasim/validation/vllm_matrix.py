@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from tasim.parallel import map_in_processes
 from tasim.presets import PRESET_DIR
@@ -32,15 +32,27 @@ BEGIN, END = "<!-- vllm-matrix:begin -->", "<!-- vllm-matrix:end -->"
 
 # 24 programs of 4-12 turns on one worker of 16-token blocks; the pool decides the regime.
 _AGENTS = [
-    "cluster.backends=1", "cluster.engine.block_size=16", "workload.concurrency=24", "workload.programs=24", "policy.name=round_robin",
-    "workload.turns={kind: uniform, low: 4, high: 12}", "duration_s=100000",
+    "cluster.backends=1",
+    "cluster.engine.block_size=16",
+    "workload.concurrency=24",
+    "workload.programs=24",
+    "policy.name=round_robin",
+    "workload.turns={kind: uniform, low: 4, high: 12}",
+    "duration_s=100000",
 ]
 _MOONCAKE = ["workload.max_requests=200", "cluster.backends=2", "cluster.engine.block_size=64"]
 _GROUPS = [
-    "workload.prompts_per_step=6", "workload.samples_per_prompt=4", "workload.max_concurrency=24",
-    "workload.system_prompt_tokens=1536", "workload.task_prompt_tokens=512", "workload.turns=4",
-    "workload.output_tokens={kind: uniform, low: 20, high: 200}", "workload.observation_tokens={kind: uniform, low: 50, high: 500}",
-    "workload.tool_latency_s={kind: uniform, low: 0.1, high: 2}", "workload.training_s=5", "cluster.engine.block_size=16",
+    "workload.prompts_per_step=6",
+    "workload.samples_per_prompt=4",
+    "workload.max_concurrency=24",
+    "workload.system_prompt_tokens=1536",
+    "workload.task_prompt_tokens=512",
+    "workload.turns=4",
+    "workload.output_tokens={kind: uniform, low: 20, high: 200}",
+    "workload.observation_tokens={kind: uniform, low: 50, high: 500}",
+    "workload.tool_latency_s={kind: uniform, low: 0.1, high: 2}",
+    "workload.training_s=5",
+    "cluster.engine.block_size=16",
 ]
 
 
@@ -55,32 +67,51 @@ CONFIGS: tuple[Config, ...] = (
     Config("agents, every program fits", "multiturn-validation.yaml", (*_AGENTS, "cluster.engine.kv_blocks=20000")),
     Config("agents, thrashing in tool gaps", "multiturn-validation.yaml", (*_AGENTS, "cluster.engine.kv_blocks=2500")),
     Config("agents, preemption-heavy", "multiturn-validation.yaml", (*_AGENTS, "cluster.engine.kv_blocks=900")),
-    Config("agents, thrashing, chunked prefill off", "multiturn-validation.yaml",
-           (*_AGENTS, "cluster.engine.kv_blocks=2500", "cluster.engine.enable_chunked_prefill=false",
-            "cluster.engine.max_num_batched_tokens=40000")),
-    Config("agents, thrashing, 512-token budget, 16 seqs", "multiturn-validation.yaml",
-           (*_AGENTS, "cluster.engine.kv_blocks=2500", "cluster.engine.max_num_batched_tokens=512",
-            "cluster.engine.max_num_seqs=16")),
-    Config("agents, prefix caching off", "multiturn-validation.yaml",
-           (*_AGENTS, "cluster.engine.kv_blocks=2500", "cluster.engine.enable_prefix_caching=false")),
-    Config("agents, 2 workers, kv_router", "multiturn-validation.yaml",
-           (*_AGENTS, "cluster.backends=2", "cluster.engine.kv_blocks=1500", "policy.name=kv_router")),
-    Config("agents, 2 workers, thunderagent", "multiturn-validation.yaml",
-           (*_AGENTS, "cluster.backends=2", "cluster.engine.kv_blocks=1500", "policy.name=thunderagent",
-            "policy.params={scheduler_interval_s: 1}")),
-    Config("GRPO groups, 2 workers, least_loaded", "rl-rollout.yaml",
-           (*_GROUPS, "cluster.engine.kv_blocks=1200", "policy.name=least_loaded")),
-    Config("GRPO groups, 2 workers, thunderagent (dynamo)", "rl-rollout.yaml",
-           (*_GROUPS, "cluster.engine.kv_blocks=800", "policy.name=thunderagent")),
-    Config("Mooncake conversation, round_robin", "mooncake-conversation.yaml",
-           (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "policy.name=round_robin")),
-    Config("Mooncake conversation, kv_router, chunked prefill off", "mooncake-conversation.yaml",
-           (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "cluster.engine.enable_chunked_prefill=false",
-            "cluster.engine.max_num_batched_tokens=96000", "policy.name=kv_router")),
-    Config("Mooncake synthetic, round_robin", "mooncake-synthetic.yaml",
-           (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "policy.name=round_robin")),
-    Config("Mooncake synthetic, kv_router", "mooncake-synthetic.yaml",
-           (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "policy.name=kv_router")),
+    Config(
+        "agents, thrashing, chunked prefill off",
+        "multiturn-validation.yaml",
+        (*_AGENTS, "cluster.engine.kv_blocks=2500", "cluster.engine.enable_chunked_prefill=false", "cluster.engine.max_num_batched_tokens=40000"),
+    ),
+    Config(
+        "agents, thrashing, 512-token budget, 16 seqs",
+        "multiturn-validation.yaml",
+        (*_AGENTS, "cluster.engine.kv_blocks=2500", "cluster.engine.max_num_batched_tokens=512", "cluster.engine.max_num_seqs=16"),
+    ),
+    Config(
+        "agents, prefix caching off",
+        "multiturn-validation.yaml",
+        (*_AGENTS, "cluster.engine.kv_blocks=2500", "cluster.engine.enable_prefix_caching=false"),
+    ),
+    Config(
+        "agents, 2 workers, kv_router",
+        "multiturn-validation.yaml",
+        (*_AGENTS, "cluster.backends=2", "cluster.engine.kv_blocks=1500", "policy.name=kv_router"),
+    ),
+    Config(
+        "agents, 2 workers, thunderagent",
+        "multiturn-validation.yaml",
+        (*_AGENTS, "cluster.backends=2", "cluster.engine.kv_blocks=1500", "policy.name=thunderagent", "policy.params={scheduler_interval_s: 1}"),
+    ),
+    Config("GRPO groups, 2 workers, least_loaded", "rl-rollout.yaml", (*_GROUPS, "cluster.engine.kv_blocks=1200", "policy.name=least_loaded")),
+    Config(
+        "GRPO groups, 2 workers, thunderagent (dynamo)", "rl-rollout.yaml", (*_GROUPS, "cluster.engine.kv_blocks=800", "policy.name=thunderagent")
+    ),
+    Config(
+        "Mooncake conversation, round_robin", "mooncake-conversation.yaml", (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "policy.name=round_robin")
+    ),
+    Config(
+        "Mooncake conversation, kv_router, chunked prefill off",
+        "mooncake-conversation.yaml",
+        (
+            *_MOONCAKE,
+            "cluster.engine.kv_blocks=1500",
+            "cluster.engine.enable_chunked_prefill=false",
+            "cluster.engine.max_num_batched_tokens=96000",
+            "policy.name=kv_router",
+        ),
+    ),
+    Config("Mooncake synthetic, round_robin", "mooncake-synthetic.yaml", (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "policy.name=round_robin")),
+    Config("Mooncake synthetic, kv_router", "mooncake-synthetic.yaml", (*_MOONCAKE, "cluster.engine.kv_blocks=1500", "policy.name=kv_router")),
 )
 
 Outcome = tuple[Comparison, str] | str  # (comparison, policy) or why it could not run
@@ -114,9 +145,13 @@ def markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
         result, policy = outcome
         summary = result.summaries["vllm"]
         cells = [
-            config.name, policy, f"{result.requests:,}",
+            config.name,
+            policy,
+            f"{result.requests:,}",
             *(_agreement(result, decision) for decision in DECISIONS),
-            f"{summary['prefix_hit_rate']:.4f}", f"{summary['preemptions']:,}", f"{summary['engine_iterations']:,}",
+            f"{summary['prefix_hit_rate']:.4f}",
+            f"{summary['preemptions']:,}",
+            f"{summary['engine_iterations']:,}",
             f"{result.walls['tasim']:.1f} / {result.walls['vllm']:.1f}",
         ]
         lines.append("| " + " | ".join(cells) + " |")

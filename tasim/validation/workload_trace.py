@@ -13,9 +13,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -48,9 +49,7 @@ def replay_trace(scenario: Scenario, directory: Path) -> ReplayTrace:
         path = directory / "workload.jsonl"
         count = _write(path, _agent_records(scenario, workload))
         return ReplayTrace(path, scenario.cluster.engine.block_size, 1.0, count)
-    raise UnsupportedWorkload(
-        f"workload.kind: validate dynamo replays 'mooncake_trace' and 'agent' workloads (got {workload.kind!r})"
-    )
+    raise UnsupportedWorkload(f"workload.kind: validate dynamo replays 'mooncake_trace' and 'agent' workloads (got {workload.kind!r})")
 
 
 def _mooncake(scenario: Scenario, workload: MooncakeTraceWorkload, directory: Path) -> ReplayTrace:
@@ -65,9 +64,7 @@ def _mooncake(scenario: Scenario, workload: MooncakeTraceWorkload, directory: Pa
     servable = [r for r in chosen if blocks_for(r["input_length"] + r["output_length"], bs) <= blocks]
     excluded = len(chosen) - len(servable)
     if not servable:
-        raise UnsupportedWorkload(
-            f"{source}: no request fits a worker's {blocks} KV blocks of {bs} tokens (prompt + output)"
-        )
+        raise UnsupportedWorkload(f"{source}: no request fits a worker's {blocks} KV blocks of {bs} tokens (prompt + output)")
     if len(servable) == len(records):
         return ReplayTrace(source, workload.trace_block_size, workload.arrival_speedup, len(records))
     path = directory / "workload.jsonl"
@@ -119,6 +116,4 @@ def _agent_records(scenario: Scenario, workload: AgentWorkload) -> Iterator[dict
             context += step.output_tokens + step.observation_tokens
         next_id = base + max(blocks_for(context, bs), system_blocks)
         if next_id > MAX_TRACE_ID:
-            raise UnsupportedWorkload(
-                "workload: the exported trace needs more than 2**30 block ids; use fewer programs or a larger block size"
-            )
+            raise UnsupportedWorkload("workload: the exported trace needs more than 2**30 block ids; use fewer programs or a larger block size")

@@ -9,8 +9,8 @@ one prompt group (GRPO samples of one prompt) also share the task prompt's block
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -90,7 +90,13 @@ def plan_program(
         turns.append(TurnPlan(output, latency, observation, name))
         context += output + observation
     return ProgramPlan(
-        index, program_id or f"p{index}", shape.system_prompt_tokens, task, setup, tuple(turns), group,
+        index,
+        program_id or f"p{index}",
+        shape.system_prompt_tokens,
+        task,
+        setup,
+        tuple(turns),
+        group,
         shape.release.after_last_call_s,
     )
 
@@ -114,15 +120,18 @@ def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestS
             segments = (system, task, Segment(total, owner))
             hashes.extend(chained_block_hashes(segments, block_size, start_block=len(hashes)))
         wait = plan.setup_s if turn == 0 else plan.turns[turn - 1].tool_latency_s
-        yield wait, RequestSpec(
-            id=f"{plan.id}.{turn}",
-            program=plan.id,
-            turn=turn,
-            prompt_tokens=context,
-            output_tokens=step.output_tokens,
-            history_tokens=history,
-            block_hashes=tuple(hashes[:wanted]),
-            tool_call=step.tool,
+        yield (
+            wait,
+            RequestSpec(
+                id=f"{plan.id}.{turn}",
+                program=plan.id,
+                turn=turn,
+                prompt_tokens=context,
+                output_tokens=step.output_tokens,
+                history_tokens=history,
+                block_hashes=tuple(hashes[:wanted]),
+                tool_call=step.tool,
+            ),
         )
         history = total
         context = total + step.observation_tokens
@@ -136,7 +145,5 @@ def rollout_step_plans(workload: RolloutWorkload, seed: int, step: int, max_cont
         group = step * workload.prompts_per_step + prompt
         for sample in range(workload.samples_per_prompt):
             index = group * workload.samples_per_prompt + sample
-            plans.append(
-                plan_program(workload, seed, index, max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group)
-            )
+            plans.append(plan_program(workload, seed, index, max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group))
     return plans

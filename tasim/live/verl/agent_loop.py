@@ -24,7 +24,7 @@ AGENT_NAME = "tasim_agent"
 
 # Releases still to come for trajectories that have returned; verl's agent-loop workers keep
 # their event loop for the whole run, so these run on after ``run`` (held here until done).
-_later_releases: set["asyncio.Task[None]"] = set()
+_later_releases: set[asyncio.Task[None]] = set()
 
 
 async def _release_later(server_manager: Any, program: str, wait_s: float) -> None:
@@ -44,7 +44,7 @@ class TasimAgentLoop(AgentLoopBase):
         generating = tools = 0.0
         turns = 0
         try:
-            for turn, (output_tokens, tool_latency_s, observation) in enumerate(plan["turns"]):
+            for turn, (output_tokens, _tool_latency_s, observation) in enumerate(plan["turns"]):
                 if turn:
                     started = time.perf_counter()
                     await asyncio.sleep(plan["turns"][turn - 1][1] / time_scale)

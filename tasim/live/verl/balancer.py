@@ -57,8 +57,9 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -133,10 +134,7 @@ def _one_line(error: ValidationError, prefix: str, model: type[BaseModel]) -> st
 
 def _view(config: BalancerConfig, workers: int) -> ClusterView:
     return ClusterView(
-        tuple(
-            WorkerInfo(f"w{i}", config.block_size, config.kv_blocks, config.max_num_seqs, config.max_num_batched_tokens)
-            for i in range(workers)
-        )
+        tuple(WorkerInfo(f"w{i}", config.block_size, config.kv_blocks, config.max_num_seqs, config.max_num_batched_tokens) for i in range(workers))
     )
 
 
@@ -180,9 +178,7 @@ class TasimLoadBalancer:
         """The ``request_id`` finds the call (and its prompt length) booked at acquire."""
         return ["request_id"]
 
-    async def acquire_server(
-        self, request_id: str, prompt_ids: Any = None, sampling_params: dict[str, Any] | None = None
-    ) -> tuple[str, Any]:
+    async def acquire_server(self, request_id: str, prompt_ids: Any = None, sampling_params: dict[str, Any] | None = None) -> tuple[str, Any]:
         """Let the policy route one turn of trajectory ``request_id``; waits while it is held."""
         if self._host is None or not self._active:
             raise RuntimeError(NO_SERVERS)

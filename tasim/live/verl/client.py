@@ -19,7 +19,7 @@ lazily in the process and event loop that uses it.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 import aiohttp
 from omegaconf import DictConfig
@@ -64,10 +64,10 @@ class DynamoProgramClient(LLMServerClient):
         *,
         prompt_ids: list[int],
         sampling_params: dict[str, Any],
-        image_data: Optional[list[Any]] = None,
-        video_data: Optional[list[Any]] = None,
-        audio_data: Optional[list[Any]] = None,
-        mm_processor_kwargs: Optional[dict[str, Any]] = None,
+        image_data: list[Any] | None = None,
+        video_data: list[Any] | None = None,
+        audio_data: list[Any] | None = None,
+        mm_processor_kwargs: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> TokenOutput:
         if image_data or video_data or audio_data:
@@ -126,7 +126,7 @@ class DynamoProgramClient(LLMServerClient):
                         raise RuntimeError(f"{self.url}: HTTP {response.status}: {(await response.text())[:300]}")
                     else:
                         return await response.json(content_type=None) or {}
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError):
+            except (TimeoutError, aiohttp.ClientConnectionError):
                 if attempt == self.max_attempts:
                     raise
             await asyncio.sleep(self.retry_delay_s * attempt)

@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 
 from tasim.live.errors import LiveError
-from tasim.live.verl.agent_loop import AGENT_NAME
 from tasim.live.stack import HOST, LiveStack
 from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
+from tasim.live.verl.agent_loop import AGENT_NAME
 from tasim.scenario import RolloutWorkload, Scenario
 from tasim.workloads import ProgramPlan, rollout_step_plans
-
 
 
 class VerlDriverError(LiveError):
@@ -67,7 +66,10 @@ def _row(plan: ProgramPlan, tokens: PlanTokens, time_scale: float) -> dict[str, 
     """What the tasim_agent loop needs of a trajectory (see tasim.live.verl.agent_loop)."""
     turns = [(t.output_tokens, t.tool_latency_s, tokens.observation(plan, i)) for i, t in enumerate(plan.turns)]
     return {
-        "program": plan.id, "prompt_ids": tokens.prompt(plan), "turns": turns, "time_scale": time_scale,
+        "program": plan.id,
+        "prompt_ids": tokens.prompt(plan),
+        "turns": turns,
+        "time_scale": time_scale,
         "release_after_s": plan.release_after_s,
     }
 
@@ -94,9 +96,9 @@ def _batch(rows: list[dict[str, Any]]) -> Any:
 
 def verl_config(model_path: Path, prompt_length: int, response_length: int, workers: int, agent_loops: Path) -> Any:
     """verl's trainer config, composed as its entry point does, for rollout only."""
+    import verl.trainer.config as trainer_config
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
-    import verl.trainer.config as trainer_config
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(trainer_config.__file__).parent), version_base=None):

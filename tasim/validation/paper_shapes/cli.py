@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from tasim.validation.paper_shapes.document import markdown
 from tasim.validation.paper_shapes.plan import Mode, plan
@@ -22,15 +22,14 @@ DEFAULT_OUT = Path("runs/paper-shapes")
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m tasim.validation.paper_shapes",
-        description="The paper-shape suite of docs/validation.md: tasim against the curves and tables the "
-                    "ThunderAgent paper publishes.")
+        description="The paper-shape suite of docs/validation.md: tasim against the curves and tables the ThunderAgent paper publishes.",
+    )
     parser.add_argument("--quick", action="store_true", help="60 s runs, two points per sweep, tiny RL (for tests)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulation processes")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="run directories go here")
     parser.add_argument("--doc", type=Path, default=DEFAULT_DOC, help="the document whose marked span is replaced")
     parser.add_argument("--plots", type=Path, default=DEFAULT_PLOTS, help="PNG directory (linked from the document)")
-    parser.add_argument("--reuse", action="store_true",
-                        help="take runs already in --out that ran the very same scenario instead of rerunning them")
+    parser.add_argument("--reuse", action="store_true", help="take runs already in --out that ran the very same scenario instead of rerunning them")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from tasim.measurements.metrics import METRICS
 from tasim.scenario import RolloutWorkload, Scenario

@@ -21,12 +21,10 @@ def order(values: dict[str, float]) -> str:
 
 def order_conflicts(paper: dict[str, float], tasim: dict[str, float]) -> list[tuple[str, str]]:
     """Pairs (a, b) the paper puts a above b (beyond FLAT) that tasim does not."""
-    return [(a, b) for a in paper for b in paper
-            if paper[a] > paper[b] * (1 + FLAT) and not tasim[a] > tasim[b] * (1 + FLAT)]
+    return [(a, b) for a in paper for b in paper if paper[a] > paper[b] * (1 + FLAT) and not tasim[a] > tasim[b] * (1 + FLAT)]
 
 
-def check_order(m: Measured, c: int, paper: dict[str, float], tasim: dict[str, float], hits: bool,
-                report: Report) -> None:
+def check_order(m: Measured, c: int, paper: dict[str, float], tasim: dict[str, float], hits: bool, report: Report) -> None:
     """Both orderings of the systems at ``c`` workflows (by hit rate with ``hits``, else by
     throughput), a miss with its likely reason where tasim's differs."""
     quantity = "hit-rate" if hits else "throughput"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
-from tasim.measurements.schema import MEASUREMENT_DIR, Published, Point, load_measurements
+from tasim.measurements.schema import MEASUREMENT_DIR, Point, Published, load_measurements
 
 PAPER = load_measurements(MEASUREMENT_DIR / "thunderagent-paper.yaml")
 CONCURRENCY = "workload.concurrency"
@@ -32,9 +32,14 @@ def _policy(system: str) -> str:
 
 def _points(preset: str, figure: str, metric: str, ratio: bool) -> list[Point]:
     """The file's points of ``preset`` from ``figure`` (the first part of their ``where``)."""
-    return [p for p in PAPER.points
-            if Path(PAPER.scenario_of(p)).stem == preset and p.where.split(",")[0].endswith(figure)
-            and p.metric == metric and (p.over is not None) == ratio]
+    return [
+        p
+        for p in PAPER.points
+        if Path(PAPER.scenario_of(p)).stem == preset
+        and p.where.split(",")[0].endswith(figure)
+        and p.metric == metric
+        and (p.over is not None) == ratio
+    ]
 
 
 @cache  # the file is read once at import; the suite asks once per value it reads
@@ -72,10 +77,12 @@ def _serving(preset: str, title: str, concurrency: tuple[int, ...]) -> ServingCa
         throughput[_policy(p.of.system)][_concurrency(p)] = p.published
     latency_ratio = _points(preset, "Fig. 10", "step_latency_s", ratio=True)
     return ServingCase(
-        preset, title, concurrency, throughput,
+        preset,
+        title,
+        concurrency,
+        throughput,
         {_policy(p.of.system): p.published for p in _points(preset, "Fig. 4", "steps_per_min", ratio=True)},
-        {(_policy(p.of.system), _concurrency(p)): p.published
-         for p in _points(preset, "Fig. 5", hit_metric(preset), ratio=False)},
+        {(_policy(p.of.system), _concurrency(p)): p.published for p in _points(preset, "Fig. 5", hit_metric(preset), ratio=False)},
         {_policy(p.of.system): p.published for p in _points(preset, "Fig. 10", "step_latency_s", ratio=False)},
         latency_ratio[0].published if latency_ratio else None,
     )

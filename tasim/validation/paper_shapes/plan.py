@@ -3,9 +3,9 @@ quick mode, the length) overridden."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from tasim.compare import Run, Sweep, plan_runs
 from tasim.policy_spec import PolicySpec
@@ -31,8 +31,13 @@ class Mode:
     def rl_overrides(self) -> list[str]:
         if not self.quick:
             return []
-        return ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.turns=3",
-                "workload.max_concurrency=4", "workload.training_s=5"]
+        return [
+            "workload.prompts_per_step=2",
+            "workload.samples_per_prompt=2",
+            "workload.turns=3",
+            "workload.max_concurrency=4",
+            "workload.training_s=5",
+        ]
 
 
 Key = tuple[str, str, int | None]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -12,8 +12,16 @@ from matplotlib.figure import Figure
 from tasim.measurements.schema import Published
 from tasim.validation.paper_shapes.measured import Measured, rl_steps
 from tasim.validation.paper_shapes.paper import (
-    PAPER_NAMES, RL, RL_BASELINE, SERVING, SERVING_POLICIES, THRASHING_E2E, THRASHING_HIT, THRASHING_PRESET,
-    ServingCase, serving_case,
+    PAPER_NAMES,
+    RL,
+    RL_BASELINE,
+    SERVING,
+    SERVING_POLICIES,
+    THRASHING_E2E,
+    THRASHING_HIT,
+    THRASHING_PRESET,
+    ServingCase,
+    serving_case,
 )
 from tasim.validation.paper_shapes.plan import Job, Mode
 from tasim.validation.paper_shapes.runner import Results
@@ -33,8 +41,17 @@ def _save(fig: Figure, path: Path) -> Path:
 def _paper_points(ax: Axes, paper: dict[int, Published], color: str, label: str) -> None:
     """The paper's values as hollow squares, dashed between them when there are several."""
     xs = sorted(paper)
-    ax.plot(xs, [paper[x].value for x in xs], linestyle="--" if len(xs) > 1 else "none", marker="s",
-            markersize=8, fillstyle="none", color=color, label=label, zorder=3)
+    ax.plot(
+        xs,
+        [paper[x].value for x in xs],
+        linestyle="--" if len(xs) > 1 else "none",
+        marker="s",
+        markersize=8,
+        fillstyle="none",
+        color=color,
+        label=label,
+        zorder=3,
+    )
 
 
 def _workflows_axis(ax: Axes, points: Sequence[int]) -> None:
@@ -52,9 +69,16 @@ def throughput_plot(results: Results, case: ServingCase, points: Sequence[int], 
         name = PAPER_NAMES[policy]
         # vLLM drawn widest and underneath: where a policy serves exactly as vLLM, both stay visible
         wide = policy == "round_robin"
-        ax.plot(points, [m.steps(policy, c) for c in points], marker="o", color=COLORS[policy],
-                linewidth=4 if wide else 1.8, markersize=9 if wide else 6, zorder=1 if wide else 2,
-                label=f"tasim · {name} ({policy})")
+        ax.plot(
+            points,
+            [m.steps(policy, c) for c in points],
+            marker="o",
+            color=COLORS[policy],
+            linewidth=4 if wide else 1.8,
+            markersize=9 if wide else 6,
+            zorder=1 if wide else 2,
+            label=f"tasim · {name} ({policy})",
+        )
         _paper_points(ax, case.throughput[policy], COLORS[policy], f"paper · {name}")
     _workflows_axis(ax, points)
     ax.set_ylim(bottom=0)
@@ -68,16 +92,26 @@ def thrashing_plot(results: Results, points: Sequence[int], path: Path) -> Path:
     m = Measured(results, THRASHING_PRESET)
     fig = Figure(figsize=(11, 4.6))
     hit_ax, lat_ax = fig.subplots(1, 2)
-    hit_ax.plot(points, [m.hit("round_robin", c) for c in points], marker="o", color=COLORS["round_robin"],
-                label="tasim · vLLM (round_robin)")
+    hit_ax.plot(points, [m.hit("round_robin", c) for c in points], marker="o", color=COLORS["round_robin"], label="tasim · vLLM (round_robin)")
     _paper_points(hit_ax, THRASHING_HIT, "black", "paper · vLLM (Fig. 1b)")
     hit_ax.set_ylim(0, 105)
     hit_ax.set_ylabel(f"{m.hit_label} (% of prompt tokens)")
     hit_ax.set_title(m.hit_label.capitalize())
-    lat_ax.plot(points, [m.step_latency("round_robin", c) for c in points], marker="o", color=COLORS["round_robin"],
-                label="tasim · per step (LLM call + tool)")
-    lat_ax.plot(points, [m.call_latency("round_robin", c) for c in points], marker="^", linestyle=":",
-                color="tab:purple", label="tasim · per LLM call (e2e_s)")
+    lat_ax.plot(
+        points,
+        [m.step_latency("round_robin", c) for c in points],
+        marker="o",
+        color=COLORS["round_robin"],
+        label="tasim · per step (LLM call + tool)",
+    )
+    lat_ax.plot(
+        points,
+        [m.call_latency("round_robin", c) for c in points],
+        marker="^",
+        linestyle=":",
+        color="tab:purple",
+        label="tasim · per LLM call (e2e_s)",
+    )
     _paper_points(lat_ax, THRASHING_E2E, "black", "paper · per-step E2E (Fig. 1b)")
     lat_ax.set_ylim(bottom=0)
     lat_ax.set_ylabel("mean latency (s)")
@@ -96,11 +130,25 @@ def rl_plot(results: Results, jobs: Sequence[Job], path: Path) -> Path:
     width = 0.38
     for offset, policy in ((-width / 2, RL_BASELINE), (width / 2, "thunderagent")):
         xs = [i + offset for i in range(len(RL))]
-        ax.bar(xs, [steps[(case.preset, policy)] for case in RL], width, color=COLORS[policy], alpha=0.8,
-               label=f"tasim · {PAPER_NAMES[policy]} ({policy})")
+        ax.bar(
+            xs,
+            [steps[(case.preset, policy)] for case in RL],
+            width,
+            color=COLORS[policy],
+            alpha=0.8,
+            label=f"tasim · {PAPER_NAMES[policy]} ({policy})",
+        )
         paper = [(case.baseline if policy == RL_BASELINE else case.thunderagent).value for case in RL]
-        ax.plot(xs, paper, linestyle="none", marker="s", markersize=9, fillstyle="none", color="black",
-                label="paper (Table 2)" if policy == RL_BASELINE else None)
+        ax.plot(
+            xs,
+            paper,
+            linestyle="none",
+            marker="s",
+            markersize=9,
+            fillstyle="none",
+            color="black",
+            label="paper (Table 2)" if policy == RL_BASELINE else None,
+        )
     ax.set_xticks(range(len(RL)), [case.title for case in RL])
     ax.set_xlabel("agent workload (GLM-4.6 FP8, 2 × 8×H100 TP8, N = 144)")
     ax.set_ylabel("rollout throughput (steps/min)")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
+from tasim.measurements.schema import Published
 from tasim.validation.paper_shapes.checks import ratio_note, trend_note
 from tasim.validation.paper_shapes.measured import Measured
 from tasim.validation.paper_shapes.ordering import check_order
-from tasim.measurements.schema import Published
 from tasim.validation.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, ServingCase
 from tasim.validation.paper_shapes.reasons import cliff_reason, latency_ratio_reason, resident_reason
 from tasim.validation.paper_shapes.report import Report, Table, num, pct, times
@@ -32,11 +32,13 @@ def policy_metrics_section(results: Results, points: Sequence[int], case: Servin
     if case.latency_ratio is not None:
         latency_ratio = m.step_latency("thunderagent", top) / m.step_latency("round_robin", top)
         note, ok = ratio_note(case.latency_ratio.value, latency_ratio)
-        table.add([str(top), "ThunderAgent / vLLM", "per-step latency"], case.latency_ratio, latency_ratio, times,
-                  note=note)
+        table.add([str(top), "ThunderAgent / vLLM", "per-step latency"], case.latency_ratio, latency_ratio, times, note=note)
         if not ok:
-            latency_miss = (f"{case.preset}: ThunderAgent's per-step latency is {latency_ratio:.2f}× vLLM's at {top} "
-                            f"workflows (paper {case.latency_ratio.value:.2f}×)", latency_ratio_reason(m, top))
+            latency_miss = (
+                f"{case.preset}: ThunderAgent's per-step latency is {latency_ratio:.2f}× vLLM's at {top} "
+                f"workflows (paper {case.latency_ratio.value:.2f}×)",
+                latency_ratio_reason(m, top),
+            )
     report.add(f"#### {case.title} (`{case.preset}.yaml`)", "", *table.markdown())
     hit_rate_checks(m, points, hits, report)
     if latency_miss is not None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from tasim.measurements.schema import Published
 
@@ -27,16 +27,14 @@ class Table:
     heads: tuple[str, ...]  # the leading label columns
     rows: list[list[str]] = field(default_factory=list)
 
-    def add(self, labels: Sequence[str], paper: Published, tasim: float, fmt: Callable[[float], str],
-            unit: str = "", note: str = "") -> None:
+    def add(self, labels: Sequence[str], paper: Published, tasim: float, fmt: Callable[[float], str], unit: str = "", note: str = "") -> None:
         ratio = f"{tasim / paper.value:.2f}" + (" (vs mid)" if paper.high is not None else "")
         self.rows.append([*labels, paper.text(fmt, unit), f"{fmt(tasim)}{unit}", ratio, note or "—"])
 
     def markdown(self) -> list[str]:
         heads = [*self.heads, "paper", "tasim", "tasim/paper", "direction / note"]
         align = ["---"] * len(self.heads) + ["---:", "---:", "---:", "---"]
-        return ["| " + " | ".join(heads) + " |", "| " + " | ".join(align) + " |",
-                *("| " + " | ".join(row) + " |" for row in self.rows), ""]
+        return ["| " + " | ".join(heads) + " |", "| " + " | ".join(align) + " |", *("| " + " | ".join(row) + " |" for row in self.rows), ""]
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from tasim.validation.paper_shapes.checks import FLAT, ratio_note
 from tasim.validation.paper_shapes.measured import Measured, rl_steps, rollout_of
@@ -21,8 +21,7 @@ def rl_section(results: Results, jobs: Sequence[Job], mode: Mode, plots: str, re
     for case in RL:
         m, (base, ta) = Measured(results, case.preset), measured[case.preset]
         for policy, paper, value in ((RL_BASELINE, case.baseline, base), ("thunderagent", case.thunderagent, ta)):
-            table.add([case.title, f"{PAPER_NAMES[policy]} (`{policy}`)"], paper, value, num,
-                      note=f"hit rate {m.hit(policy, None):.0f} %")
+            table.add([case.title, f"{PAPER_NAMES[policy]} (`{policy}`)"], paper, value, num, note=f"hit rate {m.hit(policy, None):.0f} %")
         note, ratio_ok[case.preset] = ratio_note(case.ratio.value, ta / base)
         table.add([case.title, "ThunderAgent / baseline"], case.ratio, ta / base, times, note=note)
     scenario = scenario_of(jobs, RL[0].preset)
@@ -49,10 +48,10 @@ def rl_section(results: Results, jobs: Sequence[Job], mode: Mode, plots: str, re
         if per_node in mode.points(serving):
             report.add(per_node_note(Measured(results, case.serving), serving, case, base, per_node, backends))
         if not ratio_ok[case.preset]:
-            report.miss(f"{case.title} rollout: ThunderAgent / baseline is {ta / base:.2f}× in tasim, "
-                        f"{case.ratio.value:.2f}× in the paper",
-                        f"tasim's hit rates: baseline {m.hit(RL_BASELINE, None):.0f} %, "
-                        f"ThunderAgent {m.hit('thunderagent', None):.0f} %.")
+            report.miss(
+                f"{case.title} rollout: ThunderAgent / baseline is {ta / base:.2f}× in tasim, {case.ratio.value:.2f}× in the paper",
+                f"tasim's hit rates: baseline {m.hit(RL_BASELINE, None):.0f} %, ThunderAgent {m.hit('thunderagent', None):.0f} %.",
+            )
     report.add("")
 
 
@@ -60,13 +59,22 @@ def per_node_note(m: Measured, serving: ServingCase, case: RlCase, base: float, 
     """Set the RL baseline beside ``backends`` one-node serving runs at the per-node load."""
     one = m.steps("round_robin", per_node)
     close = abs(one * backends - base) <= 3 * FLAT * base
-    verdict = (f"the baseline behaves like {backends} separately thrashing nodes, so its distance from the paper is "
-               "largely the serving vLLM distance of 3.2" if close else
-               f"the {backends}-node baseline does not reduce to one-node serving here")
+    verdict = (
+        f"the baseline behaves like {backends} separately thrashing nodes, so its distance from the paper is largely the serving vLLM distance of 3.2"
+        if close
+        else f"the {backends}-node baseline does not reduce to one-node serving here"
+    )
     paper = serving.throughput["round_robin"].get(per_node)
-    paper_text = "" if paper is None else (
-        f" The paper's one-node vLLM at {per_node} workflows (≈{paper.value:.0f}) × {backends} = "
-        f"{paper.value * backends:.0f}, against its Table 2 baseline of {case.baseline.value:.1f}.")
-    return (f"- {case.title}: per node the rollout carries {per_node} trajectories; tasim's one-node "
-            f"`{serving.preset}` vLLM at {per_node} workflows gives {one:.1f} steps/min, × {backends} = "
-            f"{one * backends:.1f}, against its RL baseline's {base:.1f}: {verdict}.{paper_text}")
+    paper_text = (
+        ""
+        if paper is None
+        else (
+            f" The paper's one-node vLLM at {per_node} workflows (≈{paper.value:.0f}) × {backends} = "
+            f"{paper.value * backends:.0f}, against its Table 2 baseline of {case.baseline.value:.1f}."
+        )
+    )
+    return (
+        f"- {case.title}: per node the rollout carries {per_node} trajectories; tasim's one-node "
+        f"`{serving.preset}` vLLM at {per_node} workflows gives {one:.1f} steps/min, × {backends} = "
+        f"{one * backends:.1f}, against its RL baseline's {base:.1f}: {verdict}.{paper_text}"
+    )

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Sequence
+from typing import Any
 
 from tasim.measurements.metrics import Outcome
 from tasim.measurements.runs import measure, outcome_of

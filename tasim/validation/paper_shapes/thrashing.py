@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
-from typing import Sequence
 
 from tasim.validation.paper_shapes.checks import trend_note
 from tasim.validation.paper_shapes.measured import Measured
 from tasim.validation.paper_shapes.paper import (
-    THRASHING_E2E, THRASHING_HIT, THRASHING_INFLATION, THRASHING_PRESET, serving_case,
+    THRASHING_E2E,
+    THRASHING_HIT,
+    THRASHING_INFLATION,
+    THRASHING_PRESET,
+    serving_case,
 )
 from tasim.validation.paper_shapes.reasons import cliff_reason, little_reason
 from tasim.validation.paper_shapes.report import Report, Table, num, pct, times
@@ -38,14 +42,17 @@ def thrashing_section(results: Results, points: Sequence[int], plots: str, repor
                 note, ok = trend_note((paper[prev].value, paper[c].value), (measure(prev), measure(c)), points=hit_rate)
                 note = f"{prev}→{c}: {note}"
                 if not ok:
-                    reason = (cliff_reason(m, "round_robin", prev, c) if hit_rate
-                              else little_reason(m, prev, c, vllm, THRASHING_E2E))
+                    reason = cliff_reason(m, "round_robin", prev, c) if hit_rate else little_reason(m, prev, c, vllm, THRASHING_E2E)
                     found.append((f"thrashing, {label}, {note}", reason))
             table.add([str(c), label], paper[c], measure(c), fmt, unit, note)
     for label, measure in (("per step", per_step), ("LLM call", per_call)):
-        table.add([f"{points[-1]} vs {points[0]}", f"latency inflation, {label}"], THRASHING_INFLATION,
-                  max(measure(c) for c in points) / measure(points[0]), times,
-                  note="paper: \"up to 7.14×\" (highest over lowest concurrency)")
+        table.add(
+            [f"{points[-1]} vs {points[0]}", f"latency inflation, {label}"],
+            THRASHING_INFLATION,
+            max(measure(c) for c in points) / measure(points[0]),
+            times,
+            note='paper: "up to 7.14×" (highest over lowest concurrency)',
+        )
     report.add(
         "### 3.1 KV thrashing of plain vLLM (paper Fig. 1b)",
         "",
@@ -56,7 +63,8 @@ def thrashing_section(results: Results, points: Sequence[int], plots: str, repor
         "and any hold included; a program's last call ends at its finish), over steps ending in the window. "
         "`e2e_s` is listed against the same paper value for reference. Hit-rate trends are compared in "
         f"percentage points. KV pool {m.pool()} tokens; offered working set "
-        + ", ".join(f"{m.working_set('round_robin', c):.2f}× the pool at {c}" for c in points) + ".",
+        + ", ".join(f"{m.working_set('round_robin', c):.2f}× the pool at {c}" for c in points)
+        + ".",
         "",
         *table.markdown(),
         f"![prefix hit rate and per-step latency against concurrency]({plots}/thrashing.png)",

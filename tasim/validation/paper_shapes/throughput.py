@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
+from tasim.measurements.schema import Published
 from tasim.validation.paper_shapes.checks import ratio_note, trend_note
 from tasim.validation.paper_shapes.measured import Measured
 from tasim.validation.paper_shapes.ordering import check_order
-from tasim.measurements.schema import Published
 from tasim.validation.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, ServingCase
 from tasim.validation.paper_shapes.reasons import trend_reason
 from tasim.validation.paper_shapes.report import Report, Table, num, times
@@ -67,10 +67,8 @@ def throughput_section(results: Results, case: ServingCase, points: Sequence[int
     for policy, labelled in case.ratios.items():
         # a ratio on the wrong side of 1 is an ordering miss, reported with the ordering below
         ratio = m.steps(policy, top) / m.steps("round_robin", top)
-        table.add([str(top), f"{PAPER_NAMES[policy]} / vLLM"], labelled, ratio, times,
-                  note=ratio_note(labelled.value, ratio)[0])
-    curves = "; ".join(f"{PAPER_NAMES[p]} " + " / ".join(f"{m.steps(p, c):.1f}" for c in points)
-                       for p in SERVING_POLICIES)
+        table.add([str(top), f"{PAPER_NAMES[policy]} / vLLM"], labelled, ratio, times, note=ratio_note(labelled.value, ratio)[0])
+    curves = "; ".join(f"{PAPER_NAMES[p]} " + " / ".join(f"{m.steps(p, c):.1f}" for c in points) for p in SERVING_POLICIES)
     report.add(
         f"#### {case.title} (`{case.preset}.yaml`)",
         "",
@@ -84,8 +82,7 @@ def throughput_section(results: Results, case: ServingCase, points: Sequence[int
     report.add("")
 
 
-def throughput_checks(m: Measured, case: ServingCase, points: Sequence[int], case_trends: Sequence[Trend],
-                      report: Report) -> None:
+def throughput_checks(m: Measured, case: ServingCase, points: Sequence[int], case_trends: Sequence[Trend], report: Report) -> None:
     """The ordering of systems at every point with three paper values, and each system's trend
     between the paper's points: each miss with its likely reason."""
     for c in points:
@@ -95,5 +92,7 @@ def throughput_checks(m: Measured, case: ServingCase, points: Sequence[int], cas
         check_order(m, c, paper, {p: m.steps(p, c) for p in SERVING_POLICIES}, hits=False, report=report)
     for t in case_trends:
         if not t.ok:
-            report.miss(f"{case.preset}, {PAPER_NAMES[t.policy]} throughput {t.prev}→{t.c} workflows: {t.note}",
-                        trend_reason(m, t.policy, t.paper, t.prev, t.c))
+            report.miss(
+                f"{case.preset}, {PAPER_NAMES[t.policy]} throughput {t.prev}→{t.c} workflows: {t.note}",
+                trend_reason(m, t.policy, t.paper, t.prev, t.c),
+            )
