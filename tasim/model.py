@@ -7,8 +7,8 @@ shared system prompt, a prompt group, a program). Block ``i`` covers tokens
 ``[i*bs, (i+1)*bs)``; its prefix is identical for two contexts exactly when both the segment
 that contains its last token and every earlier segment are shared, so its hash is
 ``i * 2**34 + owner_of_last_token`` (owner in the low bits: dicts and sets index by low bits,
-and the block index alone would crowd every program's block ``i`` into one slot chain). Policies and indexers treat hashes as opaque ints, which
-is also what live mode feeds them (Dynamo's XXH3 block hashes).
+and the block index alone would crowd every program's block ``i`` into one slot chain).
+Policies and indexers treat hashes as opaque ints, which is also what live mode feeds them (Dynamo's XXH3 block hashes).
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tasim.determinism import OWNER_SPACE
+
 BlockHash = int
 
-# Owner keys: 0 is the system prompt shared by every program; prompt groups and programs get
-# distinct positive keys from the workload generator, below 2**34.
-SHARED_OWNER = 0
-_OWNER_SPACE = 1 << 34
+# Which content owns which keys (the shared system prompt, prompt groups, programs, replayed
+# outputs...) is set in tasim.determinism, every key below OWNER_SPACE.
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,7 @@ def chained_block_hashes(segments: Sequence[Segment], block_size: int, start_blo
         last_token = (index + 1) * block_size - 1
         while segments[seg].end <= last_token:
             seg += 1
-        hashes.append(index * _OWNER_SPACE + segments[seg].owner)
+        hashes.append(index * OWNER_SPACE + segments[seg].owner)
     return hashes
 
 
@@ -52,7 +52,7 @@ def with_private_tail(prompt_hashes: Sequence[BlockHash], total_tokens: int, own
     """Extend a prompt's block hashes to ``total_tokens`` (prompt + output) with blocks only this
     request can have: its generated tokens, which no other prompt is known to contain."""
     start = len(prompt_hashes)
-    tail = [index * _OWNER_SPACE + owner for index in range(start, total_tokens // block_size)]
+    tail = [index * OWNER_SPACE + owner for index in range(start, total_tokens // block_size)]
     return tuple(prompt_hashes) + tuple(tail)
 
 

@@ -236,7 +236,7 @@ def test_a_session_final_during_a_call_ends_the_program_after_that_call(outcome:
     assert isinstance(host.policy, KvRouter)
     empty = _kv_bookings(host.policy)
     call = routed(host.decide("p", _tokens(40), 8))
-    host.first_token(call)
+    host.call_first_token(call)
     clock.t = 1.0
     assert host.session_final("p") is True and host.unknown_finals == 0
     assert "p" in host.programs and host.programs["p"].in_flight == 1  # its call still streams
@@ -475,7 +475,7 @@ def test_kv_router_bookings_return_to_their_pre_call_values_when_a_call_is_cance
     call = routed(host.decide("p", _tokens(40) + _tokens(40, 700), 8))
     assert _kv_bookings(policy) != before
     if when != "before_first_token":
-        host.first_token(call)
+        host.call_first_token(call)
     if when == "after_a_session_final":
         host.session_final("p")
     host.fail(call, "cancelled")
@@ -520,7 +520,7 @@ def test_thunderagent_later_turn_cancelled_mid_stream_is_released_by_the_ttl(par
     assert policy.used("w0") == 124  # ACTING 24 + buffer
     clock.t = 1.0
     call = routed(host.decide("D", _tokens(24) + _tokens(8, 900), 4))
-    host.first_token(call)
+    host.call_first_token(call)
     host.fail(call, "cancelled")
     q = policy.programs["D"]
     assert (q.phase, q.tokens, policy.used("w0")) == (phase, 32, 132)

@@ -200,7 +200,7 @@ def test_round_robin_routes_and_emits_in_order() -> None:
             ev.RequestRouted(0.0, "p.0", "w0"),
         ]
         clock.t = 1.0
-        host.first_token(call)
+        host.call_first_token(call)
         clock.t = 2.0
         host.finish(call, 40, 8, 0)
         assert events[3:] == [ev.FirstToken(1.0, "p.0"), ev.RequestFinished(2.0, "p.0", "p", "w0", 40, 8, 0)]

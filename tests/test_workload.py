@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter
 
+from tasim.determinism import SHARED_PROMPT
 from tasim.distributions import Distribution
-from tasim.model import SHARED_OWNER, Segment, chained_block_hashes
+from tasim.model import Segment, chained_block_hashes
 from tasim.scenario import AgentWorkload as WorkloadConfig
 from tasim.workloads import agent_script, plan_program
 
@@ -15,13 +16,13 @@ DIST = TypeAdapter(Distribution)
 
 
 def test_chained_hashes_share_only_the_common_prefix() -> None:
-    a = chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 7)], 16)
-    b = chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 8)], 16)
+    a = chained_block_hashes([Segment(40, SHARED_PROMPT.start), Segment(100, 7)], 16)
+    b = chained_block_hashes([Segment(40, SHARED_PROMPT.start), Segment(100, 8)], 16)
     # Blocks 0-1 end inside the 40-token shared prompt; block 2 (tokens 32-47) straddles it.
     assert a[:2] == b[:2] == [0, 1 << 34]
     assert a[2:] != b[2:]
     assert len(a) == 100 // 16
-    assert chained_block_hashes([Segment(40, SHARED_OWNER), Segment(100, 7)], 16, start_block=3) == a[3:]
+    assert chained_block_hashes([Segment(40, SHARED_PROMPT.start), Segment(100, 7)], 16, start_block=3) == a[3:]
 
 
 def test_program_turns_grow_a_shared_prefix() -> None:

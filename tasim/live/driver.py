@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-import numpy as np
 
+from tasim.determinism import arrival_rng
 from tasim.live.errors import LiveError
 from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
 from tasim.scenario import AgentWorkload, Scenario
@@ -129,7 +129,7 @@ class HttpAgentDriver:
 
     async def _poisson(self) -> None:
         assert self.workload.rate_per_s is not None
-        arrivals = np.random.default_rng(np.random.SeedSequence([self.scenario.seed, 2]).spawn(2)[1])
+        arrivals = arrival_rng(self.scenario.seed)
         tasks = []
         for index in range(self.count):
             await asyncio.sleep(float(arrivals.exponential(1.0 / self.workload.rate_per_s)) / self.time_scale)

@@ -37,23 +37,20 @@ request without a backend, HTTP 500).
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tasim import events as ev
+from tasim.host import Emit, HostCore
 from tasim.live.hashing import chain_from, sequence_hashes
 from tasim.live.kv_events import KvEvent
 from tasim.model import BlockHash, RequestSpec
-from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
-from tasim.policies.base import ProgramDecision
+from tasim.policies import Policy, Route
 
-logger = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
-Emit = Callable[[ev.Event], None]
+# Seconds since the run started, as the live router reads them (its own monotonic clock).
+WallClock = Callable[[], float]
 
 
 # Session ids are kept in the program table and written in every event of the log; real ones
@@ -106,34 +103,23 @@ class Held:
     since: float
 
 
-class PolicyHost:
+class PolicyHost(HostCore):
     """``idle_ttl_s``: end programs idle longer than this (seconds of ``clock``); None: never."""
 
     def __init__(
-        self, policy: Policy, clock: Clock, emit: Emit, block_size: int, log_kv_events: bool = False, idle_ttl_s: float | None = None
+        self, policy: Policy, clock: WallClock, emit: Emit, block_size: int, log_kv_events: bool = False, idle_ttl_s: float | None = None
     ) -> None:
-        self.policy = policy
+        super().__init__(policy, emit, log_kv_events)
         self.clock = clock
-        self.emit = emit
         self.block_size = block_size
-        self.log_kv_events = log_kv_events
         self.idle_ttl_s = idle_ttl_s
         self.programs: dict[str, _Program] = {}
         # Programs with no call in flight or held, oldest first, with the time they went idle.
         self._idle: OrderedDict[str, float] = OrderedDict()
-        self.routed: dict[str, int] = {w: 0 for w in policy.view.worker_ids}
-        self.in_flight_on: dict[str, int] = {w: 0 for w in policy.view.worker_ids}
-        self.in_flight = 0
-        self.finished = 0
-        self.failed = 0
-        self.pauses = 0
-        self.resumes = 0
-        self.ignored_pins = 0
         self.expired = 0  # programs ended by the idle TTL
         self.unknown_finals = 0  # session-finals for programs not in the table
         self.retried = 0  # calls sent again because their worker was lost
         self.refused = 0  # calls refused because no worker was serving
-        self.lost: set[str] = set()  # workers out of service
         self.decision_seconds: deque[float] = deque(maxlen=100_000)  # policy + hashing time per decision
         self._one_offs = 0
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in policy.view.worker_ids}
@@ -172,11 +158,9 @@ class PolicyHost:
         except NoWorkerServing:
             self.fail(call, reason)
             raise
-        self._landed(call, program)
+        program.in_flight -= 1
         self.retried += 1
-        spec = call.spec
-        self.emit(ev.RequestRetried(now, spec.id, program.id, call.worker, reason))
-        self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, call.worker, spec.prompt_tokens, 0, 0, ok=False), now))
+        self.turn_retried(call.spec, call.worker, reason, now)
         return self._place(program, call.created, token_ids, max_tokens, started, self.clock())
 
     def _check_serving(self) -> None:
@@ -197,18 +181,12 @@ class PolicyHost:
             history_tokens=program.history_tokens,
             block_hashes=tuple(self._hashes(program, token_ids)),
         )
-        self.emit(ev.RequestArrived(now, spec.id, spec.program, spec.turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens))
         program.context_tokens = spec.prompt_tokens
-        decision = self.policy.on_request(spec, now)
+        decision = self.arrive(spec, now)
         self.decision_seconds.append(time.perf_counter() - started)
         if isinstance(decision, Route):
-            return self._routed(program, spec, decision.worker, 0.0, created, now)
-        if not isinstance(decision, Hold):
-            raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
-        self.emit(ev.RequestHeld(now, spec.id, program.id))
-        if decision.pause:
-            self.pauses += 1
-            self.emit(ev.ProgramPaused(now, program.id))
+            program.in_flight += 1
+            return Call(spec, decision.worker, 0.0, created)
         held = Held(spec, asyncio.get_running_loop().create_future(), created, now)
         program.held.append(held)
         return held
@@ -233,30 +211,26 @@ class PolicyHost:
                 self._roll_back(program, held.spec, held.created, "cancelled while held")
             raise
 
-    def first_token(self, call: Call) -> None:
-        now = self.clock()
-        self.emit(ev.FirstToken(now, call.spec.id))
-        self.policy.on_first_token(call.spec.id, call.worker, now)
+    def call_first_token(self, call: Call) -> None:
+        self.first_token(call.spec.id, call.worker, self.clock())
 
     def finish(self, call: Call, prompt_tokens: int, output_tokens: int, cached_tokens: int) -> None:
         """The call completed with the engine's usage."""
         now = self.clock()
         spec = call.spec
         program = self.programs[spec.program]
-        self._landed(call, program)
-        self.finished += 1
+        program.in_flight -= 1
         program.turn += 1
         program.turn_calls = 0
         program.failed = False
         program.history_tokens = program.context_tokens = prompt_tokens + output_tokens
-        self.emit(ev.RequestFinished(now, spec.id, spec.program, call.worker, prompt_tokens, output_tokens, cached_tokens))
-        self._apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, call.worker, prompt_tokens, output_tokens, cached_tokens), now))
+        self.turn_finished(spec, call.worker, prompt_tokens, output_tokens, cached_tokens, now)
         self._settle(program)
 
     def fail(self, call: Call, reason: str) -> None:
         """The call failed or was cancelled after it was routed."""
         program = self.programs[call.spec.program]  # a program with a call in flight does not end
-        self._landed(call, program)
+        program.in_flight -= 1
         self._roll_back(program, call.spec, call.created, reason, call.worker)
 
     def session_final(self, program_id: str) -> bool:
@@ -280,16 +254,16 @@ class PolicyHost:
         for held in program.held:
             held.future.cancel()  # a no-op for a future already done
         completed = program.turn > 0 and not program.failed
-        self.emit(ev.ProgramFinished(now, program_id, program.context_tokens, completed))
-        self._apply(self.policy.on_program_end(program_id, now))
+        self.program_finished(program_id, program.context_tokens, completed, True, now)
+        self.program_released(program_id, now)
         return True
 
     # --- policy-driven events ------------------------------------------------------------------
 
-    def tick(self) -> None:
-        now = self.clock()
+    def tick(self, now: float | None = None) -> None:
+        now = self.clock() if now is None else now
         self._expire_idle(now)  # first, so the policy's pass sees the capacity this frees
-        self._apply(self.policy.on_tick(now))
+        super().tick(now)
 
     def worker_lost(self, worker: str, reason: str) -> bool:
         """Take ``worker`` out of service with its cache; False if it already was. Its calls
@@ -300,7 +274,7 @@ class PolicyHost:
         self.lost.add(worker)
         self.emit(ev.WorkerLost(now, worker, reason))
         self._drop_cache(worker, now)
-        self._apply(self.policy.on_worker_lost(worker, now))
+        self.apply(self.policy.on_worker_lost(worker, now), now)
         return True
 
     def worker_joined(self, worker: str) -> bool:
@@ -310,7 +284,7 @@ class PolicyHost:
         self.lost.discard(worker)
         now = self.clock()
         self.emit(ev.WorkerJoined(now, worker))
-        self._apply(self.policy.on_worker_joined(worker, now))
+        self.apply(self.policy.on_worker_joined(worker, now), now)
         return True
 
     def kv_event(self, worker: str, event: KvEvent) -> None:
@@ -321,13 +295,10 @@ class PolicyHost:
             self._drop_cache(worker, now)
         elif event.kind == "stored":
             self._cached[worker].update(event.blocks)
-            if self.log_kv_events:
-                self.emit(ev.KvStored(now, worker, event.blocks))
-            if self.policy.wants_kv_events:
-                self.policy.on_kv_stored(worker, event.blocks, now)
+            self.kv_stored(worker, event.blocks, now)
         else:
             self._cached[worker].difference_update(event.blocks)
-            self._removed(worker, event.blocks, now)
+            self.kv_removed(worker, event.blocks, now)
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._cached[worker])
@@ -346,8 +317,7 @@ class PolicyHost:
         else:
             program = _Program(program_id, one_off=False, parent=parent)
         self.programs[program.id] = program
-        self.emit(ev.ProgramStarted(now, program.id, 1 if program.one_off else 0))
-        self.policy.on_program_start(program.id, now)
+        self.program_started(program.id, 1 if program.one_off else 0, now)
         return program, True
 
     def _expire_idle(self, now: float) -> None:
@@ -375,30 +345,10 @@ class PolicyHost:
         program.hashes = hashes
         return hashes
 
-    def _routed(self, program: _Program, spec: RequestSpec, worker: str, held_s: float, created: bool, now: float) -> Call:
-        if worker not in self.routed or worker in self.lost:
-            state = "lost" if worker in self.lost else "unknown"
-            raise ValueError(f"policy {self.policy.name} routed {spec.id} to {state} worker {worker!r}")
-        self.routed[worker] += 1
-        self.in_flight_on[worker] += 1
-        program.in_flight += 1
-        self.in_flight += 1
-        self.emit(ev.RequestRouted(now, spec.id, worker))  # the step's time: events of one step share it
-        return Call(spec, worker, held_s, created)
-
-    def _landed(self, call: Call, program: _Program) -> None:
-        """``call`` is no longer in flight (finished, failed or about to be retried)."""
-        self.in_flight -= 1
-        self.in_flight_on[call.worker] -= 1
-        program.in_flight -= 1
-
     def _roll_back(self, program: _Program, spec: RequestSpec, created: bool, reason: str, worker: str = "") -> None:
-        now = self.clock()
-        self.failed += 1
         program.failed = True
         program.context_tokens = program.history_tokens
-        self.emit(ev.RequestDropped(now, spec.id, program.id, worker, reason))
-        self._apply(self.policy.on_turn_end(TurnEnd(program.id, spec.id, worker, spec.prompt_tokens, 0, 0, ok=False), now))
+        self.turn_failed(spec, worker, reason, self.clock())
         if created and program.turn == 0 and program.in_flight == 0 and not program.held:
             self.end_program(program.id)  # the call that created the program never happened
         else:
@@ -415,39 +365,21 @@ class PolicyHost:
             self._idle[program.id] = self.clock()
             self._idle.move_to_end(program.id)
 
-    def _apply(self, decisions: Sequence[ProgramDecision]) -> None:
-        now = self.clock()
-        for decision in decisions:
-            if isinstance(decision, Pause):
-                self.pauses += 1
-                self.emit(ev.ProgramPaused(now, decision.program))
-            elif isinstance(decision, Resume):
-                self.resumes += 1
-                self.emit(ev.ProgramResumed(now, decision.program, decision.worker, decision.forced))
-                program = self.programs.get(decision.program)
-                if program is not None:
-                    waiting, program.held = program.held, []
-                    for held in waiting:
-                        if not held.future.done():  # routed now: nothing may come between resume and route
-                            held.future.set_result(self._routed(program, held.spec, decision.worker, now - held.since, held.created, now))
-            elif isinstance(decision, Pin):
-                # Dynamo's workers offer no API to keep blocks referenced; the pin is not enforced.
-                if not self.ignored_pins:
-                    logger.warning("policy %s asks to pin KV blocks; live workers cannot, so pins are ignored", self.policy.name)
-                self.ignored_pins += 1
-            else:
-                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
+    def _resume_held(self, program_id: str, worker: str, now: float) -> None:
+        """Route the resumed program's held calls in this step: nothing may come between a
+        resume and the routing."""
+        program = self.programs.get(program_id)
+        if program is None:
+            return
+        waiting, program.held = program.held, []
+        for held in waiting:
+            if not held.future.done():
+                self.route(held.spec, worker, now)
+                program.in_flight += 1
+                held.future.set_result(Call(held.spec, worker, now - held.since, held.created))
 
     def _drop_cache(self, worker: str, now: float) -> None:
         """Every block ``worker`` had cached is gone (a cache reset, or the worker with it)."""
         removed = tuple(self._cached[worker])
         self._cached[worker].clear()
-        self._removed(worker, removed, now)
-
-    def _removed(self, worker: str, blocks: tuple[BlockHash, ...], now: float) -> None:
-        if not blocks:
-            return
-        if self.log_kv_events:
-            self.emit(ev.KvRemoved(now, worker, blocks))
-        if self.policy.wants_kv_events:
-            self.policy.on_kv_removed(worker, blocks, now)
+        self.kv_removed(worker, removed, now)

@@ -42,17 +42,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from tasim import events as ev
 from tasim.eventlog import EventWriter
+from tasim.host import build_policy, run_header
 from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost
 from tasim.live.kv_events import KvEvent, KvEventSubscriber
 from tasim.live.membership import Membership
 from tasim.live.status import prometheus_text, status_snapshot
-from tasim.policies import make_policy
 from tasim.scenario import Scenario
 from tasim.view import cluster_view
 
@@ -87,8 +86,7 @@ class _Router:
         if len(config.kv_event_endpoints) != len(self.view.workers):
             raise ValueError(f"{len(config.kv_event_endpoints)} KV event endpoints for {len(self.view.workers)} workers")
         self.block_size = self.view.workers[0].block_size
-        policy_seed = np.random.SeedSequence([self.scenario.seed, 2]).spawn(2)[0]
-        policy = make_policy(self.scenario.policy.name, self.scenario.policy.effective_params, self.view, np.random.default_rng(policy_seed))
+        policy = build_policy(self.scenario, self.view)
         self.writer = EventWriter(Path(config.events_path))
         self._t0 = time.monotonic()
         self.host = PolicyHost(
@@ -148,21 +146,8 @@ class _Router:
         """Start the clock and the log: on ``POST /run/start``, or at the first request."""
         if self.running or self.ended:
             return
-        s = self.scenario
         self._t0 = time.monotonic()
-        self.writer.write(
-            ev.RunStarted(
-                0.0,
-                s.name,
-                s.policy.name,
-                s.seed,
-                s.duration_s,
-                self.view.worker_ids,
-                self.block_size,
-                self.view.workers[0].kv_blocks,
-                s.metrics.warmup_s,
-            )
-        )
+        self.writer.write(run_header(self.scenario, self.view))
         if self.host.policy.tick_interval_s:
             self._tick_task = asyncio.create_task(self._ticks(self.host.policy.tick_interval_s))
         self.running = True
@@ -254,7 +239,7 @@ class _Router:
                 tokens = chunk.get("token_ids") or ()
                 if tokens and first:
                     first = False
-                    self.host.first_token(call)
+                    self.host.call_first_token(call)
                 reply.add(chunk, tokens)
                 if reply.finished:
                     chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, reply.output)}

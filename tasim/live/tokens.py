@@ -9,8 +9,7 @@ use id 1, so they never collide with a workload).
 
 from __future__ import annotations
 
-import numpy as np
-
+from tasim.determinism import token_rng
 from tasim.workloads import ProgramPlan
 
 FIRST_TOKEN_ID = 3
@@ -22,8 +21,9 @@ class PlanTokens:
         self.vocab_size = vocab_size
 
     def _draw(self, count: int, *key: int) -> list[int]:
-        rng = np.random.default_rng([self.seed, 11, *key])
-        return rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=count).tolist()
+        rng = token_rng(self.seed, *key)
+        ids: list[int] = rng.integers(FIRST_TOKEN_ID, self.vocab_size, size=count).tolist()
+        return ids
 
     def prompt(self, plan: ProgramPlan) -> list[int]:
         """The first call's prompt: the shared system prompt, then the task prompt."""

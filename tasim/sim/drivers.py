@@ -8,21 +8,15 @@ when a finite workload (a trace, a number of RL steps) is complete, or None for 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import simpy
 
-from tasim.model import RequestSpec, with_private_tail
 from tasim.scenario import AgentWorkload, DynamoTraceWorkload, MooncakeTraceWorkload, RolloutWorkload
-from tasim.traces import TraceRequest, read_dynamo_agent_trace, read_mooncake
-from tasim.workloads import Script, agent_script, plan_program
+from tasim.workloads import Script, agent_script, dynamo_trace_scripts, mooncake_scripts, plan_program
 
 if TYPE_CHECKING:
     from tasim.sim.runner import Simulation
-
-# Owner keys for the generated-token blocks of replayed requests (see tasim.model).
-_TRACE_OWNER_BASE = 1 << 26
 
 
 def start_workload(sim: Simulation) -> simpy.Event | None:
@@ -40,9 +34,9 @@ def start_workload(sim: Simulation) -> simpy.Event | None:
 
         return env.process(rollout_steps(sim, workload))
     if isinstance(workload, MooncakeTraceWorkload):
-        return env.process(_replay_mooncake(sim, workload))
+        return env.process(_replay(sim, mooncake_scripts(workload, sim.block_size)))
     if isinstance(workload, DynamoTraceWorkload):
-        return env.process(_replay_dynamo(sim, workload))
+        return env.process(_replay(sim, dynamo_trace_scripts(workload, sim.block_size)))
     raise TypeError(f"unsupported workload {workload!r}")
 
 
@@ -86,64 +80,11 @@ def _poisson_arrivals(sim: Simulation, workload: AgentWorkload, counter: Iterato
     yield sim.env.all_of(programs)
 
 
-def _replay_mooncake(sim: Simulation, workload: MooncakeTraceWorkload) -> Generator[simpy.Event, object, None]:
-    requests = read_mooncake(Path(workload.path), sim.block_size, workload.trace_block_size)[: workload.max_requests]
+def _replay(sim: Simulation, starts: Iterator[tuple[float, Script]]) -> Generator[simpy.Event, object, None]:
+    """Start each script at its time; done when every program has finished."""
     programs = []
-    for turns in _by_session(requests):
-        arrival = turns[0].arrival_s / workload.arrival_speedup
-        if arrival > sim.env.now:
-            yield sim.env.timeout(arrival - sim.env.now)
-        first = turns[0]
-        program = f"r{first.index}" if first.session is None else f"s:{first.session}"
-        script = Script(program, len(turns), _trace_calls(sim, program, turns))
+    for start_s, script in starts:
+        if start_s > sim.env.now:
+            yield sim.env.timeout(start_s - sim.env.now)
         programs.append(sim.env.process(sim.run_program(script)))
     yield sim.env.all_of(programs)
-
-
-def _by_session(requests: list[TraceRequest]) -> Iterator[list[TraceRequest]]:
-    """Each session's turns: the reader keeps them together, first turn first."""
-    turns: list[TraceRequest] = []
-    for request in requests:
-        if request.turn == 0 and turns:
-            yield turns
-            turns = []
-        turns.append(request)
-    if turns:
-        yield turns
-
-
-def _trace_calls(sim: Simulation, program: str, turns: list[TraceRequest]) -> Iterator[tuple[float, RequestSpec]]:
-    history = 0
-    for request in turns:
-        prompt, output = _at_least_one(request.prompt_tokens, request.output_tokens)
-        hashes = with_private_tail(request.block_hashes, prompt + output, _TRACE_OWNER_BASE + request.index, sim.block_size)
-        yield request.delay_s, RequestSpec(f"{program}.{request.turn}", program, request.turn, prompt, output, history, hashes)
-        history = prompt + output
-
-
-def _replay_dynamo(sim: Simulation, workload: DynamoTraceWorkload) -> Generator[simpy.Event, object, None]:
-    sessions = read_dynamo_agent_trace(Path(workload.path), sim.block_size)[: workload.max_sessions]
-    programs = []
-    owners = iter(range(_TRACE_OWNER_BASE, 1 << 34))  # one per replayed request
-    for session in sessions:
-        if session.start_s > sim.env.now:
-            yield sim.env.timeout(session.start_s - sim.env.now)
-        script = Script(session.id, len(session.turns), _session_calls(sim, session, owners, workload.gap_scale))
-        programs.append(sim.env.process(sim.run_program(script)))
-    yield sim.env.all_of(programs)
-
-
-def _session_calls(sim: Simulation, session, owners, gap_scale: float):  # type: ignore[no-untyped-def]
-    bs = sim.block_size
-    history = 0
-    for turn, step in enumerate(session.turns):
-        prompt, output = _at_least_one(step.prompt_tokens, step.output_tokens)
-        hashes = with_private_tail(step.block_hashes, prompt + output, next(owners), bs)
-        yield step.gap_before_s * gap_scale, RequestSpec(f"{session.id}.{turn}", session.id, turn, prompt, output, history, hashes)
-        history = prompt + output
-
-
-def _at_least_one(prompt_tokens: int, output_tokens: int) -> tuple[int, int]:
-    """Traces may record empty prompts or outputs; an engine always computes at least one prompt
-    token and emits at least the first output token, so both count as one."""
-    return max(1, prompt_tokens), max(1, output_tokens)

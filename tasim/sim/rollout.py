@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
-import numpy as np
 import simpy
 
 from tasim import events as ev
+from tasim.determinism import training_rng
 from tasim.scenario import RolloutWorkload
 from tasim.workloads import agent_script, rollout_step_plans
 
@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[simpy.Event, object, None]:
     env = sim.env
     slots = simpy.Resource(env, capacity=workload.max_concurrency)
-    training_rng = np.random.default_rng([sim.scenario.seed, 4])
+    training = training_rng(sim.scenario.seed)
     batch = workload.prompts_per_step * workload.samples_per_prompt
     for step in range(workload.steps):
         sim.emit(ev.RolloutStarted(env.now, step, batch))
         plans = rollout_step_plans(workload, sim.scenario.seed, step, sim.scenario.max_context_tokens)
         yield env.all_of([env.process(_trajectory(sim, slots, plan)) for plan in plans])
         sim.emit(ev.RolloutFinished(env.now, step))
-        yield env.timeout(workload.training_s.sample(training_rng))
+        yield env.timeout(workload.training_s.sample(training))
         if workload.reset_prefix_cache:
             sim.clear_prefix_caches()
         sim.emit(ev.TrainingFinished(env.now, step))

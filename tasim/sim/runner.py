@@ -8,18 +8,18 @@ number of RL steps) has completed; requests still in flight then are counted as 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator
 from dataclasses import replace
 from operator import itemgetter
 
-import numpy as np
 import simpy
 
 from tasim import events as ev
+from tasim.determinism import PRIVATE_OUTPUTS, arrival_rng
+from tasim.host import Emit, HostCore, build_policy, run_header
 from tasim.model import BlockHash, RequestSpec, with_private_tail
 from tasim.perf import make_perf_model
-from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
-from tasim.policies.base import ProgramDecision
+from tasim.policies import Pin, Policy, Route
 from tasim.scenario import Scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
@@ -29,9 +29,6 @@ from tasim.sim.runs import Run
 from tasim.view import cluster_view
 from tasim.workloads import Script
 
-Emit = Callable[[ev.Event], None]
-# Owner keys for generated blocks no prompt can match (see tasim.model; above every other range).
-_PRIVATE_OUTPUT_OWNER_BASE = 1 << 33
 Progress = Callable[[float], None]
 
 
@@ -63,7 +60,7 @@ def served_len(scenario: Scenario) -> int:
     return scenario.max_context_tokens
 
 
-class Simulation:
+class Simulation(HostCore):
     """``policy`` overrides the scenario's policy with a ready object (e.g. one not in the
     registry); it must have been built for this simulation's `view`. ``fast_forward=False``
     simulates every decode step on its own (same outcome, much slower; for checking).
@@ -81,7 +78,6 @@ class Simulation:
         engine_factory: EngineFactory = Engine,
     ) -> None:
         self.scenario = scenario
-        self.emit = EventChecks(emit) if check else emit
         self._check = check
         self.env = Clock(self._catch_up)
         self._fast_forward = fast_forward
@@ -89,11 +85,9 @@ class Simulation:
         engine_cfg = cluster.engine
         self.block_size = engine_cfg.block_size
         self.view = cluster_view(scenario)
-        policy_seed, arrival_seed = np.random.SeedSequence([scenario.seed, 2]).spawn(2)
-        self.policy: Policy = policy or make_policy(
-            scenario.policy.name, scenario.policy.effective_params, self.view, np.random.default_rng(policy_seed)
-        )
-        self.arrival_rng = np.random.default_rng(arrival_seed)
+        policy = policy or build_policy(scenario, self.view)
+        super().__init__(policy, EventChecks(emit) if check else emit, scenario.metrics.log_kv_events)
+        self.arrival_rng = arrival_rng(scenario.seed)
         perf = make_perf_model(cluster)
         config = engine_config(scenario)
         self.engines = {w.id: engine_factory(w.id, config, perf, self) for w in self.view.workers}
@@ -107,7 +101,6 @@ class Simulation:
         # vLLM's front end refuses a prompt as long as it serves, and cuts the output of a
         # shorter one to fit (see `served_len`); the mocker takes any request
         self._served_len = config.max_model_len if engine_cfg.flavour == "vllm" else None
-        self._log_kv = scenario.metrics.log_kv_events
         self._reuse_output = engine_cfg.reuse_output_blocks
         self._private_outputs = 0
 
@@ -116,19 +109,7 @@ class Simulation:
     def run(self, progress: Progress | None = None) -> None:
         s = self.scenario
         env = self.env
-        self.emit(
-            ev.RunStarted(
-                0.0,
-                s.name,
-                s.policy.name,
-                s.seed,
-                s.duration_s,
-                self.view.worker_ids,
-                self.block_size,
-                self.view.workers[0].kv_blocks,
-                s.metrics.warmup_s,
-            )
-        )
+        self.emit(run_header(s, self.view))
         for index, engine in enumerate(self.engines.values()):
             self._workers[engine.worker] = env.process(self._worker(engine, index))
         workload_done = start_workload(self)
@@ -211,8 +192,7 @@ class Simulation:
         call; its client releases it then, later (on a process of its own, so a closed loop's
         next program does not wait) or never, as ``script.release_after_s`` says."""
         env = self.env
-        self.emit(ev.ProgramStarted(env.now, script.id, script.turns))
-        self.policy.on_program_start(script.id, env.now)
+        self.program_started(script.id, script.turns, env.now)
         context = 0
         for wait, spec in script.calls:
             if wait > 0:
@@ -222,19 +202,22 @@ class Simulation:
                 yield env.timeout(wait)
                 if tool:
                     self.emit(ev.ToolFinished(env.now, script.id))
-            self.emit(ev.RequestArrived(env.now, spec.id, spec.program, spec.turn, spec.prompt_tokens, spec.history_tokens, spec.output_tokens))
             done = self._waiters[spec.id] = env.event()
-            self._dispatch(spec)
-            outcome = yield done  # the policy has already seen the turn end (see on_finished)
-            assert isinstance(outcome, TurnEnd)
-            if not outcome.ok:
+            self._last_request[spec.program] = spec
+            decision = self.arrive(spec, env.now)
+            if isinstance(decision, Route):
+                self._submit(spec, decision.worker)
+            else:
+                self._held[spec.program] = spec
+            ok = yield done  # the policy has already heard the turn end (see `on_finished`)
+            if not ok:
                 completed = False
                 break
             context = spec.prompt_tokens + spec.output_tokens
         else:
             completed = script.turns > 0
         release = script.release_after_s
-        self.emit(ev.ProgramFinished(env.now, script.id, context, completed, released=release == 0.0))
+        self.program_finished(script.id, context, completed, release == 0.0, env.now)
         self._last_request.pop(script.id, None)  # no turn of it ends after this, so no pin comes
         if release == 0.0:
             self._release(script.id)
@@ -244,7 +227,7 @@ class Simulation:
     def _release(self, program: str) -> None:
         """The client's release (session-final): the policy forgets the program and its pin
         goes (an unreleased program's pin lasts until its TTL)."""
-        self._apply(self.policy.on_program_end(program, self.env.now))
+        self.program_released(program, self.env.now)
         if self._pin_serial.pop(program, None) is not None:
             self._unpin_everywhere(program)
 
@@ -262,7 +245,7 @@ class Simulation:
     def _ticks(self, interval: float) -> Generator[simpy.Event, object, None]:
         while True:
             yield self.env.timeout(interval)
-            self._apply(self.policy.on_tick(self.env.now))
+            self.tick(self.env.now)
 
     def _samples(self, interval: float) -> Generator[simpy.Event, object, None]:
         while True:
@@ -278,26 +261,10 @@ class Simulation:
             report(self.env.now)
             yield self.env.timeout(step)
 
-    # --- policy host -------------------------------------------------------------------------
+    # --- what a decision does here -----------------------------------------------------------
 
-    def _dispatch(self, spec: RequestSpec) -> None:
-        self._last_request[spec.program] = spec
-        decision = self.policy.on_request(spec, self.env.now)
-        if isinstance(decision, Route):
-            self._route(spec, decision.worker)
-        elif isinstance(decision, Hold):
-            self._held[spec.program] = spec
-            self.emit(ev.RequestHeld(self.env.now, spec.id, spec.program))
-            if decision.pause:
-                self.emit(ev.ProgramPaused(self.env.now, spec.program))
-        else:
-            raise TypeError(f"policy {self.policy.name} returned {decision!r} for a request; expected Route or Hold")
-
-    def _route(self, spec: RequestSpec, worker: str) -> None:
-        engine = self.engines.get(worker)
-        if engine is None:
-            raise ValueError(f"policy {self.policy.name} routed {spec.id} to unknown worker {worker!r}")
-        self.emit(ev.RequestRouted(self.env.now, spec.id, worker))
+    def _submit(self, spec: RequestSpec, worker: str) -> None:
+        """Hand a routed request to its worker's engine."""
         served = self._served_len
         if served is not None and spec.prompt_tokens + spec.output_tokens > served:
             if spec.prompt_tokens >= served:
@@ -306,14 +273,20 @@ class Simulation:
                 return
             spec = replace(spec, output_tokens=served - spec.prompt_tokens, block_hashes=spec.block_hashes[: served // self.block_size])
         self._changing(worker)
-        engine.submit(spec if self._reuse_output else self._private_output(spec))
+        self.engines[worker].submit(spec if self._reuse_output else self._private_output(spec))
         self._wake_worker(worker)
+
+    def _resume_held(self, program: str, worker: str, now: float) -> None:
+        held = self._held.pop(program, None)
+        if held is not None:
+            self.route(held, worker, now)
+            self._submit(held, worker)
 
     def _private_output(self, spec: RequestSpec) -> RequestSpec:
         """The request as an engine that cannot reuse generated blocks caches it: every block
         from the prompt's partial tail on gets a hash no prompt has."""
         self._private_outputs += 1
-        owner = _PRIVATE_OUTPUT_OWNER_BASE + self._private_outputs
+        owner = PRIVATE_OUTPUTS.key(self._private_outputs)
         hashes = with_private_tail(spec.prompt_block_hashes(self.block_size), spec.prompt_tokens + spec.output_tokens, owner, self.block_size)
         return replace(spec, block_hashes=hashes)
 
@@ -322,22 +295,7 @@ class Simulation:
         if wake is not None and not wake.triggered:
             wake.succeed()
 
-    def _apply(self, decisions: Sequence[ProgramDecision]) -> None:
-        now = self.env.now
-        for decision in decisions:
-            if isinstance(decision, Pause):
-                self.emit(ev.ProgramPaused(now, decision.program))
-            elif isinstance(decision, Resume):
-                self.emit(ev.ProgramResumed(now, decision.program, decision.worker, decision.forced))
-                held = self._held.pop(decision.program, None)
-                if held is not None:
-                    self._route(held, decision.worker)
-            elif isinstance(decision, Pin):
-                self._pin(decision)
-            else:
-                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
-
-    def _pin(self, pin: Pin) -> None:
+    def _pin(self, pin: Pin, now: float) -> bool:
         spec = self._last_request.get(pin.program)
         engine = self.engines.get(pin.worker)
         if spec is None or engine is None:
@@ -346,8 +304,9 @@ class Simulation:
         self._changing(pin.worker)
         blocks = engine.pin(pin.program, spec.block_hashes)
         serial = self._pin_serial[pin.program] = self._pin_serial.get(pin.program, 0) + 1
-        self.emit(ev.ProgramPinned(self.env.now, pin.program, pin.worker, blocks, pin.ttl_s))
+        self.emit(ev.ProgramPinned(now, pin.program, pin.worker, blocks, pin.ttl_s))
         self.env.process(self._expire_pin(engine, pin.program, pin.ttl_s, serial))
+        return True
 
     def _expire_pin(self, engine: StepEngine, program: str, ttl_s: float, serial: int) -> Generator[simpy.Event, object, None]:
         yield self.env.timeout(ttl_s)
@@ -376,33 +335,19 @@ class Simulation:
         self.emit(ev.RequestPreempted(now, request.id, worker, lost_tokens))
 
     def on_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
-        if self._log_kv:
-            if stored:
-                self.emit(ev.KvStored(now, worker, tuple(stored)))
-            if removed:
-                self.emit(ev.KvRemoved(now, worker, tuple(removed)))
-        if self.policy.wants_kv_events:
-            if stored:
-                self.policy.on_kv_stored(worker, stored, now)
-            if removed:
-                self.policy.on_kv_removed(worker, removed, now)
+        self.kv_stored(worker, stored, now)
+        self.kv_removed(worker, removed, now)
 
     def on_first_token(self, worker: str, request: RequestSpec, now: float) -> None:
-        self.emit(ev.FirstToken(now, request.id))
-        self.policy.on_first_token(request.id, worker, now)
+        self.first_token(request.id, worker, now)
+
+    # The policy hears a turn end at once, while the engine still holds the request's blocks (a
+    # pin must take them before the next step can evict them); then the program wakes.
 
     def on_finished(self, worker: str, request: RequestSpec, cached_tokens: int, now: float) -> None:
-        self.emit(ev.RequestFinished(now, request.id, request.program, worker, request.prompt_tokens, request.output_tokens, cached_tokens))
-        self._end_turn(
-            TurnEnd(request.program, request.id, worker, request.prompt_tokens, request.output_tokens, cached_tokens, tool=request.tool_call)
-        )
+        self.turn_finished(request, worker, request.prompt_tokens, request.output_tokens, cached_tokens, now, tool=request.tool_call)
+        self._waiters.pop(request.id).succeed(True)
 
     def on_dropped(self, worker: str, request: RequestSpec, reason: str, now: float) -> None:
-        self.emit(ev.RequestDropped(now, request.id, request.program, worker, reason))
-        self._end_turn(TurnEnd(request.program, request.id, worker, request.prompt_tokens, 0, 0, ok=False))
-
-    def _end_turn(self, turn: TurnEnd) -> None:
-        """Tell the policy now, while the engine still holds the request's blocks (a pin must
-        take them before the next step can evict them), then wake the program."""
-        self._apply(self.policy.on_turn_end(turn, self.env.now))
-        self._waiters.pop(turn.request).succeed(turn)
+        self.turn_failed(request, worker, reason, now)
+        self._waiters.pop(request.id).succeed(False)

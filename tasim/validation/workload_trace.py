@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from tasim.determinism import arrival_rng
 from tasim.model import blocks_for
 from tasim.scenario import AgentWorkload, MooncakeTraceWorkload, Scenario
 from tasim.traces.common import MAX_TRACE_ID, check_block_sizes
@@ -87,7 +86,7 @@ def _program_starts(scenario: Scenario, workload: AgentWorkload) -> Iterator[flo
         yield from (0.0 for _ in range(workload.concurrency))
         return
     assert workload.rate_per_s is not None
-    rng = np.random.default_rng([scenario.seed, 4])
+    rng = arrival_rng(scenario.seed)  # the simulator's arrivals for this seed
     now = float(rng.exponential(1.0 / workload.rate_per_s))
     while now < scenario.duration_s:
         yield now

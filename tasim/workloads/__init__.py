@@ -2,9 +2,20 @@
 
 Every workload kind becomes a stream of `Script`s: a program id and its calls, each an LLM
 request preceded by a wait (environment set-up before the first call, the tool call or think
-time before later ones). The simulator runs scripts; live drivers can run the same scripts.
+time before later ones): synthetic agent programs and RL rollouts (`programs`), recorded traces
+(`traces`). The simulator runs scripts; live drivers can run the same scripts.
 """
 
 from tasim.workloads.programs import ProgramPlan, Script, TurnPlan, agent_script, plan_program, rollout_step_plans
+from tasim.workloads.traces import dynamo_trace_scripts, mooncake_scripts
 
-__all__ = ["ProgramPlan", "Script", "TurnPlan", "agent_script", "plan_program", "rollout_step_plans"]
+__all__ = [
+    "ProgramPlan",
+    "Script",
+    "TurnPlan",
+    "agent_script",
+    "dynamo_trace_scripts",
+    "mooncake_scripts",
+    "plan_program",
+    "rollout_step_plans",
+]

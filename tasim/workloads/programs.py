@@ -14,13 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasim.model import SHARED_OWNER, RequestSpec, Segment, chained_block_hashes
+from tasim.determinism import PROGRAMS, PROMPT_GROUPS, SHARED_PROMPT, program_rng, prompt_group_rng
+from tasim.model import RequestSpec, Segment, chained_block_hashes
 from tasim.scenario import ProgramShape, RolloutWorkload
-
-# Owner keys (see tasim.model): 0 is the shared system prompt, prompt groups count up from 1,
-# programs from 2**20.
-_GROUP_OWNER_BASE = 1
-_PROGRAM_OWNER_BASE = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +62,8 @@ def plan_program(
     """Draw program ``index``; turns stop before one whose prompt + output would exceed
     ``max_context_tokens`` (an agent hitting its model's context limit). With ``group``, the
     task prompt length is drawn once per group, so every sample of a prompt has the same one."""
-    rng = np.random.default_rng([seed, 1, index])
-    task_rng = np.random.default_rng([seed, 3, group]) if group is not None else rng
+    rng = program_rng(seed, index)
+    task_rng = prompt_group_rng(seed, group) if group is not None else rng
     task = shape.task_prompt_tokens.sample_int(task_rng, minimum=1)
     planned = shape.turns.sample_int(rng, minimum=1)
     setup = shape.setup_s.sample(rng)
@@ -106,9 +102,9 @@ def agent_script(plan: ProgramPlan, block_size: int) -> Script:
 
 
 def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestSpec]]:
-    owner = _PROGRAM_OWNER_BASE + plan.index
-    task_owner = owner if plan.group is None else _GROUP_OWNER_BASE + plan.group
-    system = Segment(plan.system_tokens, SHARED_OWNER)
+    owner = PROGRAMS.key(plan.index)
+    task_owner = owner if plan.group is None else PROMPT_GROUPS.key(plan.group)
+    system = Segment(plan.system_tokens, SHARED_PROMPT.key(0))
     task = Segment(plan.system_tokens + plan.task_tokens, task_owner)
     context = plan.system_tokens + plan.task_tokens
     history = 0

@@ -65,6 +65,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tasim import events as ev
+from tasim.determinism import policy_rng
 from tasim.live.host import Call, Held, PolicyHost
 from tasim.policies import POLICIES, make_policy, policy_class
 from tasim.view import ClusterView, WorkerInfo
@@ -154,7 +155,7 @@ class TasimLoadBalancer:
     def __init__(self, servers: dict[str, Any], config: dict[str, Any]) -> None:
         self.config, self._params = parse_config(config)
         self._t0 = time.monotonic()
-        self._rng = np.random.default_rng(self.config.seed)
+        self._rng = policy_rng(self.config.seed)  # the tie-breaks tasim simulates and routes with for this seed
         self._handles: dict[str, Any] = {}
         self._active: set[str] = set()
         self._inflight: dict[str, int] = {}

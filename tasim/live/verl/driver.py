@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from tasim.determinism import training_rng
 from tasim.live.errors import LiveError
 from tasim.live.stack import HOST, LiveStack
 from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
@@ -131,7 +132,7 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
     agent_loops.write_text(f"- name: {AGENT_NAME}\n  _target_: tasim.live.verl.agent_loop.TasimAgentLoop\n")
     config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops)
     tokens = PlanTokens(scenario.seed, vocab_size(stack.model_path))
-    training = np.random.default_rng([scenario.seed, 4])
+    training = training_rng(scenario.seed)
     result = VerlResult()
     # Ray on loopback only, like the rest of the stack.
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address=HOST)
