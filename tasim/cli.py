@@ -25,6 +25,7 @@ from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
 from tasim.measurements.schema import MeasurementError
 from tasim.policy_spec import PolicySpec, PolicySpecError
+from tasim.presets import scenario_path
 from tasim.render import param_rows, print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, shown
@@ -51,7 +52,7 @@ def _build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     simulate = commands.add_parser("simulate", help="run one scenario in the simulator")
-    simulate.add_argument("scenario", help="scenario YAML file")
+    simulate.add_argument("scenario", help="scenario YAML file, or a preset's name (tasim scenarios lists them)")
     simulate.add_argument("--policy", metavar="SPEC", help=POLICY_HELP)
     simulate.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     simulate.add_argument("--out", type=Path, help="output directory (default: runs/<scenario>-<policy>-s<seed>)")
@@ -76,7 +77,7 @@ def _build_parser() -> argparse.ArgumentParser:
     report.add_argument("--json", action="store_true", help="print the summary as JSON instead of a table")
 
     compare = commands.add_parser("compare", help="run one scenario under several policies (and one swept field)")
-    compare.add_argument("scenario", help="scenario YAML file")
+    compare.add_argument("scenario", help="scenario YAML file, or a preset's name (tasim scenarios lists them)")
     compare.add_argument(
         "--policies",
         required=True,
@@ -103,7 +104,7 @@ def _build_parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="cross-validate tasim against another simulator or published measurements")
     against = validate.add_subparsers(dest="against", required=True, parser_class=_Parser)
     dynamo = against.add_parser("dynamo", help="replay the scenario's workload through Dynamo's own replay and through tasim, side by side")
-    dynamo.add_argument("scenario", help="scenario YAML file (workload kind mooncake_trace or agent)")
+    dynamo.add_argument("scenario", help="scenario YAML file or preset name (workload kind mooncake_trace or agent)")
     dynamo.add_argument(
         "--routers",
         default="round_robin,kv_router",
@@ -127,7 +128,7 @@ def _build_parser() -> argparse.ArgumentParser:
     dynamo.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     dynamo.add_argument("--out", type=Path, help="output directory (default: runs/validate-<scenario>)")
     vllm = against.add_parser("vllm", help="run the scenario on tasim's engine and on vLLM's own scheduler, and compare request by request")
-    vllm.add_argument("scenario", help="scenario YAML file (any workload; any policy but continuum)")
+    vllm.add_argument("scenario", help="scenario YAML file or preset name (any workload; any policy but continuum)")
     vllm.add_argument(
         "--step-ms",
         type=_positive_float,
@@ -185,7 +186,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
 
     live = commands.add_parser("live", help="serve the policy as a Dynamo router and drive the scenario's programs through it")
-    live.add_argument("scenario", help="scenario YAML file (workload kind agent)")
+    live.add_argument("scenario", help="scenario YAML file or preset name (workload kind agent)")
     live.add_argument("--policy", metavar="SPEC", help=POLICY_HELP)
     live.add_argument(
         "--engine", choices=("mocker", "vllm", "sglang"), default="mocker", help="workers: Dynamo's mocker (CPU, default) or real engines on GPUs"
@@ -211,7 +212,7 @@ def _build_parser() -> argparse.ArgumentParser:
     live.add_argument("--out", type=Path, help="output directory (default: runs/live-<scenario>-<policy>-s<seed>)")
 
     calibrate = commands.add_parser("calibrate", help="fit scenario fields to published measurements and report how well the fit predicts the rest")
-    calibrate.add_argument("scenario", help="scenario YAML file to calibrate (the set-up the measurements ran)")
+    calibrate.add_argument("scenario", help="scenario YAML file or preset name to calibrate (the set-up the measurements ran)")
     calibrate.add_argument("--against", required=True, type=Path, metavar="MEASUREMENTS", help="measurement file (measurements/*.yaml)")
     calibrate.add_argument(
         "--fit",
@@ -302,7 +303,7 @@ def _policy_overrides(args: argparse.Namespace) -> list[str]:
 
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
     # --policy's first, so a --set policy.params.KEY=VALUE lands on top of the params it clears
-    return load_scenario(args.scenario, [*_policy_overrides(args), *_seeded(args)])
+    return load_scenario(scenario_path(args.scenario), [*_policy_overrides(args), *_seeded(args)])
 
 
 def _default_out(scenario: Scenario) -> Path:
@@ -342,7 +343,7 @@ def _compare(args: argparse.Namespace) -> int:
     specs = compare.parse_policies(args.policies)
     sweep = compare.parse_sweep(args.sweep) if args.sweep else None
     compare.check_overrides(args.overrides, sweep, args.seed)
-    plan = compare.plan_runs(args.scenario, specs, sweep, _seeded(args))
+    plan = compare.plan_runs(str(scenario_path(args.scenario)), specs, sweep, _seeded(args))
     out = _output_dir(args.out or Path("runs") / f"compare-{plan.scenario.name}")
     jobs = min(args.jobs or compare.default_jobs(plan), len(plan.runs))
     progress = Console(stderr=True)
@@ -382,7 +383,7 @@ def _validate(args: argparse.Namespace) -> int:
         problem = lost_in_replay(Override.parse(assignment))
         if problem:
             raise UsageError(f"--set {shown(assignment)}: {problem}")
-    scenario = load_scenario(args.scenario, _seeded(args))
+    scenario = load_scenario(scenario_path(args.scenario), _seeded(args))
     out = _output_dir(args.out or Path("runs") / f"validate-{scenario.name}")
     trace, results = validate(scenario, out, list(dict.fromkeys(routers)), args.repeats)
     out.mkdir(parents=True, exist_ok=True)
@@ -484,7 +485,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     from tasim.calibration.space import parse_space
     from tasim.measurements.command import command_line
 
-    scenario = load_scenario(args.scenario, args.overrides)  # a bad file or --set costs no trial
+    path = scenario_path(args.scenario)
+    scenario = load_scenario(path, args.overrides)  # a bad file or --set costs no trial
     knobs = parse_space(args.fit, scenario)
     out = _output_dir(args.out or Path("runs") / f"calibrate-{scenario.name}")
     if args.write is not None:
@@ -495,7 +497,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise UsageError(f"--loo-trials: must be 0 (no leave-one-out) or more (got {loo_trials})")
     run_calibration(
         Request(
-            Path(args.scenario),
+            path,
             args.against,
             knobs,
             fitted,

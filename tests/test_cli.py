@@ -129,6 +129,26 @@ def test_missing_file_and_bad_flags(tmp_path: Path) -> None:
     assert_usage_error(tasim("report", str(tmp_path)), "no events.jsonl")
 
 
+def test_a_preset_name_stands_for_its_file(tmp_path: Path) -> None:
+    """Outside the checkout, simulate and compare take a preset's name; a file of that name wins."""
+    out = tmp_path / "out"
+    result = tasim("simulate", "mooncake-synthetic", "--set", "workload.max_requests=30", "--out", str(out), "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "run.json").read_text())["scenario"]["name"] == "mooncake-synthetic"
+    compared = tmp_path / "compared"
+    args = ("--policies", "round_robin", "--set", "workload.max_requests=30", "--out", str(compared))
+    result = tasim("compare", "mooncake-synthetic.yaml", *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (compared / "compare.json").is_file()
+    (tmp_path / "mooncake-synthetic.yaml").write_text(Path(TINY).read_text())
+    result = tasim("simulate", "mooncake-synthetic.yaml", "--out", str(out), "--quiet", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((out / "run.json").read_text())["scenario"]["name"] == "tiny"
+    for command in (["simulate"], ["compare", "--policies", "round_robin"], ["validate", "dynamo"], ["live"]):
+        result = tasim(*command, "no-such-preset", cwd=tmp_path)
+        assert_usage_error(result, "no-such-preset: file not found, nor a preset name", "`python -m tasim scenarios` lists the presets")
+
+
 def test_failed_run_keeps_earlier_results(tmp_path: Path) -> None:
     out = tmp_path / "run"
     assert tasim("simulate", TINY, "--out", str(out), "--quiet").returncode == 0

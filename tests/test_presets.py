@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import SCENARIOS, tasim
 
+from tasim.presets import PRESET_DIR, scenario_path
 from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.scenario import ScenarioError, load_scenario
 
 PRESETS = sorted(SCENARIOS.glob("*.yaml"))
 
@@ -53,3 +54,23 @@ def test_scenarios_command_lists_every_preset() -> None:
     lines = result.stdout.strip().splitlines()
     assert "INVALID" not in result.stdout
     assert sorted(line.split()[0] for line in lines) == [p.name for p in PRESETS]
+
+
+def test_the_checkout_finds_its_own_presets() -> None:
+    """Not installed as a wheel (the editable install, or tests run in the checkout), the presets
+    are the checkout's scenarios/; tests/test_wheel.py checks the wheel's own."""
+    assert SCENARIOS.resolve() == PRESET_DIR
+
+
+def test_scenario_path_takes_a_preset_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert scenario_path("swe-agent") == scenario_path("swe-agent.yaml") == PRESET_DIR / "swe-agent.yaml"
+    mine = tmp_path / "swe-agent.yaml"  # an existing file wins over the preset of its name
+    mine.write_text("name: mine\n")
+    assert scenario_path("swe-agent.yaml") == Path("swe-agent.yaml")
+    assert scenario_path(str(mine)) == mine
+    assert scenario_path("swe-agent") == PRESET_DIR / "swe-agent.yaml"
+    for argument in ("nope", "nope.yaml", "scenarios/swe-agent.yaml", "./swe-agent", "traces/README"):
+        with pytest.raises(ScenarioError) as error:
+            scenario_path(argument)
+        assert str(error.value) == f"{argument}: file not found, nor a preset name (`python -m tasim scenarios` lists the presets)"
