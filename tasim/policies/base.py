@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Generic
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
+from typing_extensions import TypeVar
 
 from tasim.model import BlockHash, RequestSpec
 from tasim.view import ClusterView
@@ -94,7 +95,12 @@ class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Policy:
+# A policy's validated parameters (its ``params_model``); a host that does not care which policy
+# it holds sees them as a plain BaseModel.
+ParamsT = TypeVar("ParamsT", bound=BaseModel, covariant=True, default=BaseModel)
+
+
+class Policy(Generic[ParamsT]):
     """Base class with no-op hooks; subclasses override what they need.
 
     ``params_model`` validates ``policy.params`` from the scenario file; ``tick_interval_s``
@@ -112,9 +118,9 @@ class Policy:
     tick_interval_s: float | None = None
     wants_kv_events: bool = False
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: ParamsT, rng: np.random.Generator) -> None:
         self.view = view
-        self.params = params
+        self.params: ParamsT = params
         self.rng = rng
         self.serving: list[str] = list(view.worker_ids)
 

@@ -7,11 +7,10 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import numpy as np
-from pydantic import BaseModel
 
 from tasim.model import RequestSpec
 from tasim.policies.base import ProgramDecision, TurnEnd, pick_uniform
-from tasim.policies.session_affinity import ProgramBlindRouter
+from tasim.policies.session_affinity import AffinityParams, ProgramBlindRouter
 from tasim.view import ClusterView
 
 
@@ -28,7 +27,7 @@ class LeastLoaded(ProgramBlindRouter):
     name: ClassVar[str] = "least_loaded"
     summary: ClassVar[str] = "each request to the worker with the fewest active requests (ties at random)"
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: AffinityParams, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
         self.active = {w: 0 for w in view.worker_ids}
         self._where: dict[str, str] = {}

@@ -35,14 +35,13 @@ class ContinuumParams(BaseModel):
     ema_alpha: float = Field(0.2, gt=0, le=1, description="weight of the newest observed tool time in the average")
 
 
-class Continuum(Policy):
+class Continuum(Policy[ContinuumParams]):
     name: ClassVar[str] = "continuum"
     summary: ClassVar[str] = "Continuum: sticky programs, KV pinned through short tool calls for a TTL"
     params_model: ClassVar[type[BaseModel]] = ContinuumParams
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: ContinuumParams, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
-        self.p: ContinuumParams = params  # type: ignore[assignment]
         self.placement: dict[str, str] = {}
         self.programs_on = {w: 0 for w in view.worker_ids}
         self.predicted_tool_s: dict[str | None, float] = {}  # per tool name; None: unnamed
@@ -54,7 +53,7 @@ class Continuum(Policy):
             at, tool = ended
             gap = now - at
             previous = self.predicted_tool_s.get(tool)
-            self.predicted_tool_s[tool] = gap if previous is None else previous + self.p.ema_alpha * (gap - previous)
+            self.predicted_tool_s[tool] = gap if previous is None else previous + self.params.ema_alpha * (gap - previous)
         worker = self.placement.get(request.program)
         if worker is None:
             worker = min(self.serving, key=self.programs_on.__getitem__)  # first worker on ties
@@ -65,8 +64,8 @@ class Continuum(Policy):
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
         self._turn_ended[turn.program] = (now, turn.tool)
         predicted = self.predicted_tool_s.get(turn.tool)  # None: not observed yet, so pinned
-        if turn.ok and (predicted is None or predicted <= self.p.pin_threshold_s):
-            return [Pin(turn.program, turn.worker, self.p.ttl_s)]
+        if turn.ok and (predicted is None or predicted <= self.params.pin_threshold_s):
+            return [Pin(turn.program, turn.worker, self.params.ttl_s)]
         return ()
 
     def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:

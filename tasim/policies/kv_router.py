@@ -29,11 +29,11 @@ from tasim.model import RequestSpec
 from tasim.policies.base import ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
-from tasim.policies.session_affinity import SessionAffinityPolicy
+from tasim.policies.session_affinity import AffinityParams, SessionAffinityPolicy
 from tasim.view import ClusterView
 
 
-class KvRouterParams(BaseModel):
+class KvRouterParams(AffinityParams):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes gt/ge and breaks a run
 
     overlap_score_credit: float = Field(1.0, ge=0, description="c: blocks of prefill credited per cached block")
@@ -96,15 +96,14 @@ def worker_cost(
     return params.prefill_load_scale * max(0.0, raw - credit) + (active_blocks + new_blocks) + params.decode_active_request_weight * active_requests
 
 
-class KvRouter(SessionAffinityPolicy):
+class KvRouter(SessionAffinityPolicy[KvRouterParams]):
     name: ClassVar[str] = "kv_router"
     summary: ClassVar[str] = "Dynamo 1.6.1 KV-aware router: prefix overlap vs. booked load, per request"
     params_model: ClassVar[type[BaseModel]] = KvRouterParams
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: KvRouterParams, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
-        p: KvRouterParams = params  # type: ignore[assignment]
-        self.p = p
+        p = params
         workers = view.worker_ids
         self.block_size = view.workers[0].block_size
         self._kv_blocks = {w.id: w.kv_blocks for w in view.workers}
@@ -134,7 +133,7 @@ class KvRouter(SessionAffinityPolicy):
         overlaps = self.index.overlaps(hashes, now) if self.index else {w: 0 for w in self._prefill}
         eligible = self._eligible()
         min_prefill = min(self._prefill[w] for w in eligible)
-        reuse = self.p.router_assume_kv_reuse
+        reuse = self.params.router_assume_kv_reuse
         costs = {}
         for w in eligible:
             if reuse:
@@ -145,7 +144,7 @@ class KvRouter(SessionAffinityPolicy):
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)
             costs[w] = worker_cost(
-                self.p,
+                self.params,
                 self.block_size,
                 request.prompt_tokens,
                 self._prefill[w],
@@ -166,7 +165,7 @@ class KvRouter(SessionAffinityPolicy):
         return Route(worker)
 
     def _eligible(self) -> list[str]:
-        threshold = self.p.active_decode_blocks_threshold
+        threshold = self.params.active_decode_blocks_threshold
         workers = self.serving
         if threshold is None:
             return workers
@@ -177,7 +176,7 @@ class KvRouter(SessionAffinityPolicy):
 
     def _bound_worker(self, program: str, costs: dict[str, float], now: float) -> str | None:
         worker = self.sessions.worker(program, now)
-        if self.p.session_affinity_mode == "soft" and worker not in costs:
+        if self.params.session_affinity_mode == "soft" and worker not in costs:
             return None
         return worker
 
@@ -185,7 +184,7 @@ class KvRouter(SessionAffinityPolicy):
         workers = list(costs)
         values = np.array([costs[w] for w in workers])
         low, high = float(values.min()), float(values.max())
-        temperature = self.p.router_temperature
+        temperature = self.params.router_temperature
         if temperature == 0 or high == low:
             ties = [w for w in workers if costs[w] == low] if temperature == 0 else workers
             return pick_uniform(self.rng, ties)

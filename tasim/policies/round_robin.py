@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import ClassVar
 
 import numpy as np
-from pydantic import BaseModel
 
 from tasim.model import RequestSpec
-from tasim.policies.session_affinity import ProgramBlindRouter
+from tasim.policies.session_affinity import AffinityParams, ProgramBlindRouter
 from tasim.view import ClusterView
 
 
@@ -21,7 +20,7 @@ class RoundRobin(ProgramBlindRouter):
     name: ClassVar[str] = "round_robin"
     summary: ClassVar[str] = "each request to the next worker in turn"
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: AffinityParams, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
         self._next = 0
 

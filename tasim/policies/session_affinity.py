@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeVar
 
 from tasim.model import RequestSpec
 from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
@@ -75,13 +76,16 @@ class AffinityParams(BaseModel):
     )
 
 
-class SessionAffinityPolicy(Policy):
+AffinityParamsT = TypeVar("AffinityParamsT", bound=AffinityParams, covariant=True)
+
+
+class SessionAffinityPolicy(Policy[AffinityParamsT]):
     """A policy whose params carry ``session_affinity_ttl_s``: keeps `sessions` up to date as
     requests end, programs end and workers are lost. Overrides call these first or last."""
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: AffinityParamsT, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
-        self.sessions = SessionBindings(params.session_affinity_ttl_s)  # type: ignore[attr-defined]
+        self.sessions = SessionBindings(params.session_affinity_ttl_s)
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
         self.sessions.request_ended(turn.program, now)
@@ -97,7 +101,7 @@ class SessionAffinityPolicy(Policy):
         return ()
 
 
-class ProgramBlindRouter(SessionAffinityPolicy):
+class ProgramBlindRouter(SessionAffinityPolicy[AffinityParams]):
     """A per-request router (`choose`) behind Dynamo's session affinity."""
 
     params_model = AffinityParams

@@ -163,16 +163,15 @@ class ProgramState:
     payload_chars: int = 0  # upstream's context_len: the last request's payload length
 
 
-class ThunderAgent(Policy):
+class ThunderAgent(Policy[ThunderAgentParams]):
     name: ClassVar[str] = "thunderagent"
     holds_requests: ClassVar[bool] = True
     summary: ClassVar[str] = "ThunderAgent program scheduler: sticky programs, pause at tool boundaries, resume by groups"
     params_model: ClassVar[type[BaseModel]] = ThunderAgentParams
 
-    def __init__(self, view: ClusterView, params: BaseModel, rng: np.random.Generator) -> None:
+    def __init__(self, view: ClusterView, params: ThunderAgentParams, rng: np.random.Generator) -> None:
         super().__init__(view, params, rng)
-        p: ThunderAgentParams = params  # type: ignore[assignment]
-        self.p = p
+        p = params
         self.tick_interval_s = p.scheduler_interval_s
         self._full_capacity = {w.id: w.kv_capacity_tokens + p.host_kv_tokens for w in view.workers}
         self.capacity = dict(self._full_capacity)  # the serving backends, in cluster order
@@ -189,21 +188,22 @@ class ThunderAgent(Policy):
         return [q for q in self.programs.values() if q.backend == backend and not q.paused]
 
     def _weighted(self, q: ProgramState) -> float:
-        return q.tokens * self.p.acting_token_weight if q.phase is Phase.ACTING else q.tokens
+        return q.tokens * self.params.acting_token_weight if q.phase is Phase.ACTING else q.tokens
 
     def _decayed(self, q: ProgramState, now: float) -> float:
-        if q.phase is not Phase.ACTING or self.p.acting_decay_tau_s is None:
+        if q.phase is not Phase.ACTING or self.params.acting_decay_tau_s is None:
             return self._weighted(q)
         # Both upstream (remaining_capacity_with_decay) and Dynamo (_program_tokens(decayed))
         # apply the decay to the raw token count, without acting_token_weight.
-        return q.tokens * 2.0 ** (-max(0.0, now - q.acting_since) / self.p.acting_decay_tau_s)
+        decay: float = 2.0 ** (-max(0.0, now - q.acting_since) / self.params.acting_decay_tau_s)  # float ** float may be complex
+        return q.tokens * decay
 
     def used(self, backend: str, now: float | None = None) -> float:
         """Tokens counted against ``backend``; decayed (upstream's resume side) when ``now``
         is given and a decay is configured."""
         programs = self._on(backend)
         tokens = sum(self._weighted(q) if now is None else self._decayed(q, now) for q in programs)
-        return tokens + self.p.buffer_per_program * len(programs)
+        return tokens + self.params.buffer_per_program * len(programs)
 
     # --- requests --------------------------------------------------------------------------
 
@@ -212,14 +212,14 @@ class ThunderAgent(Policy):
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
         q.steps += 1
-        payload_chars_per_token = self.p.payload_chars_per_token
+        payload_chars_per_token = self.params.payload_chars_per_token
         if payload_chars_per_token is None:
             q.tokens = request.prompt_tokens
         else:  # tasim has no text: a payload's length is taken as proportional to its tokens
             q.payload_chars = round(request.prompt_tokens * payload_chars_per_token)
             q.tokens = self._chars_per_token.tokens(q.payload_chars)
         q.phase = Phase.REASONING
-        if self.p.resume_on_origin:  # the only reader of q.blocks
+        if self.params.resume_on_origin:  # the only reader of q.blocks
             q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
         if q.paused:
             q.held_since = now
@@ -238,11 +238,11 @@ class ThunderAgent(Policy):
         return Hold(pause=True)
 
     def _admission_backend(self, tokens: int) -> str | None:
-        need = tokens + self.p.buffer_per_program
+        need = tokens + self.params.buffer_per_program
         fits = [b for b in self.capacity if self.capacity[b] - self.used(b) >= need]
         if not fits:
             return None
-        if self.p.variant == "upstream":  # fewest active program tokens, buffers excluded
+        if self.params.variant == "upstream":  # fewest active program tokens, buffers excluded
             return min(fits, key=lambda b: sum(self._weighted(q) for q in self._on(b)))
         return min(fits, key=lambda b: self.used(b))
 
@@ -250,9 +250,9 @@ class ThunderAgent(Policy):
         q = self.programs.get(turn.program)
         if q is None:
             return ()
-        if not turn.ok and not self.p.fix_failed_turn:
+        if not turn.ok and not self.params.fix_failed_turn:
             return ()  # upstream: no usage, so the program stays REASONING
-        if turn.ok and self.p.payload_chars_per_token is not None:
+        if turn.ok and self.params.payload_chars_per_token is not None:
             self._chars_per_token.learn(q.payload_chars, turn.prompt_tokens)
         q.tokens = turn.prompt_tokens + turn.output_tokens if turn.ok else q.tokens
         q.phase = Phase.ACTING
@@ -302,7 +302,7 @@ class ThunderAgent(Policy):
         return decisions
 
     def _expire_idle(self, now: float) -> None:
-        ttl = self.p.idle_ttl_s
+        ttl = self.params.idle_ttl_s
         if ttl is None:
             return
         for q in list(self.programs.values()):
@@ -314,9 +314,9 @@ class ThunderAgent(Policy):
         if not self.capacity:  # every backend lost: nowhere to resume
             return decisions
         for q in list(self.queue.values()):
-            if q.held_since is None or now - q.held_since < self.p.resume_timeout_s:
+            if q.held_since is None or now - q.held_since < self.params.resume_timeout_s:
                 continue
-            if self.p.variant == "dynamo":
+            if self.params.variant == "dynamo":
                 target = max(self.capacity, key=lambda b: self.capacity[b] - self.used(b, now))
             elif q.origin is None:
                 target = min(self.capacity, key=lambda b: len(self._on(b)))
@@ -326,12 +326,12 @@ class ThunderAgent(Policy):
         return decisions
 
     def _soft_demote(self, now: float) -> None:
-        low = self.p.soft_demote_threshold
+        low = self.params.soft_demote_threshold
         if low is None:
             return
-        until = now + 1.5 * self.p.scheduler_interval_s
+        until = now + 1.5 * self.params.scheduler_interval_s
         for backend, capacity in self.capacity.items():
-            if low <= self.used(backend) / capacity < self.p.pause_threshold:
+            if low <= self.used(backend) / capacity < self.params.pause_threshold:
                 for q in self._on(backend):
                     if not q.marked:
                         self.soft_demoted_until[q.id] = max(self.soft_demoted_until.get(q.id, 0.0), until)
@@ -345,7 +345,7 @@ class ThunderAgent(Policy):
         """The size the resume queue is sorted by: upstream sorts by ``PausedInfo.total_tokens``
         (the size when paused), Dynamo by the current size. Both then select and place by the
         current size, for a held program its waiting prompt: what it occupies once resumed."""
-        return q.paused_tokens if self.p.variant == "upstream" else q.tokens
+        return q.paused_tokens if self.params.variant == "upstream" else q.tokens
 
     def _resume_order(self, now: float) -> list[ProgramState]:
         def group(q: ProgramState) -> int:
@@ -357,10 +357,10 @@ class ThunderAgent(Policy):
 
         def key(q: ProgramState) -> tuple[int, float]:
             g = group(q)
-            if g == 1 and self.p.admission_order == "fifo":
+            if g == 1 and self.params.admission_order == "fifo":
                 return g, q.queued_at
-            if g == 1 and self.p.admission_order == "aged":
-                return g, self._order_size(q) - self.p.aging_tokens_per_s * (now - q.queued_at)
+            if g == 1 and self.params.admission_order == "aged":
+                return g, self._order_size(q) - self.params.aging_tokens_per_s * (now - q.queued_at)
             return g, self._order_size(q)
 
         return sorted(self.queue.values(), key=key)  # stable: ties keep pause order
@@ -368,9 +368,9 @@ class ThunderAgent(Policy):
     def _greedy_resume(self, now: float) -> list[ProgramDecision]:
         if not self.queue:
             return []
-        buffer = self.p.buffer_per_program
-        ceiling = self.p.pause_threshold - self.p.resume_hysteresis
-        decay_now = now if self.p.variant == "upstream" else None
+        buffer = self.params.buffer_per_program
+        ceiling = self.params.pause_threshold - self.params.resume_hysteresis
+        decay_now = now if self.params.variant == "upstream" else None
         rooms = {b: int(c * ceiling) - self.used(b, decay_now) for b, c in self.capacity.items()}
         rooms = {b: r for b, r in rooms.items() if r > buffer}
         if not rooms:
@@ -406,9 +406,9 @@ class ThunderAgent(Policy):
 
     def _placement(self, q: ProgramState, need: float, rooms: dict[str, float]) -> str:
         fits = [b for b, r in rooms.items() if r >= need]
-        if self.p.resume_on_origin and q.origin in fits and self._survives_on(q, q.origin):
-            return q.origin  # type: ignore[return-value]
-        if self.p.placement == "best_fit":
+        if self.params.resume_on_origin and q.origin in fits and self._survives_on(q, q.origin):
+            return q.origin
+        if self.params.placement == "best_fit":
             return min(fits, key=lambda b: rooms[b])
         # Upstream's "BFD" places on the backend with the most room (worst fit); ties go to
         # the first backend in cluster order, as a stable sort would leave them.
@@ -419,22 +419,22 @@ class ThunderAgent(Policy):
             return False
         cached = self._cached[backend]
         surviving = sum(1 for block in q.blocks if block in cached)
-        return surviving >= self.p.origin_min_cached_fraction * len(q.blocks)
+        return surviving >= self.params.origin_min_cached_fraction * len(q.blocks)
 
     def _pause_until_safe(self, now: float) -> list[ProgramDecision]:
         decisions: list[ProgramDecision] = []
         for backend, capacity in self.capacity.items():
             used = self.used(backend)
-            if used <= capacity * self.p.pause_threshold:
+            if used <= capacity * self.params.pause_threshold:
                 continue
-            target = capacity * min(self.p.pause_target, self.p.pause_threshold)
+            target = capacity * min(self.params.pause_target, self.params.pause_threshold)
             programs = self._on(backend)
             for q in sorted((q for q in programs if q.phase is Phase.ACTING), key=lambda q: q.tokens):
                 if used <= target:
                     break
                 if q.marked:
                     continue
-                used -= self._weighted(q) + self.p.buffer_per_program
+                used -= self._weighted(q) + self.params.buffer_per_program
                 decisions.append(self._pause(q, now))
             if used > target:
                 # Marking frees nothing now, so this marks every REASONING program on the
