@@ -37,7 +37,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,7 +231,7 @@ class _Router:
             return
         self.host.finish(call, *reply.engine_usage(call.spec.prompt_tokens))
 
-    async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: _Reply) -> AsyncIterator[dict[str, Any]]:
+    async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: _Reply) -> AsyncGenerator[dict[str, Any], None]:
         """One attempt: the worker's chunks, recorded in ``reply``."""
         first = True
         async for chunk in await self.client.direct(request, instance, annotated=False):

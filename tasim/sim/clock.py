@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable
 
 import simpy
+from simpy.events import EventPriority
 
 # Below simpy's URGENT (0) and NORMAL (1): step ends; above them: step starts. A worker's index
 # is added so that simultaneous engines act in a fixed order.
@@ -34,7 +35,7 @@ class Alarm(simpy.Event):
     def __init__(self, env: Clock, at: float, priority: int) -> None:
         # As simpy's Timeout initialises itself: an event already successful, merely scheduled.
         self.env = env
-        self.callbacks: list = []
+        self.callbacks: list[Callable[[simpy.Event], None]] = []
         self._value = None
         self._ok = True
         env.schedule_at(self, priority, at)
@@ -53,7 +54,7 @@ class Clock(simpy.Environment):
         if at < self._now:
             raise ValueError(f"cannot schedule at {at}, before now ({self._now})")
         # simpy's own schedule() takes a delay; its queue holds (time, priority, id, event).
-        heapq.heappush(self._queue, (at, priority, next(self._eid), event))
+        heapq.heappush(self._queue, (at, EventPriority(priority), next(self._eid), event))
 
     def step(self) -> None:
         t = self.peek()

@@ -80,9 +80,16 @@ class StepEngine(Protocol):
 
     worker: str
     iterations: int
-    pool: BlockCounts
-    running: Sized
-    waiting: Sized
+
+    # read-only here, so an engine may hold its own kinds of pool and queues
+    @property
+    def pool(self) -> BlockCounts: ...
+
+    @property
+    def running(self) -> Sized: ...
+
+    @property
+    def waiting(self) -> Sized: ...
 
     @property
     def has_work(self) -> bool: ...

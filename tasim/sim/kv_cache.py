@@ -215,16 +215,16 @@ class BlockPool:
             for start, stop in hold.ranges:
                 depth = start
                 while depth < stop:
-                    extent = self._heads.get(hold.hashes[depth])
+                    found = self._heads.get(hold.hashes[depth])
                     if (
-                        extent is None
-                        or extent.start != depth
-                        or extent.stop > stop
-                        or extent.hashes[extent.stop - 1] != hold.hashes[extent.stop - 1]
+                        found is None
+                        or found.start != depth
+                        or found.stop > stop
+                        or found.hashes[found.stop - 1] != hold.hashes[found.stop - 1]
                     ):
                         return f"a holder's block {hold.hashes[depth]} is not the start of a cached extent inside its range"
-                    referenced[id(extent)] = referenced.get(id(extent), 0) + 1
-                    depth = extent.stop
+                    referenced[id(found)] = referenced.get(id(found), 0) + 1
+                    depth = found.stop
         active_cached = 0
         for head, extent in [*self._heads.items(), *((d.hashes[d.start], d) for d in duplicates)]:
             if extent.refs != referenced.get(id(extent), 0):
@@ -420,6 +420,7 @@ class BlockPool:
         ranges = hold.ranges
         parent = hold.last
         if ranges and ranges[-1][1] == start:  # the holder has the block before
+            assert parent is not None  # a holder with a range has an extent holding its deepest block
             ranges[-1][1] = stop
             if parent.refs == 1 and not parent.children:  # its only holder: grow it in place
                 parent.hashes = hashes  # same blocks up to the old end (chained hashes)
