@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= runs/demo
 
-.PHONY: install demo test bench baseline validation vllm-validation reliability paper-shapes published clean
+.PHONY: install demo test lint bench baseline validation vllm-validation reliability paper-shapes published clean
 
 install: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps vllm==0.31.0 xgrammar==0.2.7 llguidance==1.7.6 apache-tvm-ffi==0.1.11
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test,lint]'
 	touch $@
 
 demo: install
@@ -30,6 +30,13 @@ demo: install
 
 test: install
 	$(BIN)/python -m pytest
+
+# ruff (lint rules and formatting, configured in pyproject.toml) and mypy (strict where
+# simulation and live mode share code: tasim/policies, tasim/sim, the policy hosts).
+lint: install
+	$(BIN)/ruff check tasim tests benchmarks
+	$(BIN)/ruff format --check tasim tests benchmarks
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-columns=mean,stddev,rounds
@@ -63,4 +70,4 @@ published: install
 		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/validation.md
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .benchmarks
+	rm -rf $(VENV) runs .pytest_cache .benchmarks .mypy_cache .ruff_cache
