@@ -89,7 +89,8 @@ class Pareto(_Dist):
 
     def sample(self, rng: np.random.Generator) -> float:
         u = 1.0 - float(rng.random())  # in (0, 1]
-        return min(self.scale / u ** (1.0 / self.alpha), self.max)
+        root: float = u ** (1.0 / self.alpha)  # of a positive u: real (float ** float is typed Any)
+        return min(self.scale / root, self.max)
 
     def mean(self) -> float:
         return self.alpha * self.scale / (self.alpha - 1) if self.alpha > 1 else math.inf
@@ -117,7 +118,8 @@ class Empirical(_Dist):
         if self.weights is None:
             return None
         w = np.asarray(self.weights, dtype=float)
-        return w / w.sum()
+        probabilities: np.ndarray = w / w.sum()
+        return probabilities
 
     def sample(self, rng: np.random.Generator) -> float:
         index = int(rng.choice(len(self.values), p=self._probabilities()))

@@ -28,7 +28,7 @@ class EventWriter:
         file = open(path, "wb")  # noqa: SIM115 (the writer holds it open until close())
         # gzip does not close the file it writes into, so a compressed log closes both
         self._outer: IO[bytes] | None = file if compress else None
-        raw: IO[bytes] = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if compress else file
+        raw: gzip.GzipFile | io.BufferedWriter = gzip.GzipFile(filename="", mode="wb", fileobj=file, mtime=0) if compress else file
         self._out = io.TextIOWrapper(raw, encoding="utf-8", newline="\n")
         self._dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode
 
@@ -56,7 +56,7 @@ def find_events(directory: Path) -> Path:
 def read_events(path: Path) -> Iterator[Event]:
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as lines:  # type: ignore[operator]
+        with opener(path, "rt", encoding="utf-8") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue

@@ -14,10 +14,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-_frozen = dataclass(frozen=True, slots=True)
 
-
-@_frozen
+@dataclass(frozen=True, slots=True)
 class Event:
     """Base class: ``t`` is simulated (or live) seconds since the run started."""
 
@@ -25,7 +23,7 @@ class Event:
     TYPE: ClassVar[str] = "event"
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RunStarted(Event):
     """Header of every log: what ran, so `report` needs nothing but the log."""
 
@@ -40,14 +38,14 @@ class RunStarted(Event):
     warmup_s: float
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ProgramStarted(Event):
     TYPE: ClassVar[str] = "program_started"
     program: str
     planned_turns: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestArrived(Event):
     """A turn's LLM call reaches the router. ``history_tokens``: prompt tokens this program
     already computed in earlier turns (what a perfect cache would serve)."""
@@ -61,21 +59,21 @@ class RequestArrived(Event):
     output_tokens: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestHeld(Event):
     TYPE: ClassVar[str] = "request_held"
     request: str
     program: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestRouted(Event):
     TYPE: ClassVar[str] = "request_routed"
     request: str
     worker: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class PrefillStarted(Event):
     """First admission into a running batch; ``cached_tokens`` came from the prefix cache."""
 
@@ -85,7 +83,7 @@ class PrefillStarted(Event):
     cached_tokens: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestPreempted(Event):
     """Recompute preemption: ``lost_tokens`` of computed KV are freed and must be redone."""
 
@@ -95,7 +93,7 @@ class RequestPreempted(Event):
     lost_tokens: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestReadmitted(Event):
     """A preempted request re-enters the batch; ``recompute_tokens`` are prefilled again and
     ``cached_tokens`` come from the prefix cache (its own surviving blocks included)."""
@@ -107,13 +105,13 @@ class RequestReadmitted(Event):
     cached_tokens: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class FirstToken(Event):
     TYPE: ClassVar[str] = "first_token"
     request: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestFinished(Event):
     TYPE: ClassVar[str] = "request_finished"
     request: str
@@ -124,7 +122,7 @@ class RequestFinished(Event):
     cached_tokens: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestDropped(Event):
     """The request can never run (e.g. it needs more KV blocks than the pool has)."""
 
@@ -135,7 +133,7 @@ class RequestDropped(Event):
     reason: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RequestRetried(Event):
     """The request's worker was lost under it (live mode); the call goes out again as a new
     request of the same turn, whose prompt holds any output already streamed to the client."""
@@ -147,26 +145,26 @@ class RequestRetried(Event):
     reason: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ToolStarted(Event):
     TYPE: ClassVar[str] = "tool_started"
     program: str
     duration_s: float
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ToolFinished(Event):
     TYPE: ClassVar[str] = "tool_finished"
     program: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ProgramPaused(Event):
     TYPE: ClassVar[str] = "program_paused"
     program: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ProgramResumed(Event):
     TYPE: ClassVar[str] = "program_resumed"
     program: str
@@ -174,7 +172,7 @@ class ProgramResumed(Event):
     forced: bool
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ProgramPinned(Event):
     """``blocks`` of the program's context stay referenced on ``worker`` for up to ``ttl_s``."""
 
@@ -185,7 +183,7 @@ class ProgramPinned(Event):
     ttl_s: float
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ProgramFinished(Event):
     """The program's last call ended (its client is done with it). ``completed``: every call
     succeeded (false when a request was dropped, or for a program with no call at all).
@@ -200,7 +198,7 @@ class ProgramFinished(Event):
     released: bool = True
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class ProgramReleased(Event):
     """The client of a finished program released it (``workload.release: {kind: after}``)."""
 
@@ -208,7 +206,7 @@ class ProgramReleased(Event):
     program: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class KvStored(Event):
     """Full blocks newly cached on a worker, in prefix order (only new stores are reported)."""
 
@@ -217,14 +215,14 @@ class KvStored(Event):
     blocks: tuple[int, ...]
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class KvRemoved(Event):
     TYPE: ClassVar[str] = "kv_removed"
     worker: str
     blocks: tuple[int, ...]
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class WorkerSample(Event):
     """Periodic snapshot of one worker's KV pool and queues."""
 
@@ -236,7 +234,7 @@ class WorkerSample(Event):
     waiting: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class WorkerLost(Event):
     """``worker`` died or left service discovery (live mode); its KV cache went with it and
     nothing is routed there until it joins again."""
@@ -246,7 +244,7 @@ class WorkerLost(Event):
     reason: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class WorkerJoined(Event):
     """A lost worker is serving again (restarted or replaced), with an empty KV cache."""
 
@@ -254,7 +252,7 @@ class WorkerJoined(Event):
     worker: str
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RolloutStarted(Event):
     """An RL step's rollout phase begins with ``trajectories`` to generate."""
 
@@ -263,7 +261,7 @@ class RolloutStarted(Event):
     trajectories: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RolloutFinished(Event):
     """The step's last trajectory finished; training starts."""
 
@@ -271,7 +269,7 @@ class RolloutFinished(Event):
     step: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class TrainingFinished(Event):
     """The weight update is done (prefix caches were reset if configured)."""
 
@@ -279,7 +277,7 @@ class TrainingFinished(Event):
     step: int
 
 
-@_frozen
+@dataclass(frozen=True, slots=True)
 class RunEnded(Event):
     TYPE: ClassVar[str] = "run_ended"
     engine_iterations: int
@@ -346,7 +344,7 @@ def to_record(event: Event) -> dict[str, Any]:
 def from_record(record: dict[str, Any]) -> Event:
     """Inverse of `to_record`; raises ValueError naming the problem for a bad record."""
     kind = record.get("type")
-    cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
+    cls = EVENT_TYPES.get(kind) if kind is not None else None
     if cls is None:
         raise ValueError(f"unknown event type {kind!r} (allowed: {', '.join(sorted(EVENT_TYPES))})")
     names = _FIELDS[cls]
@@ -354,7 +352,7 @@ def from_record(record: dict[str, Any]) -> Event:
     missing = [n for n in names if n not in record and n not in defaults]
     if missing:
         raise ValueError(f"{kind} event lacks field(s) {', '.join(missing)}")
-    values = []
+    values: list[Any] = []  # as decoded from JSON, lists made tuples
     for name in names:
         value = record[name] if name in record else defaults[name]
         values.append(tuple(value) if isinstance(value, list) else value)

@@ -9,7 +9,7 @@ first admission since the start (vLLM >= 0.11 leaves readmissions after a preemp
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,12 @@ class _Step:
     training_end: float | None = None
     output_tokens: int = 0
     finishes: list[float] = field(default_factory=list)
+
+
+def _rollout_end(step: _Step) -> float:
+    """When the rollout of ``step``, one whose rollout finished, ended."""
+    assert step.rollout_end is not None
+    return step.rollout_end
 
 
 def _straggler_share(step: _Step) -> float:
@@ -297,13 +303,13 @@ class MetricsFold:
         steps = [s for s in self._steps if s.rollout_end is not None]
         if not steps:
             return None
-        rollout_time = sum(s.rollout_end - s.started for s in steps)  # type: ignore[operator]
-        step_times = [(s.training_end or s.rollout_end) - s.started for s in steps]  # type: ignore[operator]
+        rollout_time = sum(_rollout_end(s) - s.started for s in steps)
+        step_times = [(s.training_end or _rollout_end(s)) - s.started for s in steps]
         tokens = sum(s.output_tokens for s in steps)
         return {
             "steps": len(steps),
             "step_time_s": _stats(step_times),
-            "rollout_time_s": _stats([s.rollout_end - s.started for s in steps]),  # type: ignore[operator]
+            "rollout_time_s": _stats([_rollout_end(s) - s.started for s in steps]),
             "rollout_tokens_per_s": tokens / rollout_time if rollout_time > 0 else 0.0,
             "step_tokens_per_s": tokens / sum(step_times) if sum(step_times) > 0 else 0.0,
             "trajectory_latency_s": _stats(self._trajectory_latency),
@@ -359,7 +365,9 @@ class MetricsFold:
         return result
 
 
-_HANDLERS = {
+# Each handler takes events of the type it is keyed by, a link the dict's type cannot state: its
+# event parameter is typed Any here, and `MetricsFold.apply` passes it only events of that type.
+_HANDLERS: dict[type[ev.Event], Callable[[MetricsFold, Any], None]] = {
     ev.RunStarted: MetricsFold._run_started,
     ev.ProgramStarted: MetricsFold._program_started,
     ev.RolloutStarted: MetricsFold._rollout_started,

@@ -42,8 +42,10 @@ def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
     if sweep.numeric:
         return list(sweep.values)
     # long labels (YAML mappings) would overlap side by side
-    slanted = {"rotation": 15, "ha": "right"} if max(map(len, sweep.texts)) > 12 else {}
-    ax.set_xticks(range(len(sweep.texts)), sweep.texts, **slanted)
+    if max(map(len, sweep.texts)) > 12:
+        ax.set_xticks(range(len(sweep.texts)), sweep.texts, rotation=15, ha="right")
+    else:
+        ax.set_xticks(range(len(sweep.texts)), sweep.texts)
     return list(range(len(sweep.texts)))
 
 
@@ -101,11 +103,12 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
     """throughput.png and hit_rate.png (with a sweep) and kv_utilization.png, under ``out``."""
     written = []
     if plan.sweep is not None:
+        metric: tuple[str, ...]
         if plan.rollouts:
-            throughput = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
+            metric, ylabel, title = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
         else:
-            throughput = ("steps_per_min",), "steps per minute (LLM calls/min)", "Throughput"
-        written.append(sweep_plot(plan, summaries, *throughput, out / "throughput.png"))
+            metric, ylabel, title = ("steps_per_min",), "steps per minute (LLM calls/min)", "Throughput"
+        written.append(sweep_plot(plan, summaries, metric, ylabel, title, out / "throughput.png"))
         written.append(
             sweep_plot(
                 plan, summaries, ("prefix_hit_rate",), "prefix hit rate (fraction of prompt tokens)", "Prefix cache hit rate", out / "hit_rate.png"

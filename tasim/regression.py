@@ -110,9 +110,10 @@ def drifts(results: dict[str, dict[str, float]], baseline: dict[str, dict[str, f
 
 def load_baseline(path: Path = BASELINE) -> dict[str, dict[str, float]]:
     try:
-        return json.loads(path.read_text())
+        baseline: dict[str, dict[str, float]] = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
+    return baseline
 
 
 def main(argv: Sequence[str] | None = None) -> int:

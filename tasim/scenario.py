@@ -220,9 +220,11 @@ class ProgramShape(_Strict):
     call whose output is appended to the context before the next turn."""
 
     system_prompt_tokens: NonNegativeInt = Field(0, le=10_000_000, description="shared by every program")
-    task_prompt_tokens: Distribution = 1000
-    turns: Distribution = 10
-    output_tokens: Distribution = 200
+    # A number is a Fixed distribution; validate_default=True, as in the model config, also tells
+    # type checkers that a default given as a number is validated into one.
+    task_prompt_tokens: Distribution = Field(1000, validate_default=True)
+    turns: Distribution = Field(10, validate_default=True)
+    output_tokens: Distribution = Field(200, validate_default=True)
     tool_latency_s: Distribution | None = Field(
         None, description="tool time after each call (none after the last); unset: 1 s, or each named tool's with tools"
     )
@@ -230,8 +232,8 @@ class ProgramShape(_Strict):
         None,
         description="named tool kinds a turn's output calls, drawn by share, each with its own latency (replaces tool_latency_s)",
     )
-    observation_tokens: Distribution = 500
-    setup_s: Distribution = Field(0, description="environment set-up before a program's first call")
+    observation_tokens: Distribution = Field(500, validate_default=True)
+    setup_s: Distribution = Field(0, validate_default=True, description="environment set-up before a program's first call")
     max_context_tokens: PositiveInt | None = Field(
         None, le=10_000_000, description="a program ends before a turn whose prompt would exceed this (default: model context)"
     )
@@ -291,7 +293,7 @@ class RolloutWorkload(ProgramShape):
     samples_per_prompt: PositiveInt = Field(8, le=10_000, description="n: trajectories per prompt")
     steps: PositiveInt = Field(2, le=100_000, description="training steps to simulate")
     max_concurrency: PositiveInt = Field(128, le=1_000_000, description="most trajectories in flight at once")
-    training_s: Distribution = Field(60, description="duration of each training phase")
+    training_s: Distribution = Field(60, validate_default=True, description="duration of each training phase")
     reset_prefix_cache: bool = Field(True, description="drop cached KV after each weight update")
 
     @model_validator(mode="after")
@@ -571,7 +573,7 @@ class Override:
     replaced) and refuse it instead."""
 
     key: tuple[str, ...]
-    value: Any
+    value: object
 
     @classmethod
     def parse(cls, assignment: str) -> Override:
@@ -678,6 +680,7 @@ def read_yaml(path: Path) -> Any:
         raw = yaml.load(text, Loader=_ScenarioLoader)  # noqa: S506 - a safe loader
     except _DuplicateKey as exc:
         mark = exc.problem_mark
+        assert mark is not None  # `_unique_keys_mapping` gives the repeated key's
         raise ScenarioError(f"{path}:{mark.line + 1}:{mark.column + 1}: {exc.problem}; give each key once") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)

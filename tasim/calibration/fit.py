@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from tasim.calibration import CalibrationError
 from tasim.calibration.space import Knob, field_value
@@ -23,6 +23,9 @@ from tasim.measurements.schema import MeasurementError, Measurements
 from tasim.parallel import map_in_processes
 from tasim.policy_spec import PolicySpec
 from tasim.scenario import Scenario
+
+if TYPE_CHECKING:
+    import optuna
 
 BATCH = 4
 # The loss of a point tasim has no value for (e.g. the run ended before its rollout did): as far
@@ -135,7 +138,7 @@ def search(
     done = 0
     while done < trials:
         batch = [study.ask() for _ in range(min(BATCH, trials - done))]
-        valid: list[tuple[Any, Plan]] = []
+        valid: list[tuple[optuna.trial.Trial, Plan]] = []
         for trial in batch:
             values = {knob.key: _suggest(trial, knob) for knob in knobs}
             try:
@@ -151,10 +154,11 @@ def search(
     if reasons and len(reasons) == done:
         raise CalibrationError(f"--fit: none of the {done} trials gave a valid scenario (first: {reasons[0]}); narrow the ranges")
     best = study.best_trial
-    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done, len(reasons))  # type: ignore[arg-type]
+    assert best.value is not None  # the best trial is a completed one, which has its loss
+    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done, len(reasons))
 
 
-def _suggest(trial: Any, knob: Knob) -> float:
+def _suggest(trial: optuna.trial.Trial, knob: Knob) -> float:
     if knob.integer:
         return trial.suggest_int(knob.key, int(knob.low), int(knob.high), log=knob.log)
     return trial.suggest_float(knob.key, knob.low, knob.high, log=knob.log)

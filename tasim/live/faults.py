@@ -27,7 +27,7 @@ from tasim.live.stack import LiveStack
 from tasim.live.tiny_model import vocab_size
 from tasim.presets import PRESET_DIR
 from tasim.rundir import RUN_FILE, SUMMARY_FILE, write_json
-from tasim.scenario import Scenario, load_scenario
+from tasim.scenario import AgentWorkload, Scenario, load_scenario
 
 WAIT_S = 90.0  # longest wait for the stack to reach a state (a restarted mocker joins in ~10 s)
 VICTIM = 1
@@ -168,9 +168,11 @@ def _figures(scenario: Scenario, events_path: Path, summary: dict[str, Any], res
                 after.add(program)
             elif joined_at is not None and event.worker == victim:
                 served_after_rejoin += 1
+    workload = scenario.workload
+    assert isinstance(workload, AgentWorkload)  # `fault_scenario`'s: the live-mocker preset's agent programs
     return FaultRun(
-        programs=scenario.workload.programs or 0,
-        concurrency=scenario.workload.concurrency,  # type: ignore[union-attr]
+        programs=workload.programs or 0,
+        concurrency=workload.concurrency,
         requests=result.requests,
         failed_requests=result.failed_requests,
         streaming_at_kill=timeline["streaming_at_kill"],

@@ -49,7 +49,7 @@ def _event(raw: Any) -> KvEvent | None:
         tokens = raw[3] if tag == "BlockStored" and len(raw) > 3 else ()
     else:
         return None
-    kind = _KINDS.get(tag)  # type: ignore[arg-type]
+    kind = _KINDS.get(tag) if tag is not None else None
     if kind is None:
         return None
     return KvEvent(kind, tuple(int(h) for h in hashes), tuple(tokens))
@@ -99,7 +99,7 @@ class KvEventSubscriber:
                 ready.set()
             while True:
                 for sock, _ in await poller.poll():
-                    self._receive(sockets[sock], await sock.recv_multipart())  # type: ignore[index]
+                    self._receive(sockets[sock], await sock.recv_multipart())
         finally:
             for sock in sockets:
                 sock.close(linger=0)

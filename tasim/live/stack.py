@@ -190,11 +190,13 @@ class LiveStack:
 
     def status(self) -> dict[str, Any]:
         """The router's ``GET /status``: workers, program table, request counts."""
-        return _request(urllib.request.Request(f"{self.status_url}/status"))  # type: ignore[no-any-return]
+        status: dict[str, Any] = _request(urllib.request.Request(f"{self.status_url}/status"))
+        return status
 
     def clear_caches(self) -> dict[str, Any]:
         """Empty the workers' prefix caches (``{"cleared": bool, "workers": {w: reply}}``)."""
-        return _post(f"{self.status_url}/caches/clear")
+        cleared: dict[str, Any] = _post(f"{self.status_url}/caches/clear")
+        return cleared
 
     def alive(self) -> list[str]:
         return [p.name for p in self.processes if p.popen.poll() is None]
@@ -225,6 +227,7 @@ class LiveStack:
     # --- processes -----------------------------------------------------------------------------
 
     def _env(self) -> dict[str, str]:
+        assert self.workdir is not None  # set by start()
         env = dict(os.environ)
         env.update(
             DYN_DISCOVERY_BACKEND="file",

@@ -49,7 +49,7 @@ def file_section(
     lines += ["| " + " | ".join(heads) + " |", "| " + " | ".join(["---", "---", "---", "---:", *("---:" for _ in shown), "---:", "---:"]) + " |"]
     for i, result in enumerate(results):
         point = result.point
-        before = [value_text(point, v[i]) if v[i] is not None else "—" for v in before_values]
+        before = [value_text(point, value) if (value := v[i]) is not None else "—" for v in before_values]
         now = value_text(point, result.tasim) if result.tasim is not None else f"— ({result.reason})"
         cells = [point.id, describe(m, point), f"{point.source}: {point.where}", published_text(point), *before, now, ratio_text(result.ratio)]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")

@@ -46,7 +46,7 @@ def _present(value: float | None, what: str) -> float:
 
 
 def _rollout(outcome: Outcome) -> dict[str, Any]:
-    rollout = outcome.summary["rollout"]
+    rollout: dict[str, Any] | None = outcome.summary["rollout"]
     if rollout is None:
         raise MetricUnavailable("no rollout step completed")
     return rollout
@@ -65,7 +65,9 @@ def _finished_rollout(outcome: Outcome) -> dict[str, Any]:
 def rollout_steps_per_min(outcome: Outcome) -> float:
     """LLM calls per minute of rollout time (training phases left out: the engines idle then)."""
     rollout = _finished_rollout(outcome)
-    return outcome.summary["requests_completed"] / (rollout["rollout_time_s"]["mean"] * rollout["steps"]) * 60
+    calls: int = outcome.summary["requests_completed"]
+    rollout_time_s: float = rollout["rollout_time_s"]["mean"] * rollout["steps"]
+    return calls / rollout_time_s * 60
 
 
 METRICS: dict[str, Metric] = {

@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.typing import LineStyleType
 
 from tasim.measurements.evaluate import PointResult
 from tasim.measurements.metrics import METRICS
@@ -44,11 +47,14 @@ def overview_plot(results: Sequence[PointResult], befores: Sequence[Record], pat
     for before, marker in zip(befores, BEFORE_MARKERS):
         pairs = [(v / r.point.published.value, y) for r, y in zip(results, ys) if (v := _before(before, r)) is not None and v > 0]
         if pairs:
-            ax.scatter(*zip(*pairs), marker=marker, color="tab:gray", s=36, label=before.heading, zorder=2)
+            ratios, rows = zip(*pairs)
+            ax.scatter(ratios, rows, marker=marker, color="tab:gray", s=36, label=before.heading, zorder=2)
     now = [(r.ratio, y) for r, y in zip(results, ys) if r.ratio is not None and r.ratio > 0]
     if now:
-        ax.scatter(*zip(*now), marker="o", color="tab:blue", s=24, label="now", zorder=3)
-    _ratio_axis(ax, [x for x, _ in now] + [x for collection in ax.collections for x, _ in collection.get_offsets()])
+        ratios, rows = zip(*now)
+        ax.scatter(ratios, rows, marker="o", color="tab:blue", s=24, label="now", zorder=3)
+    # the offsets of a scatter are an (n, 2) array of its points' x and y (the stubs say ArrayLike)
+    _ratio_axis(ax, [x for x, _ in now] + [x for collection in ax.collections for x, _ in np.asarray(collection.get_offsets())])
     ax.set_yticks(ys, [r.point.id for r in results], fontsize="x-small")
     ax.set_ylim(-1, len(results))
     ax.set_xlabel("tasim / published (log scale)")
@@ -95,13 +101,24 @@ def sweeps(results: Sequence[PointResult]) -> dict[tuple[str, str, bool, str], G
     return {key: series for key, series in groups.items() if any(len({x for x, _ in points}) >= 3 for points in series.values())}
 
 
-def _curve(ax: Axes, points: list[tuple[float, float]], **style: object) -> None:
+class _Style(TypedDict, total=False):
+    """The line properties `_curve` is given."""
+
+    color: str
+    marker: str
+    linestyle: LineStyleType
+    linewidth: float
+    alpha: float
+    zorder: int
+
+
+def _curve(ax: Axes, points: list[tuple[float, float]], **style: Unpack[_Style]) -> None:
     points = sorted(dict(points).items())
     if points:
-        ax.plot(*zip(*points), **style)  # type: ignore[arg-type]
+        ax.plot(*zip(*points), **style)
 
 
-BEFORE_STYLES = ("--", ":", "-.")
+BEFORE_STYLES: tuple[LineStyleType, ...] = ("--", ":", "-.")
 
 
 def sweep_plot(key: tuple[str, str, bool, str], group: Group, befores: Sequence[Record], path: Path) -> Path:
@@ -117,9 +134,9 @@ def sweep_plot(key: tuple[str, str, bool, str], group: Group, befores: Sequence[
         ax.scatter(
             [x for x, _ in points], [r.point.published.value for _, r in points], marker="s", s=64, facecolors="none", edgecolors=color, zorder=3
         )
-        ranges = [(x, r.point.published) for x, r in points if r.point.published.high is not None]
+        ranges = [(x, r.point.published.low, high) for x, r in points if (high := r.point.published.high) is not None]
         if ranges:  # a published range as a bar through its midpoint's square
-            ax.vlines([x for x, _ in ranges], [p.low for _, p in ranges], [p.high for _, p in ranges], colors=color, zorder=3)
+            ax.vlines([x for x, _, _ in ranges], [low for _, low, _ in ranges], [high for _, _, high in ranges], colors=color, zorder=3)
         _curve(ax, [(x, r.tasim) for x, r in points if r.tasim is not None], color=color, marker="o", zorder=2)
         for before, style in zip(befores, BEFORE_STYLES):
             _curve(

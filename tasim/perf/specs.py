@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from importlib import resources
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
@@ -75,9 +76,11 @@ class ModelSpec(BaseModel):
         return self.non_expert_params + self.moe_layers * distinct * self.expert_params
 
 
-def _load(resource: str) -> dict[str, dict]:
+def _load(resource: str) -> dict[str, dict[str, Any]]:
+    """A data file: each entry's name and its fields."""
     text = resources.files("tasim.perf").joinpath("data", resource).read_text()
-    return yaml.safe_load(text)
+    specs: dict[str, dict[str, Any]] = yaml.safe_load(text)
+    return specs
 
 
 @functools.cache

@@ -216,12 +216,7 @@ class BlockPool:
                 depth = start
                 while depth < stop:
                     found = self._heads.get(hold.hashes[depth])
-                    if (
-                        found is None
-                        or found.start != depth
-                        or found.stop > stop
-                        or found.hashes[found.stop - 1] != hold.hashes[found.stop - 1]
-                    ):
+                    if found is None or found.start != depth or found.stop > stop or found.hashes[found.stop - 1] != hold.hashes[found.stop - 1]:
                         return f"a holder's block {hold.hashes[depth]} is not the start of a cached extent inside its range"
                     referenced[id(found)] = referenced.get(id(found), 0) + 1
                     depth = found.stop

@@ -176,10 +176,11 @@ def _add_request(trace: _Trace, where: str, record: Record, event_ms: float) -> 
         )
     output_tokens = count_field(request, "output_tokens", where)
     replay = object_field(request, "replay", where)
-    _check_trace_block_size(trace, where, positive_field(replay, "trace_block_size", where))
+    trace_block_size = positive_field(replay, "trace_block_size", where)
+    _check_trace_block_size(trace, where, trace_block_size)  # now trace.trace_block_size
     input_length = count_field(replay, "input_length", where)
     hashes = id_list_field(replay, "input_sequence_hashes", where, _HASH_LIMIT)
-    check_hash_count(hashes, input_length, trace.trace_block_size, "input_sequence_hashes", where)
+    check_hash_count(hashes, input_length, trace_block_size, "input_sequence_hashes", where)
     trace.request_lines[request_id] = where
     trace.requests.append(_Request(where, request_id, session_id, parent_id, start_ms, end_ms, input_length, output_tokens, hashes))
 

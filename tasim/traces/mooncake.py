@@ -65,7 +65,7 @@ class _Line:
     hash_ids: list[int]
 
 
-def _parse_line(where: str, record: dict, trace_block_size: int) -> _Line:
+def _parse_line(where: str, record: Record, trace_block_size: int) -> _Line:
     session = string_field(record, "session_id", where) if "session_id" in record else None
     if session is None or "timestamp" in record:
         timestamp: float | None = time_field(record, "timestamp", where)

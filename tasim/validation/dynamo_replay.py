@@ -59,6 +59,8 @@ def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tu
     except Exception as exc:  # the Rust side raises plain Exceptions, e.g. its invariant checks
         raise DynamoUnavailable(f"Dynamo's replay failed ({router}): {exc}") from None
     wall = time.perf_counter() - started
+    per_request = report.per_request
+    assert per_request is not None  # asked for with capture_per_request=True
     records = [
         RequestRecord(
             arrival_ms=r["arrival_time_ms"],
@@ -69,7 +71,7 @@ def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tu
             reused_tokens=r["reused_input_tokens"],
             first_reused_tokens=r["admission_history"][0]["reused_input_tokens"],
         )
-        for r in report.per_request
+        for r in per_request
         if r["terminal_status"] == "completed"
     ]
-    return records, len(report.per_request) - len(records), wall
+    return records, len(per_request) - len(records), wall

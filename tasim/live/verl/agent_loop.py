@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+
+if TYPE_CHECKING:
+    from tasim.live.verl.client import DynamoProgramClient
 
 AGENT_NAME = "tasim_agent"
 
@@ -27,12 +30,16 @@ AGENT_NAME = "tasim_agent"
 _later_releases: set[asyncio.Task[None]] = set()
 
 
-async def _release_later(server_manager: Any, program: str, wait_s: float) -> None:
+async def _release_later(server_manager: DynamoProgramClient, program: str, wait_s: float) -> None:
     await asyncio.sleep(wait_s)
     await server_manager.end_program(program)
 
 
 class TasimAgentLoop(AgentLoopBase):
+    # verl hands every loop the client the manager was created with: `tasim.live.verl.driver`
+    # creates it with a DynamoProgramClient, whose end_program the loop calls.
+    server_manager: DynamoProgramClient
+
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         plan = kwargs["extra_info"]["tasim"]
         program: str = plan["program"]

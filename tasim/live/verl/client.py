@@ -44,7 +44,8 @@ class DynamoProgramClient(LLMServerClient):
         retry_delay_s: float = 0.1,
         timeout_s: float = 3600.0,
     ) -> None:
-        super().__init__(config, load_balancer_handle=None)
+        # No load balancer (verl's default, None): every call goes to the Dynamo frontend.
+        super().__init__(config)
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.model_name = model_name
         self.max_attempts = max_attempts
@@ -112,7 +113,9 @@ class DynamoProgramClient(LLMServerClient):
             return int(sampling_params["max_tokens"])
         # verl's servers cap a turn at the rollout's response budget left after the prompt.
         rollout = self.config.actor_rollout_ref.rollout
-        return max(1, min(rollout.response_length, rollout.prompt_length + rollout.response_length - prompt_tokens))
+        prompt_length: int = rollout.prompt_length
+        response_length: int = rollout.response_length
+        return max(1, min(response_length, prompt_length + response_length - prompt_tokens))
 
     async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
         if self._session is None or self._session.closed:

@@ -44,7 +44,8 @@ class Measured:
         return self._metric("e2e_mean_s", policy, c)
 
     def working_set(self, policy: str, c: int) -> float:
-        return self.summary(policy, c)["working_set_ratio"]
+        ratio: float = self.summary(policy, c)["working_set_ratio"]
+        return ratio
 
     def pool(self) -> str:
         tokens = next(o.summary["kv_pool_tokens"] for k, o in self.results.items() if k[0] == self.preset)
