@@ -12,8 +12,8 @@ from tasim import events as ev
 from tasim.rundir import run_simulation
 from tasim.scenario import parse_scenario
 from tasim.sim.drivers import WorkloadError
-from tasim.sim.engine import Engine, EngineConfig
-from tasim.sim.kv_cache import BlockPool, Hold
+from tasim.sim.engine import Engine, EngineSetup
+from tasim.sim.kv_cache import BlockPool, Claim
 from tasim.sim.runner import Simulation
 
 
@@ -81,10 +81,10 @@ def test_dropped_programs_are_not_completed(tmp_path: Path) -> None:
 def test_net_kv_events_when_a_block_is_evicted_and_stored_again() -> None:
     pool = BlockPool(2)
     assert pool.allocate(2)
-    hold = Hold([1, 2])
-    pool.register_run(hold, 0, 2)
+    claim = Claim([1, 2])
+    pool.register_run(claim, 0, 2)
     pool.drain_events()
-    pool.release(hold)
+    pool.release(claim)
     assert pool.allocate(1)  # evicts 2 (deepest first)
     pool.register_run(pool.acquire([1, 2], 1), 1, 2)  # ... and the same content is stored again
     assert pool.drain_events() == ([2], [])  # the index must end up holding block 2
@@ -93,7 +93,7 @@ def test_net_kv_events_when_a_block_is_evicted_and_stored_again() -> None:
 def test_recompute_counts_only_lost_kv(recorder: Recorder) -> None:
     # B is preempted after its first 8-token chunk of a 20-token prompt: 8 tokens are lost
     # (its full blocks were evicted), not the 20 it still had to compute.
-    cfg = EngineConfig(block_size=4, num_blocks=6, max_num_batched_tokens=8)
+    cfg = EngineSetup(block_size=4, num_blocks=6, max_num_batched_tokens=8)
     engine = Engine("w0", cfg, UnitStep(), recorder)
     engine.submit(spec("A", 4, 12, [1, 2, 3, 4]))
     engine.submit(spec("B", 20, 1, [10, 11, 12, 13, 14]))

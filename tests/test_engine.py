@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tasim.model import RequestSpec
 from tasim.perf.polynomial import DynamoPolynomial
-from tasim.sim.engine import Engine, EngineConfig
+from tasim.sim.engine import Engine, EngineSetup
 
 
 def run_until_idle(engine: Engine, now: float = 0.0, max_steps: int = 10_000) -> tuple[float, list[list[tuple[str, int]]]]:
@@ -35,12 +35,12 @@ def check_conservation(engine: Engine) -> None:
     # referenced exactly as many times as running requests hold it.
     refs: dict[int, int] = {}
     private = 0
-    for hold in engine._pins.values():
-        for block in hold.block_hashes():
+    for claim in engine._pins.values():
+        for block in claim.block_hashes():
             refs[block] = refs.get(block, 0) + 1
     for req in engine.running:
-        private += req.phys - req.hold.blocks
-        for block in req.hold.block_hashes():
+        private += req.phys - req.claim.blocks
+        for block in req.claim.block_hashes():
             refs[block] = refs.get(block, 0) + 1
     assert pool.active == private + len(refs)
     for block, count in refs.items():
@@ -48,7 +48,7 @@ def check_conservation(engine: Engine) -> None:
 
 
 def test_prefix_hit_on_repeated_prompt(recorder: Recorder) -> None:
-    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=64), UnitStep(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=4, num_blocks=64), UnitStep(), recorder)
     hashes = list(range(100, 104))  # prompt 10 + output 6 = 16 tokens = 4 full blocks
     engine.submit(spec("a", 10, 6, hashes))
     run_until_idle(engine)
@@ -60,7 +60,7 @@ def test_prefix_hit_on_repeated_prompt(recorder: Recorder) -> None:
 
 
 def test_fully_cached_aligned_prompt_recomputes_last_block(recorder: Recorder) -> None:
-    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=64), UnitStep(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=4, num_blocks=64), UnitStep(), recorder)
     hashes = [1, 2, 3]
     engine.submit(spec("a", 8, 4, hashes))
     run_until_idle(engine)
@@ -71,7 +71,7 @@ def test_fully_cached_aligned_prompt_recomputes_last_block(recorder: Recorder) -
 
 
 def test_chunked_prefill_split_and_running_first(recorder: Recorder) -> None:
-    cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=8)
+    cfg = EngineSetup(block_size=4, num_blocks=64, max_num_batched_tokens=8)
     engine = Engine("w0", cfg, UnitStep(), recorder)
     engine.submit(spec("d", 3, 4))  # short request: decodes while the long one prefills
     engine.submit(spec("p", 20, 2))
@@ -93,7 +93,7 @@ def test_chunked_prefill_split_and_running_first(recorder: Recorder) -> None:
 
 
 def test_no_chunking_blocks_prompt_over_budget(recorder: Recorder) -> None:
-    cfg = EngineConfig(block_size=4, num_blocks=64, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    cfg = EngineSetup(block_size=4, num_blocks=64, max_num_batched_tokens=8, enable_chunked_prefill=False)
     engine = Engine("w0", cfg, UnitStep(), recorder)
     engine.submit(spec("d", 3, 3))
     engine.submit(spec("q", 6, 1))
@@ -103,7 +103,7 @@ def test_no_chunking_blocks_prompt_over_budget(recorder: Recorder) -> None:
 
 
 def _preemption_engine(recorder: Recorder, preemption: str) -> Engine:
-    cfg = EngineConfig(block_size=2, num_blocks=6, preemption=preemption)  # type: ignore[arg-type]
+    cfg = EngineSetup(block_size=2, num_blocks=6, preemption=preemption)  # type: ignore[arg-type]
     engine = Engine("w0", cfg, UnitStep(), recorder)
     for rid, base in (("A", 10), ("B", 20), ("C", 30)):
         engine.submit(spec(rid, 3, 4, [base, base + 1, base + 2], block_size=2))
@@ -155,7 +155,7 @@ def test_preemption_oldest_first_preempts_self(recorder: Recorder) -> None:
 
 
 def test_request_larger_than_pool_is_dropped(recorder: Recorder) -> None:
-    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=4), UnitStep(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=4, num_blocks=4), UnitStep(), recorder)
     engine.submit(spec("big", 17, 1))  # needs 5 blocks
     engine.submit(spec("ok", 4, 1))
     run_until_idle(engine)
@@ -169,7 +169,7 @@ def test_polynomial_step_times_match_dynamo_replay(recorder: Recorder) -> None:
     first-token and completion times in ms: the first step prefills 3,000 + 3,000 + 2,192 tokens
     with no decode term, the second prefills 3,808 and decodes two requests at u = 2 x 3,001 /
     262,144, then 48 steps decode four requests and one step the last two."""
-    engine = Engine("w0", EngineConfig(block_size=64, num_blocks=4096), DynamoPolynomial(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=64, num_blocks=4096), DynamoPolynomial(), recorder)
     for rid in "abcd":
         engine.submit(spec(rid, 3000, 50, block_size=64))
     run_until_idle(engine)
@@ -180,7 +180,7 @@ def test_polynomial_step_times_match_dynamo_replay(recorder: Recorder) -> None:
 
 
 def test_pin_keeps_blocks_until_the_next_request_is_admitted(recorder: Recorder) -> None:
-    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=6), UnitStep(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=4, num_blocks=6), UnitStep(), recorder)
     engine.submit(spec("a", 8, 1, [1, 2]))
     run_until_idle(engine)
     assert engine.pin("p-a", (1, 2, 3)) == 2  # blocks 1 and 2 are resident; 3 never existed
@@ -211,7 +211,7 @@ requests_strategy = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), s
 )
 def test_block_conservation_and_completion(requests, num_blocks, budget, preemption, eviction) -> None:
     recorder = Recorder()
-    cfg = EngineConfig(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=6, preemption=preemption, eviction=eviction)
+    cfg = EngineSetup(block_size=4, num_blocks=num_blocks, max_num_batched_tokens=budget, max_num_seqs=6, preemption=preemption, eviction=eviction)
     engine = Engine("w0", cfg, UnitStep(), recorder)
     ids = []
     for i, (prompt, output, family) in enumerate(requests):
@@ -229,7 +229,7 @@ def test_kv_events_are_published_when_the_step_completes(recorder: Recorder) -> 
     """Blocks are registered (and evictions made) when a step is scheduled, but reported at its
     end, as vLLM and Dynamo's mocker publish them: a router routing mid-step still sees the
     blocks the running step is overwriting."""
-    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=3), UnitStep(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=4, num_blocks=3), UnitStep(), recorder)
     engine.submit(spec("a", 8, 1, [1, 2]))
     run_until_idle(engine)
     assert (recorder.stored, recorder.removed) == ([1, 2], [])
@@ -250,7 +250,7 @@ def test_a_recomputed_block_keeps_its_hash_cached_when_vllm_caches_duplicates(
     """B re-sends A's block-aligned prompt, so it recomputes block 101 (a hit stops one token
     short). C then evicts A's copy of 101. vLLM still has B's copy, so D hits both blocks; the
     mocker freed B's copy as private, so D hits one and 101 was reported removed."""
-    engine = Engine("w0", EngineConfig(block_size=16, num_blocks=12, cache_duplicates=duplicates), UnitStep(), recorder)
+    engine = Engine("w0", EngineSetup(block_size=16, num_blocks=12, cache_duplicates=duplicates), UnitStep(), recorder)
     engine.submit(spec("A", 32, 1, [100, 101], block_size=16))
     run_until_idle(engine)
     engine.submit(spec("B", 32, 1, [100, 101], block_size=16))

@@ -23,18 +23,18 @@ def _log(scenario: Scenario, fast_forward: bool) -> tuple[list[ev.Event], int]:
     """The event log, and how many steps the simulation folded into runs."""
     log: list[ev.Event] = []
     folded = 0
-    complete = runs.Run.complete
+    complete = runs.StepRun.complete
 
-    def counting(run: runs.Run, now: float) -> None:
+    def counting(run: runs.StepRun, now: float) -> None:
         nonlocal folded
         folded += run.steps - 1
         complete(run, now)
 
-    runs.Run.complete = counting  # type: ignore[method-assign]
+    runs.StepRun.complete = counting  # type: ignore[method-assign]
     try:
         Simulation(scenario, log.append, fast_forward=fast_forward).run()
     finally:
-        runs.Run.complete = complete  # type: ignore[method-assign]
+        runs.StepRun.complete = complete  # type: ignore[method-assign]
     return log, folded
 
 

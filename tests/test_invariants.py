@@ -17,7 +17,7 @@ from tasim.reliability import SMALL_RUNS, random_scenario
 from tasim.scenario import ScenarioError, load_scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.drivers import WorkloadError
-from tasim.sim.engine import Engine, EngineConfig
+from tasim.sim.engine import Engine, EngineSetup
 from tasim.sim.kv_cache import BlockPool
 from tasim.sim.runner import Simulation
 
@@ -93,17 +93,17 @@ def test_a_run_cut_at_its_duration_may_leave_work_open() -> None:
 
 
 def _engine(eviction: str = "lru") -> Engine:
-    engine = Engine("w0", EngineConfig(block_size=4, num_blocks=16, eviction=eviction), None, None)  # type: ignore[arg-type]
+    engine = Engine("w0", EngineSetup(block_size=4, num_blocks=16, eviction=eviction), None, None)  # type: ignore[arg-type]
     return engine
 
 
 def _pinned(engine: Engine, hashes: tuple[int, ...]) -> None:
     """Cache ``hashes`` through a holder, release it, and pin them again: a consistent state."""
     pool = engine.pool
-    hold = pool.acquire(hashes, 0)
+    claim = pool.acquire(hashes, 0)
     assert pool.allocate(len(hashes))
-    pool.register_run(hold, 0, len(hashes))
-    pool.release(hold)
+    pool.register_run(claim, 0, len(hashes))
+    pool.release(claim)
     assert engine.pin("p", hashes) == len(hashes)
 
 
@@ -135,10 +135,10 @@ def test_each_pool_check_fires(corrupt, message: str) -> None:  # type: ignore[n
 
 def test_an_unevictable_block_and_a_block_cached_twice_are_found() -> None:
     pool = BlockPool(16, "lineage")
-    hold = pool.acquire((1, 2), 0)
+    claim = pool.acquire((1, 2), 0)
     assert pool.allocate(2)
-    pool.register_run(hold, 0, 2)
-    pool.release(hold)
+    pool.register_run(claim, 0, 2)
+    pool.release(claim)
     pool._candidates.clear()  # nothing left that eviction could pop
     assert pool.audit([], 0) == "unreferenced block 1 cannot be evicted (no candidate entry)"
     pool = BlockPool(16)
@@ -158,11 +158,11 @@ def test_a_broken_pool_stops_a_checked_run_and_the_cli_keeps_the_partial_log(
     release = BlockPool.release
     calls = iter(range(1, 1 << 30))
 
-    def leaky_release(self: BlockPool, hold) -> None:  # type: ignore[no-untyped-def]
+    def leaky_release(self: BlockPool, claim) -> None:  # type: ignore[no-untyped-def]
         if next(calls) != 3:
-            release(self, hold)
+            release(self, claim)
         else:
-            hold.ranges, hold.blocks = [], 0
+            claim.ranges, claim.blocks = [], 0
 
     monkeypatch.setattr(BlockPool, "release", leaky_release)
     scenario = PRESETS / "swe-agent.yaml"

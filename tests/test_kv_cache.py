@@ -4,22 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from tasim.sim.kv_cache import BlockPool, Hold
+from tasim.sim.kv_cache import BlockPool, Claim
 
 
-def _store_chain(pool: BlockPool, chain: list[int]) -> Hold:
+def _store_chain(pool: BlockPool, chain: list[int]) -> Claim:
     assert pool.allocate(len(chain))
-    hold = Hold(chain)
-    pool.register_run(hold, 0, len(chain))
-    assert hold.block_hashes() == chain
-    return hold
+    claim = Claim(chain)
+    pool.register_run(claim, 0, len(chain))
+    assert claim.block_hashes() == chain
+    return claim
 
 
 def test_conservation_and_reuse() -> None:
     pool = BlockPool(8)
-    hold = _store_chain(pool, [1, 2, 3])
+    claim = _store_chain(pool, [1, 2, 3])
     assert (pool.free, pool.active, pool.inactive) == (5, 3, 0)
-    pool.release(hold)
+    pool.release(claim)
     assert (pool.free, pool.active, pool.inactive) == (5, 0, 3)
     assert pool.prefix_hits([1, 2, 3, 4], limit=4) == (3, 0)
     pool.acquire([1, 2, 3], 2)
@@ -90,7 +90,7 @@ def test_sibling_branches_evict_by_tick(eviction: str) -> None:
 def test_duplicate_register_keeps_private_copy() -> None:
     pool = BlockPool(4)
     assert pool.allocate(2)
-    first, second = Hold([7]), Hold([7])
+    first, second = Claim([7]), Claim([7])
     pool.register_run(first, 0, 1)
     pool.register_run(second, 0, 1)  # a second copy of the same content stays private
     assert (first.blocks, second.blocks) == (1, 0)
@@ -113,9 +113,9 @@ def test_block_after_a_private_copy_has_no_parent() -> None:
 
 def test_allocate_is_all_or_nothing() -> None:
     pool = BlockPool(3)
-    hold = _store_chain(pool, [1, 2])
+    claim = _store_chain(pool, [1, 2])
     assert not pool.allocate(2)
     assert (pool.free, pool.active) == (1, 2)
-    pool.release(hold)
+    pool.release(claim)
     assert pool.allocate(3)
     assert pool.drain_events()[1] == [2, 1]

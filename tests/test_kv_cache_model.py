@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tasim.sim.kv_cache import BlockPool, Hold
+from tasim.sim.kv_cache import BlockPool, Claim
 
 
 class _Block:
@@ -158,7 +158,7 @@ def _chains(rng: random.Random, count: int) -> list[list[int]]:
 @dataclass
 class _Holder:
     chain: list[int]
-    hold: Hold
+    claim: Claim
     held: list[_Block]
     done: int  # leading blocks registered or hit
     phys: int = 0  # physical blocks taken (hits cost none)
@@ -210,15 +210,15 @@ def test_pool_matches_per_block_reference(eviction: str, duplicates: bool, seed:
                 ok = pool.allocate(count)
                 assert ok == ref.allocate(count)
                 if ok:
-                    before = holder.hold.blocks
-                    pool.register_run(holder.hold, holder.done, holder.done + count)
+                    before = holder.claim.blocks
+                    pool.register_run(holder.claim, holder.done, holder.done + count)
                     ref.register(holder.chain, holder.done, holder.done + count, holder.held)
-                    holder.private += count - (holder.hold.blocks - before)
+                    holder.private += count - (holder.claim.blocks - before)
                     holder.done += count
         elif action < 0.97:  # a request finishes (or a pin is dropped)
             holder = holders.pop(rng.randrange(len(holders)))
-            assert holder.hold.block_hashes() == _hashes(holder.held)
-            pool.release(holder.hold)
+            assert holder.claim.block_hashes() == _hashes(holder.held)
+            pool.release(holder.claim)
             pool.release_private(holder.private)
             ref.release(holder.held)
             ref.free += holder.private
@@ -227,8 +227,8 @@ def test_pool_matches_per_block_reference(eviction: str, duplicates: bool, seed:
             ref.clear()
         _check(pool, ref, chains, rng)
         for holder in holders:
-            assert holder.hold.block_hashes() == _hashes(holder.held)
-        assert pool.audit([holder.hold for holder in holders], sum(holder.private for holder in holders), True) is None
+            assert holder.claim.block_hashes() == _hashes(holder.held)
+        assert pool.audit([holder.claim for holder in holders], sum(holder.private for holder in holders), True) is None
     assert pool.inactive_order() == ref.inactive_order()
 
 
@@ -238,10 +238,10 @@ def test_stale_candidates_are_compacted(eviction: str) -> None:
     pool, ref = BlockPool(1000, eviction), ReferencePool(1000, eviction)  # type: ignore[arg-type]
     chain = [depth * 10**6 for depth in range(6)]
     assert pool.allocate(6) and ref.allocate(6)
-    hold, held = Hold(chain), []
-    pool.register_run(hold, 0, 6)
+    claim, held = Claim(chain), []
+    pool.register_run(claim, 0, 6)
     ref.register(chain, 0, 6, held)
-    pool.release(hold)
+    pool.release(claim)
     ref.release(held)
     for cycle in range(200):
         hits = 1 + cycle % 5

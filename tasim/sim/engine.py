@@ -30,11 +30,14 @@ from typing import Literal, Protocol
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
 from tasim.perf.base import PerfModel, StepShape
-from tasim.sim.kv_cache import BlockPool, Eviction, Hold
+from tasim.sim.kv_cache import BlockPool, Claim, Eviction
 
 
 @dataclass(frozen=True, slots=True)
-class EngineConfig:
+class EngineSetup:
+    """What one engine replica is built with: the scenario's `cluster.engine`, resolved for a worker
+    (`tasim.sim.runner.engine_setup`)."""
+
     block_size: int
     num_blocks: int
     max_num_seqs: int = 256
@@ -113,7 +116,7 @@ class StepEngine(Protocol):
     def audit(self, every_block: bool = False) -> str | None: ...
 
 
-EngineFactory = Callable[[str, EngineConfig, PerfModel, EngineListener], StepEngine]
+EngineFactory = Callable[[str, EngineSetup, PerfModel, EngineListener], StepEngine]
 
 
 class EngineRequest:
@@ -125,7 +128,7 @@ class EngineRequest:
         "target",
         "generated",
         "computed",
-        "hold",
+        "claim",
         "phys",
         "full_done",
         "cached_tokens",
@@ -139,7 +142,7 @@ class EngineRequest:
         self.target = spec.output_tokens
         self.generated = 0
         self.computed = 0
-        self.hold = Hold(spec.block_hashes)  # the cached blocks it references
+        self.claim = Claim(spec.block_hashes)  # the cached blocks it references
         self.phys = 0  # physical blocks this request occupies (held + private copies + tail)
         self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
         self.cached_tokens = 0  # prefix-cache hit at first admission
@@ -169,7 +172,7 @@ class Step:
 
 
 class Engine:
-    def __init__(self, worker: str, config: EngineConfig, perf: PerfModel, listener: EngineListener) -> None:
+    def __init__(self, worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> None:
         self.worker = worker
         self.config = config
         self.perf = perf
@@ -179,7 +182,7 @@ class Engine:
         self.running: list[EngineRequest] = []
         self.iterations = 0
         self._lifo = config.preemption == "newest_first"
-        self._pins: dict[str, Hold] = {}  # program -> blocks kept referenced
+        self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
 
     # --- public API ------------------------------------------------------------------------
 
@@ -203,10 +206,10 @@ class Engine:
 
     def unpin(self, program: str) -> bool:
         """Release the program's pin here; returns whether it had one."""
-        hold = self._pins.pop(program, None)
-        if hold is None:
+        claim = self._pins.pop(program, None)
+        if claim is None:
             return False
-        self.pool.release(hold)
+        self.pool.release(claim)
         return True
 
     def has_pin(self, program: str) -> bool:
@@ -214,7 +217,7 @@ class Engine:
 
     @property
     def pinned_blocks(self) -> int:
-        return sum(hold.blocks for hold in self._pins.values())
+        return sum(claim.blocks for claim in self._pins.values())
 
     def audit(self, every_block: bool = False) -> str | None:
         """The first broken invariant of the engine's state, or None (``tasim simulate --check``;
@@ -222,15 +225,15 @@ class Engine:
         if len(self.running) > self.config.max_num_seqs:
             return f"{len(self.running)} requests running, max_num_seqs is {self.config.max_num_seqs}"
         for req in self.waiting:
-            if req.phys or req.hold.blocks:
+            if req.phys or req.claim.blocks:
                 return f"queued request {req.spec.id} occupies {req.phys} blocks"
         private = 0
         for req in self.running:
-            if req.phys < req.hold.blocks or req.computed > req.length:
-                return f"request {req.spec.id}: {req.phys} blocks for {req.hold.blocks} held, {req.computed} of {req.length} tokens computed"
-            private += req.phys - req.hold.blocks
-        holds = [req.hold for req in self.running] + list(self._pins.values())
-        return self.pool.audit(holds, private, every_block)
+            if req.phys < req.claim.blocks or req.computed > req.length:
+                return f"request {req.spec.id}: {req.phys} blocks for {req.claim.blocks} held, {req.computed} of {req.length} tokens computed"
+            private += req.phys - req.claim.blocks
+        claims = [req.claim for req in self.running] + list(self._pins.values())
+        return self.pool.audit(claims, private, every_block)
 
     @property
     def has_work(self) -> bool:
@@ -383,7 +386,7 @@ class Engine:
                     continue
                 break
             self.waiting.popleft()
-            req.hold = pool.acquire(req.spec.block_hashes, hits)
+            req.claim = pool.acquire(req.spec.block_hashes, hits)
             self.unpin(req.spec.program)  # the request now holds what the pin kept
             req.phys = req.full_done = hits
             req.computed = cached
@@ -409,7 +412,7 @@ class Engine:
             req.phys += need
         full = upto_tokens // bs
         if full > req.full_done and self.config.enable_prefix_caching:
-            self.pool.register_run(req.hold, req.full_done, full)
+            self.pool.register_run(req.claim, req.full_done, full)
         req.full_done = max(req.full_done, full)
         return True
 
@@ -434,8 +437,8 @@ class Engine:
         return refund
 
     def _release(self, req: EngineRequest) -> None:
-        self.pool.release_private(req.phys - req.hold.blocks)
-        self.pool.release(req.hold)
+        self.pool.release_private(req.phys - req.claim.blocks)
+        self.pool.release(req.claim)
         req.phys = req.full_done = 0
 
     def _shape(self, step: Step) -> StepShape:

@@ -77,8 +77,8 @@ class _Extent:
         self.duplicate = False  # a one-block later copy of a cached hash, not (yet) its primary
 
 
-class Hold:
-    """The cached blocks one holder references: depth ranges ``[start, stop)`` of its chain
+class Claim:
+    """The cached blocks one holder (a running request, a pin) references: depth ranges ``[start, stop)`` of its chain
     ``hashes``, and the duplicates it computed (``copies``, one block each). A new range starts
     after a gap: a block the holder computed while another copy was already cached (a private
     block, or one of ``copies``). ``last`` is the extent holding its deepest range block."""
@@ -171,7 +171,7 @@ class BlockPool:
             resident = end
         return resident, active
 
-    def audit(self, holds: Sequence[Hold], private: int, every_block: bool = False) -> str | None:
+    def audit(self, claims: Sequence[Claim], private: int, every_block: bool = False) -> str | None:
         """The first broken invariant of the bookkeeping, or None (``tasim simulate --check``).
         ``holds``: every holder's references; ``private``: blocks the holders' requests occupy
         outside the cache (partial tails, private copies). The checks cost O(extents), except
@@ -209,15 +209,15 @@ class BlockPool:
         if (cached, inactive) != (self._cached, self._inactive_count):
             return f"counted {cached} cached, {inactive} inactive; the pool says {self._cached}, {self._inactive_count}"
         referenced: dict[int, int] = {}
-        for hold in holds:
-            for duplicate in hold.copies:
+        for claim in claims:
+            for duplicate in claim.copies:
                 referenced[id(duplicate)] = referenced.get(id(duplicate), 0) + 1
-            for start, stop in hold.ranges:
+            for start, stop in claim.ranges:
                 depth = start
                 while depth < stop:
-                    found = self._heads.get(hold.hashes[depth])
-                    if found is None or found.start != depth or found.stop > stop or found.hashes[found.stop - 1] != hold.hashes[found.stop - 1]:
-                        return f"a holder's block {hold.hashes[depth]} is not the start of a cached extent inside its range"
+                    found = self._heads.get(claim.hashes[depth])
+                    if found is None or found.start != depth or found.stop > stop or found.hashes[found.stop - 1] != claim.hashes[found.stop - 1]:
+                        return f"a holder's block {claim.hashes[depth]} is not the start of a cached extent inside its range"
                     referenced[id(found)] = referenced.get(id(found), 0) + 1
                     depth = found.stop
         active_cached = 0
@@ -244,13 +244,13 @@ class BlockPool:
 
     # --- references ------------------------------------------------------------------------
 
-    def acquire(self, hashes: Sequence[BlockHash], blocks: int) -> Hold:
+    def acquire(self, hashes: Sequence[BlockHash], blocks: int) -> Claim:
         """Reference ``hashes[:blocks]``, all resident (a prefix hit), for a new holder."""
-        hold = Hold(hashes)
+        claim = Claim(hashes)
         if not blocks:
-            return hold
-        hold.ranges.append([0, blocks])
-        hold.blocks = blocks
+            return claim
+        claim.ranges.append([0, blocks])
+        claim.blocks = blocks
         heads = self._heads
         depth = 0
         while depth < blocks:
@@ -262,17 +262,17 @@ class BlockPool:
                 self._inactive_count -= end - depth  # its candidate entry goes stale
             extent.refs += 1
             depth = end
-        hold.last = extent
-        return hold
+        claim.last = extent
+        return claim
 
-    def release(self, hold: Hold) -> None:
+    def release(self, claim: Claim) -> None:
         """Drop the holder's references, deepest block first, as a finished request frees them."""
-        hashes = hold.hashes
+        hashes = claim.hashes
         heads = self._heads
         candidates = self._candidates
         lineage = self._lineage
         tick = self._tick
-        for start, stop in self._release_order(hold):
+        for start, stop in self._release_order(claim):
             path = []
             depth = start
             while depth < stop:
@@ -280,7 +280,7 @@ class BlockPool:
                 path.append(extent)
                 depth = extent.stop
             if not path:  # one of its duplicates
-                path = [next(copy for copy in hold.copies if copy.start == start)]
+                path = [next(copy for copy in claim.copies if copy.start == start)]
             for extent in reversed(path):
                 extent.refs -= 1
                 if extent.refs == 0:
@@ -288,22 +288,22 @@ class BlockPool:
                     tick += extent.stop - extent.start
                     if not (lineage and extent.children):
                         heapq.heappush(candidates, (extent.tick, extent.serial, extent))
-        hold.ranges = []
-        hold.copies = []
-        hold.blocks = 0
-        hold.last = None
+        claim.ranges = []
+        claim.copies = []
+        claim.blocks = 0
+        claim.last = None
         self._inactive_count += tick - self._tick
         self._tick = tick
         if len(candidates) > 2 * self._inactive_count + 64:
             self._compact_candidates()
 
     @staticmethod
-    def _release_order(hold: Hold) -> list[list[int]] | list[tuple[int, int]]:
+    def _release_order(claim: Claim) -> list[list[int]] | list[tuple[int, int]]:
         """The holder's ranges and duplicates, deepest first; a duplicate as an empty range
         ``(depth, depth)`` (its extent is in ``hold.copies``, not reachable by hash)."""
-        if not hold.copies:
-            return list(reversed(hold.ranges))
-        spans = [(start, stop) for start, stop in hold.ranges] + [(copy.start, copy.start) for copy in hold.copies]
+        if not claim.copies:
+            return list(reversed(claim.ranges))
+        spans = [(start, stop) for start, stop in claim.ranges] + [(copy.start, copy.start) for copy in claim.copies]
         return sorted(spans, reverse=True)
 
     def release_private(self, count: int) -> None:
@@ -323,32 +323,32 @@ class BlockPool:
         self._evict(need)
         return True
 
-    def register_run(self, hold: Hold, start: int, stop: int) -> None:
+    def register_run(self, claim: Claim, start: int, stop: int) -> None:
         """Register blocks ``start`` to ``stop`` of the holder's chain, which its request just
         completed, and reference them. A block cached since the request's prefix hit (another
         request registered it) is a duplicate (see the module docstring), and the block after it
         starts a new range without a parent link."""
-        hashes = hold.hashes
+        hashes = claim.hashes
         heads = self._heads
-        ranges = hold.ranges
+        ranges = claim.ranges
         depth = start
         if depth and not (ranges and ranges[-1][1] == depth):
             # The block before is a duplicate, so this one may sit inside the extent that holds
             # the cached copy.
             extent = self._extent_at(hashes, depth)
             if extent is not None:
-                depth = self._duplicated(hold, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
+                depth = self._duplicated(claim, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
         # From here the block before ``depth`` is either ours or in an extent ending at or
         # diverging from our chain at ``depth``, so a cached block at ``depth`` starts an extent.
         while depth < stop:
             extent = heads.get(hashes[depth])
             if extent is not None:
-                depth = self._duplicated(hold, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
+                depth = self._duplicated(claim, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
                 continue
             end = depth + 1
             while end < stop and hashes[end] not in heads:
                 end += 1
-            self._register_new(hold, depth, end)
+            self._register_new(claim, depth, end)
             depth = end
 
     def drain_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
@@ -383,16 +383,16 @@ class BlockPool:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _duplicated(self, hold: Hold, start: int, stop: int) -> int:
+    def _duplicated(self, claim: Claim, start: int, stop: int) -> int:
         """The holder computed blocks ``start`` to ``stop`` of its chain, all already cached:
         private blocks, or (``cache_duplicates``) cached copies it references. Returns ``stop``."""
         if self._duplicates:
             for depth in range(start, stop):
-                copy = _Extent(hold.hashes, depth, depth + 1, None, next(self._serials))
+                copy = _Extent(claim.hashes, depth, depth + 1, None, next(self._serials))
                 copy.duplicate = True
-                self._copies.setdefault(hold.hashes[depth], []).append(copy)
-                hold.copies.append(copy)
-            hold.blocks += stop - start
+                self._copies.setdefault(claim.hashes[depth], []).append(copy)
+                claim.copies.append(copy)
+            claim.blocks += stop - start
             self._cached += stop - start
         return stop
 
@@ -409,11 +409,11 @@ class BlockPool:
         self._heads[block] = copy
         return True
 
-    def _register_new(self, hold: Hold, start: int, stop: int) -> None:
+    def _register_new(self, claim: Claim, start: int, stop: int) -> None:
         """Register blocks ``start`` to ``stop`` of the holder's chain, none of them cached."""
-        hashes = hold.hashes
-        ranges = hold.ranges
-        parent = hold.last
+        hashes = claim.hashes
+        ranges = claim.ranges
+        parent = claim.last
         if ranges and ranges[-1][1] == start:  # the holder has the block before
             assert parent is not None  # a holder with a range has an extent holding its deepest block
             ranges[-1][1] = stop
@@ -430,8 +430,8 @@ class BlockPool:
             ranges.append([start, stop])
             extent = _Extent(hashes, start, stop, None, next(self._serials))
             self._heads[hashes[start]] = extent
-        hold.last = extent
-        hold.blocks += stop - start
+        claim.last = extent
+        claim.blocks += stop - start
         self._cached += stop - start
         self.stored += hashes[start:stop]
         self._batches.append((True, len(self.stored)))

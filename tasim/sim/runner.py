@@ -24,19 +24,19 @@ from tasim.scenario import Scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
 from tasim.sim.drivers import start_workload
-from tasim.sim.engine import Engine, EngineConfig, EngineFactory, StepEngine
-from tasim.sim.runs import Run
+from tasim.sim.engine import Engine, EngineFactory, EngineSetup, StepEngine
+from tasim.sim.runs import StepRun
 from tasim.view import cluster_view
 from tasim.workloads import Script
 
 Progress = Callable[[float], None]
 
 
-def engine_config(scenario: Scenario) -> EngineConfig:
+def engine_setup(scenario: Scenario) -> EngineSetup:
     """What each worker's engine is given by the scenario."""
     engine = scenario.cluster.engine
     blocks = scenario.cluster.cache_blocks_per_worker()
-    return EngineConfig(
+    return EngineSetup(
         block_size=engine.block_size,
         num_blocks=blocks,
         max_num_seqs=engine.max_num_seqs,
@@ -89,10 +89,10 @@ class Simulation(HostCore):
         super().__init__(policy, EventChecks(emit) if check else emit, scenario.metrics.log_kv_events)
         self.arrival_rng = arrival_rng(scenario.seed)
         perf = make_perf_model(cluster)
-        config = engine_config(scenario)
+        config = engine_setup(scenario)
         self.engines = {w.id: engine_factory(w.id, config, perf, self) for w in self.view.workers}
         self._wake: dict[str, simpy.Event | None] = {w: None for w in self.engines}
-        self._runs: dict[str, Run | None] = {w: None for w in self.engines}  # what each worker sleeps through
+        self._runs: dict[str, StepRun | None] = {w: None for w in self.engines}  # what each worker sleeps through
         self._workers: dict[str, simpy.Process] = {}
         self._waiters: dict[str, simpy.Event] = {}
         self._held: dict[str, RequestSpec] = {}
@@ -135,7 +135,7 @@ class Simulation(HostCore):
     # --- processes ---------------------------------------------------------------------------
 
     def _worker(self, engine: StepEngine, index: int) -> Generator[simpy.Event, object, None]:
-        """Run the engine one `Run` at a time (see `tasim.sim.clock` for the order of
+        """Run the engine one `StepRun` at a time (see `tasim.sim.clock` for the order of
         simultaneous events)."""
         env = self.env
         worker = engine.worker
@@ -153,7 +153,7 @@ class Simulation(HostCore):
                 wake = self._wake[worker] = env.event()
                 yield wake
                 continue
-            run = self._runs[worker] = Run(engine, step)
+            run = self._runs[worker] = StepRun(engine, step)
             if self._fast_forward:
                 run.extend()
             while True:

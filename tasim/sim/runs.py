@@ -51,7 +51,7 @@ class _Boundary:
         self.removed: list[BlockHash] = []
 
 
-class Run:
+class StepRun:
     """The steps a worker sleeps through; see the module docstring."""
 
     def __init__(self, engine: StepEngine, first: Step) -> None:
@@ -136,7 +136,7 @@ class Run:
                     raise AssertionError(f"{engine.worker}: fast-forwarded allocation failed")
                 req.phys += 1
             if register:
-                pool.register_run(req.hold, req.full_done, req.full_done + 1)
+                pool.register_run(req.claim, req.full_done, req.full_done + 1)
                 req.full_done += 1
         boundary.stored, boundary.removed = pool.drain_events()
 

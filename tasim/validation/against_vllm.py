@@ -129,12 +129,12 @@ def oracle_scenario(scenario: Scenario, step_ms: float) -> Scenario:
 
 def unsupported(scenario: Scenario) -> str | None:
     """Why the scenario cannot run on vLLM's scheduler, or None."""
-    from tasim.sim.runner import engine_config
+    from tasim.sim.runner import engine_setup
     from tasim.validation.vllm_engine import vllm_unsupported
 
     if scenario.policy.name in _PINNING_POLICIES:
         return f"policy {scenario.policy.name} pins KV blocks, which vLLM's scheduler cannot (choose another policy)"
-    return vllm_unsupported(engine_config(scenario))
+    return vllm_unsupported(engine_setup(scenario))
 
 
 def validate(scenario: Scenario, out: Path, step_ms: float) -> Comparison:
@@ -242,9 +242,9 @@ def mismatch_table(result: Comparison, limit: int = SHOWN_MISMATCHES) -> Table |
 
 
 def validation_record(scenario: Scenario, step_ms: float, result: Comparison) -> dict[str, Any]:
-    from tasim.sim.runner import engine_config
+    from tasim.sim.runner import engine_setup
 
-    config = engine_config(scenario)
+    config = engine_setup(scenario)
     return {
         "scenario": scenario.name,
         "vllm_version": _vllm_version(),

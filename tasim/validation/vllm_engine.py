@@ -27,7 +27,7 @@ from typing import Any
 
 from tasim.model import BlockHash, RequestSpec
 from tasim.perf.base import PerfModel
-from tasim.sim.engine import EngineConfig, EngineListener, EngineRequest, Step, step_shape
+from tasim.sim.engine import EngineListener, EngineRequest, EngineSetup, Step, step_shape
 from tasim.validation import ValidationUnavailable
 
 VLLM_VERSION = "0.31.0"  # the version Dynamo 1.6.1's [vllm] extra pins, so the one its GPU workers run
@@ -81,7 +81,7 @@ def _model_folder() -> str:
 _MODEL_DIR: str | None = None
 
 
-def vllm_unsupported(config: EngineConfig) -> str | None:
+def vllm_unsupported(config: EngineSetup) -> str | None:
     """Why vLLM cannot run with these engine settings, or None."""
     if config.preemption != "newest_first":
         return "cluster.engine.preemption: vLLM's FCFS scheduler preempts the newest running request (newest_first)"
@@ -100,13 +100,13 @@ def vllm_unsupported(config: EngineConfig) -> str | None:
     return None
 
 
-def max_model_len(config: EngineConfig) -> int:
+def max_model_len(config: EngineSetup) -> int:
     """The longest request vLLM serves: the model's context, cut to what the pool can hold
     (vLLM refuses to start with a max_model_len whose KV does not fit; its null block holds nothing)."""
     return min(config.max_model_len, config.num_blocks * config.block_size)
 
 
-def build_scheduler(config: EngineConfig) -> Scheduler:
+def build_scheduler(config: EngineSetup) -> Scheduler:
     """vLLM's scheduler with these settings and ``config.num_blocks`` blocks that hold KV (plus
     the null block vLLM keeps)."""
     problem = vllm_unsupported(config)
@@ -165,7 +165,7 @@ class VllmEngine:
     mirrored as `EngineRequest` records (computed, generated) so the perf model sees the same
     step shapes tasim's engine gives it."""
 
-    def __init__(self, worker: str, config: EngineConfig, perf: PerfModel, listener: EngineListener) -> None:
+    def __init__(self, worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> None:
         self.worker = worker
         self.config = config
         self.perf = perf
