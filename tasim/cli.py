@@ -350,7 +350,7 @@ def _compare(args: argparse.Namespace) -> int:
     done = iter(range(1, len(plan.runs) + 1))
 
     def on_done(run: compare.Run, summary: dict[str, Any]) -> None:
-        line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['steps_per_min']:.1f} steps/min"
+        line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['calls_per_min']:.1f} calls/min"
         progress.print(line, markup=False, highlight=False, soft_wrap=True)  # one line each, however long the label
 
     summaries = compare.execute(plan, out, jobs, on_done)

@@ -41,7 +41,7 @@ CACHE_COLUMNS: tuple[Column, ...] = (
     ("working\nset", ("working_set_ratio",), ".3f"),
 )
 SERVING_COLUMNS: tuple[Column, ...] = (
-    ("steps/\nmin", ("steps_per_min",), ",.1f"),
+    ("steps/\nmin", ("calls_per_min",), ",.1f"),
     ("output\ntok/s", ("output_tokens_per_s",), ",.1f"),
     CACHE_COLUMNS[0],
     ("TTFT\nmean s", ("ttft_s", "mean"), ",.3f"),

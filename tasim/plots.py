@@ -107,7 +107,7 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
         if plan.rollouts:
             metric, ylabel, title = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
         else:
-            metric, ylabel, title = ("steps_per_min",), "steps per minute (LLM calls/min)", "Throughput"
+            metric, ylabel, title = ("calls_per_min",), "steps per minute (LLM calls/min)", "Throughput"
         written.append(sweep_plot(plan, summaries, metric, ylabel, title, out / "throughput.png"))
         written.append(
             sweep_plot(

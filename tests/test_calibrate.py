@@ -123,7 +123,7 @@ def test_calibration_end_to_end(tmp_path: Path) -> None:
     assert "This record measured" not in section
     first = record["points"][0]
     now = first["metric"]
-    first["metric"] = "prefix_hit_pct" if now != "prefix_hit_pct" else "steps_per_min"
+    first["metric"] = "prefix_hit_pct" if now != "prefix_hit_pct" else "calls_per_min"
     (tmp_path / "older.json").write_text(json.dumps(record))
     older = markdown([tmp_path / "older.json"])
     assert f"This record measured {first['id']} as `{first['metric']}`; the file now holds them to `{now}`." in older

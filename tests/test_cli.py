@@ -33,7 +33,7 @@ def test_report_reproduces_summary_exactly(tmp_path: Path) -> None:
     out = tmp_path / "run"
     result = tasim("simulate", TINY, "--seed", "7", "--out", str(out))
     assert result.returncode == 0, result.stderr
-    assert "steps_per_min" in result.stdout  # the summary table
+    assert "calls_per_min" in result.stdout  # the summary table
     summary = json.loads((out / "summary.json").read_text())
     report = tasim("report", str(out), "--json")
     assert report.returncode == 0, report.stderr
@@ -42,7 +42,7 @@ def test_report_reproduces_summary_exactly(tmp_path: Path) -> None:
         "policy",
         "requests_completed",
         "programs_completed",
-        "steps_per_min",
+        "calls_per_min",
         "output_tokens_per_s",
         "prefix_hit_rate",
         "ttft_s",

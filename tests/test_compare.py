@@ -49,7 +49,7 @@ def test_sweep_writes_ordered_entries_matching_each_run(swept: tuple[Path, list[
         assert resolved["workload"]["concurrency"] == concurrency
         assert resolved["duration_s"] == 40
         assert entry["summary"]["sim_time_s"] == 40
-    assert entries[0]["summary"]["steps_per_min"] != entries[1]["summary"]["steps_per_min"]
+    assert entries[0]["summary"]["calls_per_min"] != entries[1]["summary"]["calls_per_min"]
 
 
 def test_sweep_writes_non_empty_pngs(swept: tuple[Path, list[dict[str, Any]]]) -> None:
@@ -153,7 +153,7 @@ def test_one_policy_twice_with_different_params(tmp_path: Path) -> None:
         policy = json.loads((out / "runs" / f"{name}-policy.params.scheduler_interval_s=1" / "run.json").read_text())["scenario"]["policy"]
         assert policy == {"name": "thunderagent", "params": {**params, "scheduler_interval_s": 1}, "defaults": {"thunderagent": {"idle_ttl_s": 30}}}
     rows = [line.split()[:3] for line in result.stdout.splitlines() if line.split()[1:2] in ([upstream], [dynamo])]
-    assert rows == [[str(e["overrides"]["policy.params.scheduler_interval_s"]), e["spec"], f"{e['summary']['steps_per_min']:,.1f}"] for e in entries]
+    assert rows == [[str(e["overrides"]["policy.params.scheduler_interval_s"]), e["spec"], f"{e['summary']['calls_per_min']:,.1f}"] for e in entries]
     assert sorted(line.split("] ", 1)[1].split(":")[0] for line in result.stderr.splitlines()) == sorted(
         f"{spec}-policy.params.scheduler_interval_s={i}" for spec in (upstream, dynamo) for i in (1, 2)
     )

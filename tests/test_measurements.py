@@ -21,7 +21,7 @@ from tasim.measurements.evaluate import evaluate, plan, run
 from tasim.measurements.littles_law import between_steps_conflicts, closed_loop_conflicts
 from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
 from tasim.measurements.schema import MEASUREMENT_DIR, MeasurementError, load_measurements
-from tasim.measurements.step_latency import StepLatencyFold
+from tasim.measurements.turn_latency import TurnLatencyFold
 from tasim.policy_spec import PolicySpec
 
 DATA = Path(__file__).parent / "data"
@@ -36,7 +36,7 @@ scenario: {TINY}
 systems: {{A: round_robin, B: "thunderagent[variant=dynamo]"}}
 points:
   - id: a-2
-    metric: steps_per_min
+    metric: calls_per_min
     of: {{system: A, set: {{workload.concurrency: 2}}}}
     value: 10
     source: s
@@ -68,7 +68,7 @@ def test_a_good_file_loads_with_its_scenario_resolved(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "expected"),
     [
-        (("metric: steps_per_min", "metric: steps"), "points.a-2.metric: unknown metric 'steps' (allowed: steps_per_min, prefix_hit_pct,"),
+        (("metric: calls_per_min", "metric: steps"), "points.a-2.metric: unknown metric 'steps' (allowed: calls_per_min, prefix_hit_pct,"),
         (("of: {system: A,", "of: {system: C,"), "points.a-2.of.system: unknown system 'C' (allowed: A, B)"),
         (("source: s\n", "source: t\n"), "points.a-2.source: unknown source 't' (allowed: s)"),
         (("value: 10", "value: 10\n    range: [1, 2]"), "points.a-2: give exactly one of value, range or derived: true (got value, range)"),
@@ -118,7 +118,7 @@ def test_a_derived_ratio_needs_both_points(tmp_path: Path) -> None:
     text = (
         GOOD
         + """  - id: ratio
-    metric: steps_per_min
+    metric: calls_per_min
     of: {system: A, set: {workload.concurrency: 4}}
     over: {system: A, set: {workload.concurrency: 2}}
     derived: true
@@ -126,7 +126,7 @@ def test_a_derived_ratio_needs_both_points(tmp_path: Path) -> None:
     where: quotient
 """
     )
-    assert "points.ratio.derived: needs exactly one point with a value (not a range) of steps_per_min for its `of` side, found 0" in _error(
+    assert "points.ratio.derived: needs exactly one point with a value (not a range) of calls_per_min for its `of` side, found 0" in _error(
         tmp_path, text
     )
 
@@ -152,7 +152,7 @@ def _summary(**changes: Any) -> dict[str, Any]:
         "step_tokens_per_s": 1562.5,
     }
     base = {
-        "steps_per_min": 120.5,
+        "calls_per_min": 120.5,
         "prefix_hit_rate": 0.875,
         "prefix_hit_rate_since_start": 0.75,
         "e2e_s": {"mean": 4.25},
@@ -166,7 +166,7 @@ def _summary(**changes: Any) -> dict[str, Any]:
 def _latency_point(ident: str, system: str, concurrency: int, seconds: float) -> str:
     return f"""
   - id: {ident}
-    metric: step_latency_s
+    metric: turn_latency_s
     of: {{system: {system}, set: {{workload.concurrency: {concurrency}}}}}
     value: {seconds}
     source: s
@@ -242,35 +242,35 @@ def test_the_papers_openhands_latencies_need_vllm_to_spend_longer_between_steps_
 
 
 def test_metrics_of_a_hand_built_summary() -> None:
-    outcome = Outcome(_summary(), step_latency_s=7.5, rollout_steps=2)
+    outcome = Outcome(_summary(), turn_latency_s=7.5, rollout_steps=2)
     values = {name: metric.of(outcome) for name, metric in METRICS.items()}
     assert values == {
-        "steps_per_min": 120.5,
+        "calls_per_min": 120.5,
         "prefix_hit_pct": 87.5,
         "prefix_hit_pct_since_start": 75.0,
         "e2e_mean_s": 4.25,
-        "step_latency_s": 7.5,
+        "turn_latency_s": 7.5,
         "rollout_steps_per_min": 3000 / (300.0 * 2) * 60,  # 300 calls per minute of rollout
         "rollout_tokens_per_s": 2500.0,
         "full_step_tokens_per_s": 1562.5,
         "rollout_time_s": 300.0,
         "step_time_s": 480.0,
     }
-    assert METRICS["prefix_hit_pct"].text(87.5) == "88 %" and METRICS["step_latency_s"].text(41) == "41.0 s"
+    assert METRICS["prefix_hit_pct"].text(87.5) == "88 %" and METRICS["turn_latency_s"].text(41) == "41.0 s"
 
 
 def test_metrics_a_run_lacks_say_why() -> None:
-    serving = Outcome(_summary(rollout=None), step_latency_s=None, rollout_steps=None)
-    for name, reason in (("rollout_tokens_per_s", "no rollout step completed"), ("step_latency_s", "no step in the measurement window")):
+    serving = Outcome(_summary(rollout=None), turn_latency_s=None, rollout_steps=None)
+    for name, reason in (("rollout_tokens_per_s", "no rollout step completed"), ("turn_latency_s", "no step in the measurement window")):
         with pytest.raises(MetricUnavailable, match=reason):
             METRICS[name].of(serving)
-    cut = Outcome(_summary(), step_latency_s=None, rollout_steps=3)
+    cut = Outcome(_summary(), turn_latency_s=None, rollout_steps=3)
     with pytest.raises(MetricUnavailable, match=r"ended before its last rollout step \(2 of 3 completed\)"):
         METRICS["rollout_steps_per_min"].of(cut)
 
 
-def test_step_latency_runs_from_a_call_to_the_programs_next_call() -> None:
-    fold = StepLatencyFold(warmup_s=5.0)
+def test_turn_latency_runs_from_a_call_to_the_programs_next_call() -> None:
+    fold = TurnLatencyFold(warmup_s=5.0)
     for event in (
         ev.RequestArrived(0.0, "r0", "p", 0, 10, 0, 5),
         ev.RequestFinished(2.0, "r0", "p", "w0", 10, 5, 0),
@@ -282,7 +282,7 @@ def test_step_latency_runs_from_a_call_to_the_programs_next_call() -> None:
     ):
         fold.apply(event)
     assert fold.mean_s == (5.0 + 3.0) / 2
-    assert StepLatencyFold(0.0).mean_s is None
+    assert TurnLatencyFold(0.0).mean_s is None
 
 
 # --- planning -------------------------------------------------------------------------------
@@ -384,10 +384,10 @@ def test_record_holds_what_independent_simulate_runs_give(published: Path, tmp_p
     points = {p["id"]: p for p in record["files"][0]["points"]}
     sticky4 = _summary_of(tmp_path, "workload.concurrency=4", "policy.name=round_robin")
     aware4 = _summary_of(tmp_path, "workload.concurrency=4", "policy.name=thunderagent", "policy.params.scheduler_interval_s=2")
-    assert points["sticky-steps-4"]["tasim"] == sticky4["steps_per_min"]
+    assert points["sticky-steps-4"]["tasim"] == sticky4["calls_per_min"]
     assert points["aware-hit-4"]["tasim"] == aware4["prefix_hit_rate"] * 100
-    assert points["aware-over-sticky-4"]["tasim"] == aware4["steps_per_min"] / sticky4["steps_per_min"]
-    assert points["sticky-steps-4"]["tasim_over_published"] == sticky4["steps_per_min"] / 80
+    assert points["aware-over-sticky-4"]["tasim"] == aware4["calls_per_min"] / sticky4["calls_per_min"]
+    assert points["sticky-steps-4"]["tasim_over_published"] == sticky4["calls_per_min"] / 80
     assert points["aware-hit-4"]["tasim_over_published"] == aware4["prefix_hit_rate"] * 100 / 70  # the range's midpoint
     assert points["sticky-6-over-2"]["value"] == 90 / 50 and points["sticky-6-over-2"]["derived"]
     assert points["aware-over-sticky-4"]["runs"] == [
@@ -397,7 +397,7 @@ def test_record_holds_what_independent_simulate_runs_give(published: Path, tmp_p
     assert record["label"] == "first" and record["overrides"] == ["duration_s=40"] and record["systems"] == {}
     assert record["files"][0]["path"] == "tests/data/published-tiny.yaml"  # relative to the working directory
     run_metrics = {r["label"]: r["metrics"] for r in record["runs"]}
-    assert run_metrics["tiny/round_robin/workload.concurrency=4"]["steps_per_min"] == sticky4["steps_per_min"]
+    assert run_metrics["tiny/round_robin/workload.concurrency=4"]["calls_per_min"] == sticky4["calls_per_min"]
     assert run_metrics["tiny/round_robin/workload.concurrency=4"]["rollout_tokens_per_s"] is None
 
 
@@ -436,7 +436,7 @@ def test_document_span_tables_and_plots(published: Path) -> None:
         f"{record['sticky-steps-4']['tasim']:,.1f} | {record['sticky-steps-4']['tasim_over_published']:.2f} |"
     )
     links = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", span)
-    assert links == ["published/tiny-source.png", "published/tiny-source-tiny-steps_per_min-concurrency.png"]
+    assert links == ["published/tiny-source.png", "published/tiny-source-tiny-calls_per_min-concurrency.png"]
     for link in links:
         assert (doc.parent / link).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -473,7 +473,7 @@ def test_document_shows_earlier_records_as_columns(published: Path) -> None:
 
 def test_cli_errors_are_one_line(published: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text(TINY_FILE.read_text().replace("metric: steps_per_min", "metric: steps", 1))
+    bad.write_text(TINY_FILE.read_text().replace("metric: calls_per_min", "metric: steps", 1))
     # as a user runs it: exit status 2, one line, no traceback
     assert_usage_error(tasim("validate", "published", str(bad)), "points.sticky-steps-2.metric: unknown metric 'steps'")
     record = str(published / "out" / "published.json")

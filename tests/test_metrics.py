@@ -31,7 +31,7 @@ def test_fold_exact_values() -> None:
     assert tuple(summary) == SUMMARY_KEYS
     assert summary["requests_completed"] == 2
     assert summary["programs_completed"] == 1
-    assert summary["steps_per_min"] == pytest.approx(1.0)  # 2 requests in 2 minutes
+    assert summary["calls_per_min"] == pytest.approx(1.0)  # 2 requests in 2 minutes
     assert summary["output_tokens_per_s"] == pytest.approx(16 / 120)
     assert summary["prefix_hit_rate"] == pytest.approx(48 / 261)
     assert summary["ttft_s"]["mean"] == pytest.approx(0.75)

@@ -3,7 +3,7 @@
 ``measurements/*.yaml`` hold what sources published (the ThunderAgent paper, the verl recipe's
 H20 results), one file per source, every value with its citation. Modules: ``schema`` (the file
 format and its one-line errors), ``metrics`` (the catalogue a point's ``metric`` names, each a
-function of one run), ``step_latency`` (the one metric folded from events), ``runs`` (one
+function of one run), ``turn_latency`` (the one metric folded from events), ``runs`` (one
 simulation as the metrics read it), ``evaluate`` (which runs the points need, running them,
 tasim's value of each point: the library ``tasim calibrate`` builds on), ``record``
 (``published.json``), ``present``, ``table``, ``document`` and ``plots`` (how results are shown)

@@ -66,14 +66,14 @@ def step_pairs(m: Measurements) -> list[StepPair]:
     latency points."""
     plain = [p for p in m.points if p.over is None]
     pairs = []
-    for latency in (p for p in plain if p.metric == "step_latency_s"):
+    for latency in (p for p in plain if p.metric == "turn_latency_s"):
         concurrency = latency.of.set.get(CONCURRENCY_KEY)
         if not isinstance(concurrency, (int, float)) or isinstance(concurrency, bool) or concurrency <= 0:
             continue
         pairs += [
             StepPair(throughput, latency, float(concurrency))
             for throughput in plain
-            if throughput.metric == "steps_per_min" and throughput.of == latency.of and throughput.scenario == latency.scenario
+            if throughput.metric == "calls_per_min" and throughput.of == latency.of and throughput.scenario == latency.scenario
         ]
     return pairs
 

@@ -22,7 +22,7 @@ class Outcome:
     number of RL steps (to tell a finished rollout from a cut one)."""
 
     summary: dict[str, Any]
-    step_latency_s: float | None  # mean LLM call + following tool; see step_latency.py
+    turn_latency_s: float | None  # mean LLM call + following tool; see turn_latency.py
     rollout_steps: int | None  # the scenario's workload.steps for RL rollouts, else None
 
 
@@ -74,7 +74,7 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric(
-            "steps_per_min", "steps/min", "", ",.1f", "LLM calls completed per minute of the measurement window", lambda o: o.summary["steps_per_min"]
+            "calls_per_min", "steps/min", "", ",.1f", "LLM calls completed per minute of the measurement window", lambda o: o.summary["calls_per_min"]
         ),
         Metric(
             "prefix_hit_pct",
@@ -103,13 +103,13 @@ METRICS: dict[str, Metric] = {
             lambda o: _present(o.summary["e2e_s"]["mean"], "completed call"),
         ),
         Metric(
-            "step_latency_s",
+            "turn_latency_s",
             "per-step latency",
             " s",
             ",.1f",
             "mean per-step latency: an LLM call plus the tool call after it, "
             "from a call's arrival to the program's next call (the ThunderAgent paper's per-step E2E latency)",
-            lambda o: _present(o.step_latency_s, "step"),
+            lambda o: _present(o.turn_latency_s, "step"),
         ),
         Metric(
             "rollout_steps_per_min",

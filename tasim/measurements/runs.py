@@ -9,7 +9,7 @@ from typing import Any
 
 from tasim import events as ev
 from tasim.measurements.metrics import Outcome
-from tasim.measurements.step_latency import StepLatencyFold
+from tasim.measurements.turn_latency import TurnLatencyFold
 from tasim.metrics import MetricsFold
 from tasim.rundir import run_simulation
 from tasim.scenario import RolloutWorkload, Scenario
@@ -17,7 +17,7 @@ from tasim.scenario import RolloutWorkload, Scenario
 
 def measure(scenario: Scenario, out: Path | None = None) -> Outcome:
     """Simulate ``scenario``; with ``out``, also write its event log, summary and run.json there."""
-    latency = StepLatencyFold(scenario.metrics.warmup_s)
+    latency = TurnLatencyFold(scenario.metrics.warmup_s)
     if out is not None:
         summary = run_simulation(scenario, out, observe=latency.apply)
     else:
@@ -35,8 +35,8 @@ def measure(scenario: Scenario, out: Path | None = None) -> Outcome:
     return outcome_of(scenario, summary, latency.mean_s)
 
 
-def outcome_of(scenario: Scenario, summary: dict[str, Any], step_latency_s: float | None) -> Outcome:
+def outcome_of(scenario: Scenario, summary: dict[str, Any], turn_latency_s: float | None) -> Outcome:
     """The outcome of a run of ``scenario`` whose summary and per-step latency are known."""
     workload = scenario.workload
     steps = workload.steps if isinstance(workload, RolloutWorkload) else None
-    return Outcome(summary, step_latency_s, steps)
+    return Outcome(summary, turn_latency_s, steps)

@@ -28,7 +28,7 @@ class Measured:
         return METRICS[name].of(self.results[(self.preset, policy, c)])
 
     def steps(self, policy: str, c: int | None) -> float:
-        return self._metric("steps_per_min", policy, c)
+        return self._metric("calls_per_min", policy, c)
 
     def hit(self, policy: str, c: int | None) -> float:
         return self._metric(hit_metric(self.preset), policy, c)
@@ -37,8 +37,8 @@ class Measured:
     def hit_label(self) -> str:
         return METRICS[hit_metric(self.preset)].label
 
-    def step_latency(self, policy: str, c: int) -> float:
-        return self._metric("step_latency_s", policy, c)
+    def turn_latency(self, policy: str, c: int) -> float:
+        return self._metric("turn_latency_s", policy, c)
 
     def call_latency(self, policy: str, c: int) -> float:
         return self._metric("e2e_mean_s", policy, c)

@@ -73,17 +73,17 @@ class ServingCase:
 
 def _serving(preset: str, title: str, concurrency: tuple[int, ...]) -> ServingCase:
     throughput: dict[str, dict[int, Published]] = {policy: {} for policy in SERVING_POLICIES}
-    for p in _points(preset, "Fig. 4", "steps_per_min", ratio=False):
+    for p in _points(preset, "Fig. 4", "calls_per_min", ratio=False):
         throughput[_policy(p.of.system)][_concurrency(p)] = p.published
-    latency_ratio = _points(preset, "Fig. 10", "step_latency_s", ratio=True)
+    latency_ratio = _points(preset, "Fig. 10", "turn_latency_s", ratio=True)
     return ServingCase(
         preset,
         title,
         concurrency,
         throughput,
-        {_policy(p.of.system): p.published for p in _points(preset, "Fig. 4", "steps_per_min", ratio=True)},
+        {_policy(p.of.system): p.published for p in _points(preset, "Fig. 4", "calls_per_min", ratio=True)},
         {(_policy(p.of.system), _concurrency(p)): p.published for p in _points(preset, "Fig. 5", hit_metric(preset), ratio=False)},
-        {_policy(p.of.system): p.published for p in _points(preset, "Fig. 10", "step_latency_s", ratio=False)},
+        {_policy(p.of.system): p.published for p in _points(preset, "Fig. 10", "turn_latency_s", ratio=False)},
         latency_ratio[0].published if latency_ratio else None,
     )
 
@@ -102,8 +102,8 @@ def serving_case(preset: str) -> ServingCase:
 # Fig. 1b: plain vLLM on SWE-agent, GLM-4.6; "up to 7.14x" latency inflation is the text's figure.
 THRASHING_PRESET = "swe-agent"
 THRASHING_HIT = {_concurrency(p): p.published for p in _points(THRASHING_PRESET, "Fig. 1b", hit_metric(THRASHING_PRESET), False)}
-THRASHING_E2E = {_concurrency(p): p.published for p in _points(THRASHING_PRESET, "Fig. 1b", "step_latency_s", False)}
-THRASHING_INFLATION = _points(THRASHING_PRESET, "Fig. 1b", "step_latency_s", True)[0].published
+THRASHING_E2E = {_concurrency(p): p.published for p in _points(THRASHING_PRESET, "Fig. 1b", "turn_latency_s", False)}
+THRASHING_INFLATION = _points(THRASHING_PRESET, "Fig. 1b", "turn_latency_s", True)[0].published
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,7 @@ def thrashing_plot(results: Results, points: Sequence[int], path: Path) -> Path:
     hit_ax.set_title(m.hit_label.capitalize())
     lat_ax.plot(
         points,
-        [m.step_latency("round_robin", c) for c in points],
+        [m.turn_latency("round_robin", c) for c in points],
         marker="o",
         color=COLORS["round_robin"],
         label="tasim · per step (LLM call + tool)",

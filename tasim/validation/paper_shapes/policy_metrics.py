@@ -25,12 +25,12 @@ def policy_metrics_section(results: Results, points: Sequence[int], case: Servin
     top = points[-1]
     for policy, paper in case.latency.items():
         labels = [str(top), PAPER_NAMES[policy]]
-        table.add([*labels, "per-step latency (LLM call + tool)"], paper, m.step_latency(policy, top), num, " s")
+        table.add([*labels, "per-step latency (LLM call + tool)"], paper, m.turn_latency(policy, top), num, " s")
         table.add([*labels, "LLM-call latency (`e2e_s` mean)"], paper, m.call_latency(policy, top), num, " s")
     # the latency-ratio miss goes below the hit-rate checks, which follow the table
     latency_miss: tuple[str, str] | None = None
     if case.latency_ratio is not None:
-        latency_ratio = m.step_latency("thunderagent", top) / m.step_latency("round_robin", top)
+        latency_ratio = m.turn_latency("thunderagent", top) / m.turn_latency("round_robin", top)
         note, ok = ratio_note(case.latency_ratio.value, latency_ratio)
         table.add([str(top), "ThunderAgent / vLLM", "per-step latency"], case.latency_ratio, latency_ratio, times, note=note)
         if not ok:

@@ -9,7 +9,7 @@ from typing import Any
 
 from tasim.measurements.metrics import Outcome
 from tasim.measurements.runs import measure, outcome_of
-from tasim.measurements.step_latency import step_latency
+from tasim.measurements.turn_latency import turn_latency
 from tasim.parallel import map_in_processes
 from tasim.rundir import RUN_FILE, SUMMARY_FILE
 from tasim.validation.paper_shapes.plan import Job, Key
@@ -23,7 +23,7 @@ def execute(job: Job, reuse: bool) -> Outcome:
     summary = reused_summary(job) if reuse else None
     if summary is None:
         return measure(job.scenario, job.out)
-    return outcome_of(job.scenario, summary, step_latency(job.out, job.scenario.metrics.warmup_s))
+    return outcome_of(job.scenario, summary, turn_latency(job.out, job.scenario.metrics.warmup_s))
 
 
 def reused_summary(job: Job) -> dict[str, Any] | None:

@@ -24,7 +24,7 @@ def thrashing_section(results: Results, points: Sequence[int], plots: str, repor
     m = Measured(results, THRASHING_PRESET)
     vllm = serving_case(THRASHING_PRESET).throughput["round_robin"]
     hit = partial(m.hit, "round_robin")
-    per_step = partial(m.step_latency, "round_robin")
+    per_step = partial(m.turn_latency, "round_robin")
     per_call = partial(m.call_latency, "round_robin")
     metrics = (
         (m.hit_label, THRASHING_HIT, hit, pct, " %"),

@@ -1,5 +1,7 @@
 """The per-step latency the ThunderAgent paper plots (Figs. 1b and 10), which no summary key
-holds: a fold over a run's events, fed as the run goes or from its event log."""
+holds: a fold over a run's events, fed as the run goes or from its event log. The paper's agent
+step is what tasim calls a turn (one LLM call and the tool call after it), so the metric is
+``turn_latency_s``: "step" in tasim is an engine iteration, or an RL training step."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ from tasim import events as ev
 from tasim.eventlog import find_events, read_events
 
 
-class StepLatencyFold:
-    """Mean per-step latency: a step is one LLM call plus the tool call after it (the paper's
+class TurnLatencyFold:
+    """Mean per-turn latency: a turn is one LLM call plus the tool call after it (the paper's
     "reasoning plus acting period"), i.e. from a call's arrival to the arrival of the program's
     next call (holds included); a program's last call ends at its finish. Steps ending inside
     the measurement window (from ``warmup_s``) count, as the summary's requests do."""
@@ -43,9 +45,9 @@ class StepLatencyFold:
         return self._total / self._count if self._count else None
 
 
-def step_latency(run_dir: Path, warmup_s: float) -> float | None:
+def turn_latency(run_dir: Path, warmup_s: float) -> float | None:
     """The mean per-step latency of a run directory's event log."""
-    fold = StepLatencyFold(warmup_s)
+    fold = TurnLatencyFold(warmup_s)
     for event in read_events(find_events(run_dir)):
         fold.apply(event)
     return fold.mean_s
