@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from tasim.determinism import PROGRAMS, PROMPT_GROUPS
 from tasim.distributions import Distribution, Fixed
 from tasim.perf import specs
 from tasim.traces.common import MAX_TRACE_TOKENS, check_block_sizes
@@ -298,9 +299,15 @@ class RolloutWorkload(ProgramShape):
 
     @model_validator(mode="after")
     def _groups_fit(self) -> RolloutWorkload:
-        # Prompt groups get block-hash owner keys below 2**20 (tasim.workloads.programs).
-        if self.steps * self.prompts_per_step >= 1 << 20:
-            raise ValueError(f"steps x prompts_per_step must be < {1 << 20} (got {self.steps * self.prompts_per_step})")
+        # Every prompt group and every trajectory owns block-hash keys of its own range
+        # (tasim.determinism); a rollout that would run out of them is refused here.
+        groups = self.steps * self.prompts_per_step
+        if groups > PROMPT_GROUPS.size:
+            raise ValueError(f"steps x prompts_per_step must be at most {PROMPT_GROUPS.size} (got {groups})")
+        if groups * self.samples_per_prompt > PROGRAMS.size:
+            raise ValueError(
+                f"steps x prompts_per_step x samples_per_prompt must be at most {PROGRAMS.size} (got {groups * self.samples_per_prompt})"
+            )
         if self.prompts_per_step * self.samples_per_prompt > MAX_LIVE_PROGRAMS:
             raise ValueError(
                 f"prompts_per_step x samples_per_prompt must be at most {MAX_LIVE_PROGRAMS} (got {self.prompts_per_step * self.samples_per_prompt})"

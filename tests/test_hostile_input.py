@@ -350,6 +350,17 @@ SWE = "swe-agent.yaml"
             {"workload": {"prompts_per_step": 100_000, "samples_per_prompt": 8, "steps": 1}},
             ["workload", "prompts_per_step x samples_per_prompt must be at most 100000 (got 800000)"],
         ),
+        # more prompt groups or trajectories than their block-hash owner-key ranges hold
+        (
+            "rl-rollout.yaml",
+            {"workload": {"prompts_per_step": 11, "steps": 100_000}},
+            ["workload", "steps x prompts_per_step must be at most 1048575 (got 1100000)"],
+        ),
+        (
+            "rl-rollout.yaml",
+            {"workload": {"prompts_per_step": 10, "samples_per_prompt": 100, "steps": 100_000}},
+            ["workload", "steps x prompts_per_step x samples_per_prompt must be at most 66060288 (got 100000000)"],
+        ),
         (SWE, {"workload": {"max_context_tokens": 10**30}}, ["workload.max_context_tokens", "less than or equal to 10000000"]),
         # a message that said nothing of the field
         (SWE, {"cluster": {"engine": {"activation_reserve_gib": 1e300}}}, ["cluster.engine.activation_reserve_gib", "less than or equal to 1024"]),
