@@ -98,6 +98,16 @@ def _build_parser() -> argparse.ArgumentParser:
         help="override a scenario field in every run (repeatable)",
     )
     compare.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
+    compare.add_argument(
+        "--seeds",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="run every cell at N paired seeds (the scenario's seed and the N-1 after it) and report means with 95%% intervals",
+    )
+    compare.add_argument(
+        "--baseline", metavar="SPEC", help="with --seeds: the policy spec the others' throughput ratios are taken against (default: the first)"
+    )
     compare.add_argument("--out", type=Path, help="output directory (default: runs/compare-<scenario>)")
     compare.add_argument("--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)")
 
@@ -343,7 +353,9 @@ def _compare(args: argparse.Namespace) -> int:
     specs = compare.parse_policies(args.policies)
     sweep = compare.parse_sweep(args.sweep) if args.sweep else None
     compare.check_overrides(args.overrides, sweep, args.seed)
-    plan = compare.plan_runs(str(scenario_path(args.scenario)), specs, sweep, _seeded(args))
+    if args.baseline is not None and args.seeds == 1:
+        raise UsageError(f"--baseline {args.baseline}: ratios with intervals need --seeds N (N > 1)")
+    plan = compare.plan_runs(str(scenario_path(args.scenario)), specs, sweep, _seeded(args), args.seeds, args.baseline)
     out = _output_dir(args.out or Path("runs") / f"compare-{plan.scenario.name}")
     jobs = min(args.jobs or compare.default_jobs(plan), len(plan.runs))
     progress = Console(stderr=True)
@@ -355,8 +367,12 @@ def _compare(args: argparse.Namespace) -> int:
 
     summaries = compare.execute(plan, out, jobs, on_done)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
-    print_unsquashed(compare.comparison_table(plan, summaries))
+    if plan.multi_seed:
+        write_json(out / compare.COMPARE_FILE, compare.seeded_records(plan, summaries))
+        print_unsquashed(compare.interval_table(plan, summaries))
+    else:
+        write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
+        print_unsquashed(compare.comparison_table(plan, summaries))
     from tasim.plots import write_plots
 
     plots = ", ".join(path.name for path in write_plots(plan, summaries, out, out / compare.RUNS_DIR))

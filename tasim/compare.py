@@ -1,9 +1,14 @@
-"""``tasim compare``: one scenario under several policies, optionally over one swept field.
+"""``tasim compare``: one scenario under several policies, optionally over one swept field and
+over several paired seeds.
 
 A policy is a `PolicySpec`, so one policy may run twice with different parameters. Every
 (sweep value × policy) combination is validated before anything runs, so a typo in the last
 value does not cost the earlier runs. Runs are independent and deterministic, so they go
-to a process pool and the results do not depend on how many run at once. Plots live in
+to a process pool and the results do not depend on how many run at once. With ``seeds`` > 1
+every (sweep value × policy) cell runs once per seed, the seeds paired across policies (a seed
+fixes the programs, so program ``i`` is the same under every policy), and the table shows
+each metric's mean with its 95 % interval and each policy's ratio to a baseline
+(`tasim.stats`). Plots live in
 `tasim.plots`, imported only when wanted, so this module stays free of matplotlib.
 """
 
@@ -26,6 +31,7 @@ from tasim.parallel import map_in_processes
 from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe, split_outside_brackets
 from tasim.rundir import run_simulation
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, shown
+from tasim.stats import METHOD, Interval, mean_interval, paired_ratio
 
 RUNS_DIR = "runs"
 COMPARE_FILE = "compare.json"
@@ -41,7 +47,7 @@ CACHE_COLUMNS: tuple[Column, ...] = (
     ("working\nset", ("working_set_ratio",), ".3f"),
 )
 SERVING_COLUMNS: tuple[Column, ...] = (
-    ("steps/\nmin", ("calls_per_min",), ",.1f"),
+    ("calls/\nmin", ("calls_per_min",), ",.1f"),
     ("output\ntok/s", ("output_tokens_per_s",), ",.1f"),
     CACHE_COLUMNS[0],
     ("TTFT\nmean s", ("ttft_s", "mean"), ",.3f"),
@@ -86,17 +92,36 @@ class Run:
     label: str
     dirname: str
     scenario: Scenario
+    seeded: bool = False  # one of several seeds of its cell (its label and dirname say which)
 
     @property
     def policy(self) -> str:
         return self.spec.name
 
+    def with_seed(self, seed: int) -> Run:
+        scenario = self.scenario.model_copy(update={"seed": seed})  # nothing else depends on the seed
+        return Run(self.spec, self.point, f"{self.label} seed {seed}", f"{self.dirname}-seed{seed}", scenario, seeded=True)
+
 
 @dataclass(frozen=True)
 class Plan:
+    """``runs`` by sweep point, then policy as given, then seed; ``seeds`` has one entry per
+    seed each cell runs (one: the scenario's own)."""
+
     specs: tuple[PolicySpec, ...]
     sweep: Sweep | None
     runs: tuple[Run, ...]
+    seeds: tuple[int, ...] = ()
+    baseline: PolicySpec | None = None
+
+    @property
+    def multi_seed(self) -> bool:
+        return len(self.seeds) > 1
+
+    def cells(self) -> list[tuple[int, PolicySpec, list[int]]]:
+        """(sweep point index, policy, indexes of its runs), in table order."""
+        per = max(1, len(self.seeds))
+        return [(i // len(self.specs), self.specs[i % len(self.specs)], list(range(i * per, (i + 1) * per))) for i in range(len(self.runs) // per)]
 
     @property
     def scenario(self) -> Scenario:
@@ -108,8 +133,9 @@ class Plan:
         return self.scenario.workload.kind == "rl_rollout"
 
     def last_point(self) -> list[Run]:
-        """The runs at the last sweep point (the largest, for numbers), one per policy."""
-        return list(self.runs[-len(self.specs) :])
+        """The runs at the last sweep point (the largest, for numbers), one per policy (its
+        first seed's)."""
+        return [self.runs[indexes[0]] for _, _, indexes in self.cells()[-len(self.specs) :]]
 
 
 # --- parsing and validation ------------------------------------------------------------------
@@ -200,9 +226,21 @@ def _check_dirnames(runs: Sequence[Run]) -> None:
         seen[run.dirname] = run
 
 
-def plan_runs(path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overrides: Sequence[str]) -> Plan:
-    """Load and validate every combination; raises ScenarioError/UsageError before any run."""
-    load_scenario(path, overrides)  # alone first, so an error here is the file's or --set's
+MAX_SEEDS = 100
+
+
+def plan_runs(
+    path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overrides: Sequence[str], seeds: int = 1, baseline: str | None = None
+) -> Plan:
+    """Load and validate every combination; raises ScenarioError/UsageError before any run.
+    ``seeds``: runs per cell, the scenario's seed and the ones after it; ``baseline``: the spec
+    label the others are compared with (default: the first)."""
+    if not 1 <= seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds {seeds}: expected 1 to {MAX_SEEDS}")
+    if seeds > 1 and sweep is not None and sweep.key == "seed":
+        raise UsageError("--sweep seed: --seeds already runs every cell at several seeds")
+    chosen = _baseline(specs, baseline)
+    first = load_scenario(path, overrides)  # alone first, so an error here is the file's or --set's
     # each policy without the sweep next, so an error here is the spec's
     base = [
         Run(spec, {}, spec.label, spec.dirname, _load(path, [*overrides, *spec.overrides()], f"--policies {shown(spec.label)}")) for spec in specs
@@ -212,8 +250,21 @@ def plan_runs(path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overr
     else:
         _check_sweep(specs, sweep)
         runs = tuple(_sweep_run(path, overrides, spec, sweep, text, value) for text, value in zip(sweep.texts, sweep.values) for spec in specs)
+    seed_values: tuple[int, ...] = ()
+    if seeds > 1:
+        seed_values = tuple(range(first.seed, first.seed + seeds))
+        runs = tuple(run.with_seed(seed) for run in runs for seed in seed_values)
     _check_dirnames(runs)
-    return Plan(tuple(specs), sweep, runs)
+    return Plan(tuple(specs), sweep, runs, seed_values, chosen)
+
+
+def _baseline(specs: Sequence[PolicySpec], label: str | None) -> PolicySpec:
+    if label is None:
+        return specs[0]
+    for spec in specs:
+        if spec.label == label:
+            return spec
+    raise UsageError(f"--baseline {shown(label)}: not one of --policies (allowed: {', '.join(s.label for s in specs)})")
 
 
 def default_jobs(plan: Plan) -> int:
@@ -253,7 +304,7 @@ def _title(plan: Plan) -> str:
     scenario, swept = plan.scenario, plan.sweep.key if plan.sweep else None
     parts = [scenario.name]
     # seed and duration are the same in every run unless they are what is swept
-    if swept != "seed":
+    if swept != "seed" and not plan.multi_seed:
         parts.append(f"seed {scenario.seed}")
     if swept != "duration_s":
         parts.append(f"{scenario.duration_s:g} simulated s")
@@ -276,4 +327,132 @@ def comparison_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
         cells = [_cell(summary, path, spec) for _, path, spec in columns]
         last_of_point = len(plan.specs) > 1 and policy_index == len(plan.specs) - 1
         table.add_row(*point, Text(run.spec.label), *cells, end_section=last_of_point)
+    return table
+
+
+# --- several seeds: intervals ------------------------------------------------------------------
+
+
+def headline(plan: Plan) -> tuple[str, ...]:
+    """The metric each policy's ratio to the baseline is taken on: throughput."""
+    return ("rollout", "rollout_tokens_per_s") if plan.rollouts else ("calls_per_min",)
+
+
+@dataclass(frozen=True)
+class CellStats:
+    """One (sweep point, policy) cell over its seeds: per column, the per-seed values and their
+    interval (None where a seed has no value); ``ratio`` is the headline's paired ratio to the
+    baseline (None for the baseline itself, or where a baseline value is zero or missing)."""
+
+    point: int
+    spec: PolicySpec
+    values: dict[tuple[str, ...], list[float | None]]
+    intervals: dict[tuple[str, ...], Interval | None]
+    ratio: Interval | None
+    ratio_values: list[float] | None
+
+
+def _columns(plan: Plan) -> tuple[Column, ...]:
+    return ROLLOUT_COLUMNS if plan.rollouts else SERVING_COLUMNS
+
+
+def _interval(values: Sequence[float | None]) -> Interval | None:
+    present = [v for v in values if v is not None]
+    return mean_interval(present) if len(present) == len(values) else None
+
+
+def cell_stats(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[CellStats]:
+    paths = [path for _, path, _ in _columns(plan)]
+    key = headline(plan)
+    if key not in paths:
+        paths.insert(0, key)
+    cells = plan.cells()
+    values = [{path: [summary_value(summaries[i], path) for i in indexes] for path in paths} for _, _, indexes in cells]
+    baseline_of = {point: values[n] for n, (point, spec, _) in enumerate(cells) if spec == plan.baseline}
+    stats = []
+    for n, (point, spec, _) in enumerate(cells):
+        ratio: Interval | None = None
+        ratio_values: list[float] | None = None
+        ours, theirs = values[n][key], baseline_of[point][key]
+        if spec != plan.baseline and None not in ours and None not in theirs:
+            present, reference = [v for v in ours if v is not None], [v for v in theirs if v is not None]
+            ratio = paired_ratio(present, reference)
+            ratio_values = None if ratio is None else [a / b for a, b in zip(present, reference)]
+        stats.append(CellStats(point, spec, values[n], {p: _interval(v) for p, v in values[n].items()}, ratio, ratio_values))
+    return stats
+
+
+def _interval_record(interval: Interval | None, values: Sequence[float | None]) -> dict[str, Any]:
+    if interval is None:
+        return {"mean": None, "low": None, "high": None, "values": list(values)}
+    return {"mean": interval.mean, "low": interval.low, "high": interval.high, "values": list(values)}
+
+
+def seeded_records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """compare.json of a several-seed comparison: every run (with its seed and summary) and,
+    per cell, each column's per-seed values with mean and interval, and the headline ratio."""
+    assert plan.baseline is not None
+    runs = records(plan, summaries)
+    for record, run in zip(runs, plan.runs):
+        record["seed"] = run.scenario.seed
+    cells = []
+    for cell in cell_stats(plan, summaries):
+        entry: dict[str, Any] = {
+            "spec": cell.spec.label,
+            "overrides": {plan.sweep.key: plan.sweep.values[cell.point]} if plan.sweep else {},
+            "metrics": {".".join(path): _interval_record(cell.intervals[path], cell.values[path]) for path in cell.values},
+        }
+        if cell.spec != plan.baseline:
+            ratio = cell.ratio
+            entry["ratio_to_baseline"] = {
+                **_interval_record(ratio, cell.ratio_values or []),
+                "significant": None if ratio is None else not ratio.contains(1.0),
+            }
+        cells.append(entry)
+    return {
+        "seeds": list(plan.seeds),
+        "interval": METHOD,
+        "baseline": plan.baseline.label,
+        "headline": ".".join(headline(plan)),
+        "cells": cells,
+        "runs": runs,
+    }
+
+
+def _plus_minus(interval: Interval | None, spec: str) -> str:
+    if interval is None:
+        return "-"
+    spec = ",.1f" if spec == "," else spec  # a mean of counts is no count
+    return f"{format(interval.mean, spec)} ±{format(interval.half_width, spec)}"
+
+
+def ratio_text(cell: CellStats, baseline: PolicySpec) -> str:
+    if cell.spec == baseline:
+        return "baseline"
+    ratio = cell.ratio
+    if ratio is None:
+        return "-"
+    significant = "" if not ratio.contains(1.0) else " n.s."
+    return f"{ratio.mean:.3f}× [{ratio.low:.3f}, {ratio.high:.3f}]{significant}"
+
+
+def interval_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
+    """One row per cell: each column's mean ± the half-width of its interval, and the
+    headline's ratio to the baseline with its interval; "n.s.": the interval holds 1."""
+    assert plan.baseline is not None
+    title = f"{_title(plan)} · {len(plan.seeds)} paired seeds ({plan.seeds[0]}-{plan.seeds[-1]}) · mean ± {METHOD} half-width"
+    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False)
+    if plan.sweep:
+        table.add_column(plan.sweep.key.rsplit(".", 1)[-1].replace("_", " "), justify="right", overflow="ellipsis")
+    table.add_column("policy", style="bold", no_wrap=True)
+    columns = _columns(plan)
+    for header, *_ in columns:
+        table.add_column(header, justify="right", overflow="fold")
+    name = " ".join(headline(plan)[-1].split("_"))
+    table.add_column(f"{name}\nvs {plan.baseline.label}", justify="right", overflow="fold")
+    for cell in cell_stats(plan, summaries):
+        point = [Text(plan.sweep.texts[cell.point])] if plan.sweep else []
+        cells = [_plus_minus(cell.intervals[path], spec) for _, path, spec in columns]
+        last_of_point = len(plan.specs) > 1 and cell.spec == plan.specs[-1]
+        table.add_row(*point, Text(cell.spec.label), *cells, Text(ratio_text(cell, plan.baseline)), end_section=last_of_point)
     return table

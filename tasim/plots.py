@@ -18,9 +18,11 @@ from matplotlib.figure import Figure
 from tasim import events as ev
 from tasim.eventlog import find_events, read_events
 from tasim.metrics import summary_value
+from tasim.stats import Interval, mean_interval
 
 if TYPE_CHECKING:
     from tasim.compare import Plan, Run
+    from tasim.policy_spec import PolicySpec
 
 DPI = 120
 TIME_LABEL = "simulated time (s)"
@@ -49,19 +51,56 @@ def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
     return list(range(len(sweep.texts)))
 
 
+def _cell_intervals(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], spec: PolicySpec) -> list[Interval | None]:
+    """Per sweep point, the spec's ``metric`` over its seeds (None where a seed has no value)."""
+    intervals: list[Interval | None] = []
+    for _, cell_spec, indexes in plan.cells():
+        if cell_spec != spec:
+            continue
+        values = [summary_value(summaries[i], metric) for i in indexes]
+        present = [v for v in values if v is not None]
+        intervals.append(mean_interval(present) if present and len(present) == len(values) else None)
+    return intervals
+
+
 def sweep_plot(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path) -> Path:
-    """The summary value at ``metric`` against the swept value, one line per policy spec."""
+    """The summary value at ``metric`` against the swept value, one line per policy spec; over
+    several seeds the mean, with its 95 % interval as a band."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     xs = _sweep_axis(ax, plan)
     for spec in plan.specs:
-        ys = [summary_value(s, metric) for run, s in zip(plan.runs, summaries) if run.spec == spec]
-        ax.plot(xs, ys, marker="o", label=spec.label)
+        intervals = _cell_intervals(plan, summaries, metric, spec)
+        ys = [math.nan if i is None else i.mean for i in intervals]  # a gap where a point has no value
+        (line,) = ax.plot(xs, ys, marker="o", label=spec.label)
+        if plan.multi_seed:
+            shown = [(x, i) for x, i in zip(xs, intervals) if i is not None]
+            ax.fill_between([x for x, _ in shown], [i.low for _, i in shown], [i.high for _, i in shown], color=line.get_color(), alpha=0.2)
+    if plan.multi_seed:
+        title += f" · mean and 95 % interval over {len(plan.seeds)} seeds"
     ax.set_ylim(bottom=0)
     ax.set_ylabel(ylabel)
     ax.set_title(f"{title} · {plan.scenario.name}")
     ax.legend(title="policy")
     ax.grid(True, alpha=0.3)
+    return _save(fig, path)
+
+
+def interval_bars(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, path: Path) -> Path:
+    """One bar per policy spec: the mean over seeds, the 95 % interval as its error bar."""
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    labels, means, errors = [], [], []
+    for spec in plan.specs:
+        (interval,) = _cell_intervals(plan, summaries, metric, spec)
+        labels.append(spec.label)
+        means.append(0.0 if interval is None else interval.mean)
+        errors.append(0.0 if interval is None else interval.half_width)
+    ax.bar(range(len(labels)), means, yerr=errors, capsize=6, color="tab:blue", alpha=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=15 if max(map(len, labels)) > 12 else 0)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{plan.scenario.name} · mean and 95 % interval over {len(plan.seeds)} seeds")
+    ax.grid(True, axis="y", alpha=0.3)
     return _save(fig, path)
 
 
@@ -107,13 +146,17 @@ def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs
         if plan.rollouts:
             metric, ylabel, title = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
         else:
-            metric, ylabel, title = ("calls_per_min",), "steps per minute (LLM calls/min)", "Throughput"
+            metric, ylabel, title = ("calls_per_min",), "LLM calls per minute (the paper's steps/min)", "Throughput"
         written.append(sweep_plot(plan, summaries, metric, ylabel, title, out / "throughput.png"))
         written.append(
             sweep_plot(
                 plan, summaries, ("prefix_hit_rate",), "prefix hit rate (fraction of prompt tokens)", "Prefix cache hit rate", out / "hit_rate.png"
             )
         )
+    elif plan.multi_seed:
+        metric = ("rollout", "rollout_tokens_per_s") if plan.rollouts else ("calls_per_min",)
+        ylabel = "rollout throughput (generated tokens/s)" if plan.rollouts else "LLM calls per minute"
+        written.append(interval_bars(plan, summaries, metric, ylabel, out / "throughput.png"))
     last = plan.last_point()
     point = ", ".join(f"{k}={v}" for k, v in last[0].point.items())
     title = f"KV utilisation per worker · {plan.scenario.name}" + (f" · {point}" if point else "")

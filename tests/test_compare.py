@@ -213,6 +213,14 @@ LONG = "a" * 300
         (["--policies", "round_robin", "--sweep", "workload.concurrency"], ["--sweep", "dotted.key=v1,v2"]),
         (["--policies", "round_robin", "--sweep", "policy.name=round_robin"], ["--sweep policy.name", "--policies"]),
         (["--policies", "round_robin", "--jobs", "0"], ["--jobs", "at least 1"]),
+        (["--policies", "round_robin", "--seeds", "0"], ["--seeds", "at least 1"]),
+        (["--policies", "round_robin", "--seeds", "101"], ["--seeds 101: expected 1 to 100"]),
+        (["--policies", "round_robin,kv_router", "--baseline", "kv_router"], ["--baseline kv_router: ratios with intervals need --seeds N (N > 1)"]),
+        (
+            ["--policies", "round_robin,kv_router", "--seeds", "2", "--baseline", "nope"],
+            ["--baseline nope: not one of --policies (allowed: round_robin, kv_router)"],
+        ),
+        (["--policies", "round_robin", "--seeds", "2", "--sweep", "seed=1,2"], ["--sweep seed: --seeds already runs every cell at several seeds"]),
     ],
 )
 def test_bad_input_exits_2_before_running_anything(tmp_path: Path, args: list[str], fragments: list[str]) -> None:
@@ -248,3 +256,64 @@ def test_param_rows_describe_any_params_model() -> None:
         ("enabled", "bool", "True", ""),
         ("needed", "str", "required", ""),
     ]
+
+
+# --- several seeds ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("seeded")
+    result = tasim("compare", TINY, *SHORT, "--out", str(out), "--policies", "round_robin,kv_router", "--seeds", "3", "--seed", "4")
+    assert result.returncode == 0, result.stderr
+    return out, json.loads((out / "compare.json").read_text()), result.stdout
+
+
+def test_seeds_pair_every_policy_over_the_same_seeds(seeded: tuple[Path, dict[str, Any], str]) -> None:
+    out, data, _ = seeded
+    assert data["seeds"] == [4, 5, 6] and data["baseline"] == "round_robin" and data["interval"] == "Student t, 95 %"
+    assert [(r["spec"], r["seed"]) for r in data["runs"]] == [(spec, seed) for spec in ("round_robin", "kv_router") for seed in (4, 5, 6)]
+    for record in data["runs"]:
+        run_dir = out / "runs" / f"{record['spec']}-seed{record['seed']}"
+        assert record["summary"] == json.loads((run_dir / "summary.json").read_text())
+        assert json.loads((run_dir / "run.json").read_text())["scenario"]["seed"] == record["seed"]
+
+
+def test_a_seeded_run_is_the_plain_run_at_that_seed(tmp_path: Path, seeded: tuple[Path, dict[str, Any], str]) -> None:
+    out, data, _ = seeded
+    plain = compare(tmp_path, "--policies", "kv_router", "--seed", "5")
+    seeded_run = next(r for r in data["runs"] if r["spec"] == "kv_router" and r["seed"] == 5)
+    assert without_wall_time([{"summary": seeded_run["summary"]}]) == without_wall_time([{"summary": plain[0]["summary"]}])
+    assert (out / "runs" / "kv_router-seed5" / "events.jsonl").read_bytes() == (tmp_path / "runs" / "kv_router" / "events.jsonl").read_bytes()
+
+
+def test_cells_hold_per_seed_values_their_t_interval_and_the_paired_ratio(seeded: tuple[Path, dict[str, Any], str]) -> None:
+    from tasim.stats import t_quantile
+
+    _, data, stdout = seeded
+    by_spec = {(r["spec"], r["seed"]): r["summary"] for r in data["runs"]}
+    baseline, other = data["cells"]
+    assert "ratio_to_baseline" not in baseline
+    for cell in (baseline, other):
+        metric = cell["metrics"]["calls_per_min"]
+        values = [by_spec[(cell["spec"], seed)]["calls_per_min"] for seed in (4, 5, 6)]
+        assert metric["values"] == values
+        mean = sum(values) / 3
+        sd = (sum((v - mean) ** 2 for v in values) / 2) ** 0.5
+        half = t_quantile(0.975, 2) * sd / 3**0.5
+        assert metric["mean"] == pytest.approx(mean) and metric["high"] - metric["low"] == pytest.approx(2 * half)
+    ratio = other["ratio_to_baseline"]
+    expected = [by_spec[("kv_router", s)]["calls_per_min"] / by_spec[("round_robin", s)]["calls_per_min"] for s in (4, 5, 6)]
+    assert ratio["values"] == pytest.approx(expected)
+    assert ratio["significant"] == (not ratio["low"] <= 1.0 <= ratio["high"])
+    row = next(line for line in stdout.splitlines() if line.split()[:1] == ["kv_router"])
+    assert f"{ratio['mean']:.3f}× [{ratio['low']:.3f}, {ratio['high']:.3f}]" in row
+    assert row.rstrip().endswith("n.s.") == (not ratio["significant"])
+    assert "3 paired seeds (4-6)" in stdout
+
+
+def test_seeded_comparison_plots_throughput_with_intervals(seeded: tuple[Path, dict[str, Any], str]) -> None:
+    out, _, _ = seeded
+    for name in ("throughput.png", "kv_utilization.png"):
+        data = (out / name).read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
