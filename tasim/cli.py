@@ -108,6 +108,11 @@ def _build_parser() -> argparse.ArgumentParser:
     compare.add_argument(
         "--baseline", metavar="SPEC", help="with --seeds: the policy spec the others' throughput ratios are taken against (default: the first)"
     )
+    compare.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run on Ray: 'local' (a private cluster on this machine, --jobs CPUs), 'auto' or HOST:PORT (a running cluster)",
+    )
     compare.add_argument("--out", type=Path, help="output directory (default: runs/compare-<scenario>)")
     compare.add_argument("--jobs", type=_positive_int, help="runs in parallel (default: CPUs, at most the number of runs)")
 
@@ -365,7 +370,13 @@ def _compare(args: argparse.Namespace) -> int:
         line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['calls_per_min']:.1f} calls/min"
         progress.print(line, markup=False, highlight=False, soft_wrap=True)  # one line each, however long the label
 
-    summaries = compare.execute(plan, out, jobs, on_done)
+    from tasim.parallel import BackendUnavailable, LocalPool, RayTasks
+
+    backend = LocalPool(jobs) if args.ray is None else RayTasks(args.ray, args.jobs)
+    try:
+        summaries = compare.execute(plan, out, backend, on_done)
+    except BackendUnavailable as error:
+        raise UsageError(str(error)) from None
     out.mkdir(parents=True, exist_ok=True)
     if plan.multi_seed:
         write_json(out / compare.COMPARE_FILE, compare.seeded_records(plan, summaries))

@@ -15,6 +15,7 @@ each metric's mean with its 95 % interval and each policy's ratio to a baseline
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -27,7 +28,7 @@ from rich.text import Text
 
 from tasim.errors import UsageError
 from tasim.metrics import summary_value
-from tasim.parallel import map_in_processes
+from tasim.parallel import Backend
 from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe, split_outside_brackets
 from tasim.rundir import run_simulation
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, shown
@@ -274,13 +275,33 @@ def default_jobs(plan: Plan) -> int:
 # --- running ---------------------------------------------------------------------------------
 
 
-def execute(plan: Plan, out: Path, jobs: int, on_done: Callable[[Run, dict[str, Any]], None]) -> list[dict[str, Any]]:
-    """Run every combination into ``out/runs/<label>``; summaries come back in plan order."""
-    return map_in_processes(partial(_simulate, out / RUNS_DIR), plan.runs, jobs, on_done)
+def execute(plan: Plan, out: Path, backend: Backend, on_done: Callable[[Run, dict[str, Any]], None]) -> list[dict[str, Any]]:
+    """Run every combination into ``out/runs/<label>``; summaries come back in plan order.
+    A backend whose tasks may run on other machines sends each run's files back with it."""
+    runs_dir = out / RUNS_DIR
+    if backend.shares_files:
+        return backend.map(partial(_simulate, runs_dir), plan.runs, on_done)
+
+    def landed(run: Run, result: tuple[dict[str, Any], dict[str, bytes]]) -> None:
+        summary, files = result
+        target = runs_dir / run.dirname
+        target.mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            (target / name).write_bytes(data)
+        on_done(run, summary)
+
+    return [summary for summary, _ in backend.map(_simulate_elsewhere, plan.runs, landed)]
 
 
 def _simulate(runs_dir: Path, run: Run) -> dict[str, Any]:
     return run_simulation(run.scenario, runs_dir / run.dirname)
+
+
+def _simulate_elsewhere(run: Run) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The run in a scratch directory of whichever node runs it, and its files."""
+    with tempfile.TemporaryDirectory(prefix="tasim-run-") as scratch:
+        summary = run_simulation(run.scenario, Path(scratch))
+        return summary, {path.name: path.read_bytes() for path in sorted(Path(scratch).iterdir()) if path.is_file()}
 
 
 def records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

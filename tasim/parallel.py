@@ -1,14 +1,28 @@
-"""Independent simulations across processes: every caller (compare, the validation generators)
-wants the same thing, results in input order whatever order they finish in."""
+"""Independent simulations in parallel: every caller (compare, the validation generators)
+wants the same thing, results in input order whatever order they finish in, each reported as it
+finishes.
+
+Two backends do it behind one call, ``map(fn, items, on_done)``: `LocalPool`, processes on this
+machine (the default), and `RayTasks`, one Ray core task per item on a Ray cluster: a private one
+started on this machine for the sweep, or a running cluster of many machines joined by address.
+Each item is a deterministic simulation, so the results do not depend on the backend.
+"""
 
 from __future__ import annotations
 
+import os
+import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run anything (an unreachable Ray address, a node without tasim)."""
 
 
 def map_in_processes(
@@ -38,3 +52,88 @@ def map_in_processes(
     finally:
         pool.shutdown(cancel_futures=True)  # a failed run should not wait for the queued ones
     return [done[i] for i in range(len(items))]
+
+
+class Backend(Protocol):
+    @property
+    def shares_files(self) -> bool:
+        """Whether the items' output directories are this machine's (a Ray node may be another)."""
+        ...
+
+    def map(self, fn: Callable[[Item], Result], items: Sequence[Item], on_done: Callable[[Item, Result], None] | None = None) -> list[Result]: ...
+
+
+@dataclass(frozen=True)
+class LocalPool:
+    jobs: int
+    shares_files: bool = True
+
+    def map(self, fn: Callable[[Item], Result], items: Sequence[Item], on_done: Callable[[Item, Result], None] | None = None) -> list[Result]:
+        return map_in_processes(fn, items, min(self.jobs, max(1, len(items))), on_done)
+
+
+def _versioned(fn: Callable[[Any], Any], item: Any) -> tuple[str, Any]:
+    """What a Ray task runs: the item, and the tasim version that ran it (a node with another
+    tasim would give other numbers)."""
+    from tasim import __version__
+
+    return __version__, fn(item)
+
+
+@dataclass(frozen=True)
+class RayTasks:
+    """``address``: "local" starts a private Ray cluster on 127.0.0.1 with ``cpus`` CPUs for the
+    sweep and stops it after; "auto" or HOST:PORT joins a running cluster (`ray start`), whose
+    nodes must run the same tasim (e.g. one container image, as verl clusters do). A task takes
+    one CPU. Output files a task writes stay on its node: callers that need them back return
+    them (``shares_files`` is False)."""
+
+    address: str
+    cpus: int | None = None
+    shares_files: bool = False
+
+    def map(self, fn: Callable[[Item], Result], items: Sequence[Item], on_done: Callable[[Item, Result], None] | None = None) -> list[Result]:
+        import ray
+
+        from tasim import __version__
+
+        self._check_reachable()
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        try:
+            if self.address == "local":
+                cpus = self.cpus or os.cpu_count() or 1
+                ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+            else:
+                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+        except (ConnectionError, RuntimeError) as error:
+            raise BackendUnavailable(f"--ray {self.address}: cannot join the Ray cluster ({str(error).splitlines()[0]})") from None
+        try:
+            task = ray.remote(num_cpus=1)(_versioned)
+            pending = {task.remote(fn, item): index for index, item in enumerate(items)}
+            done: dict[int, Result] = {}
+            waiting = list(pending)
+            while waiting:
+                ready, waiting = ray.wait(waiting, num_returns=1)
+                for ref in ready:
+                    index = pending[ref]
+                    version, result = ray.get(ref)
+                    if version != __version__:
+                        raise BackendUnavailable(f"--ray {self.address}: a node runs tasim {version}, this machine {__version__}")
+                    done[index] = result
+                    if on_done:
+                        on_done(items[index], result)
+            return [done[i] for i in range(len(items))]
+        finally:
+            ray.shutdown()
+
+    def _check_reachable(self) -> None:
+        """A HOST:PORT that does not answer fails at once (Ray itself retries for a minute)."""
+        if self.address in ("local", "auto") or "://" in self.address:
+            return
+        host, sep, port = self.address.rpartition(":")
+        if not sep or not port.isdigit() or not host:
+            raise BackendUnavailable(f"--ray {self.address}: expected local, auto or HOST:PORT")
+        try:
+            socket.create_connection((host, int(port)), timeout=3).close()
+        except OSError as error:
+            raise BackendUnavailable(f"--ray {self.address}: no Ray cluster answers there ({error.strerror or error})") from None
