@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -24,7 +25,7 @@ from tasim.errors import UsageError
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
 from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
 from tasim.measurements.schema import MeasurementError
-from tasim.policy_spec import PolicySpec, PolicySpecError
+from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe
 from tasim.presets import scenario_path
 from tasim.render import param_rows, print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
@@ -257,6 +258,30 @@ def _build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--jobs", type=_positive_int, help="simulations in parallel (default: CPUs)")
     calibrate.add_argument("--out", type=Path, help="directory of calibration.json (default: runs/calibrate-<scenario>)")
     calibrate.add_argument("--write", type=Path, metavar="FILE", help="the calibrated scenario (default: OUT/<scenario>-calibrated.yaml)")
+
+    tune = commands.add_parser("tune", help="search a policy's knobs (and scenario fields) for the best value of one summary metric")
+    tune.add_argument("scenario", help="scenario YAML file, or a preset's name")
+    tune.add_argument("--policy", required=True, help="the policy whose configuration is searched")
+    tune.add_argument(
+        "--space",
+        required=True,
+        action="append",
+        metavar="KEY=LOW:HIGH[:log]|KEY=A|B|C",
+        help="fields to search (repeatable, or comma-separated), e.g. --space policy.params.pause_threshold=0.7:0.99",
+    )
+    tune.add_argument(
+        "--objective", required=True, metavar="METRIC[:max|min]", help="summary metric to optimise, e.g. calls_per_min:max (default max)"
+    )
+    tune.add_argument("--constraint", action="append", default=[], metavar="METRIC<=X", help="a summary metric's mean must satisfy this (repeatable)")
+    tune.add_argument("--trials", type=_positive_int, default=40, help="trials the study holds when done (a rerun resumes up to it; default 40)")
+    tune.add_argument("--seeds", type=_positive_int, default=3, help="paired seeds each configuration runs at (default 3)")
+    tune.add_argument("--sampler-seed", type=int, default=0, help="seed of the TPE sampler (default 0)")
+    tune.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
+    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field in every run")
+    tune.add_argument("--seed", type=int, help="first seed (replaces the scenario's)")
+    tune.add_argument("--jobs", type=_positive_int, help="simulations in parallel (default: CPUs)")
+    tune.add_argument("--ray", metavar="ADDRESS", help="run on Ray: local, auto or HOST:PORT (see compare)")
+    tune.add_argument("--out", type=Path, help="output directory (default: runs/tune-<scenario>-<policy>)")
 
     commands.add_parser("policies", help="list the routing policies and their parameters")
     scenarios = commands.add_parser("scenarios", help="list the preset scenarios")
@@ -542,6 +567,54 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("optuna") is None:
+        raise UsageError("tune needs Optuna (make install, or pip install -e '.[calibrate]')")
+    from tasim import tune
+    from tasim.parallel import BackendUnavailable, LocalPool, RayTasks
+
+    path = str(scenario_path(args.scenario))
+    scenario = load_scenario(path, _seeded(args))  # a bad file or --set costs no trial
+    out = _output_dir(args.out or Path("runs") / f"tune-{scenario.name}-{file_safe(args.policy)}")
+    request = tune.Request(
+        path,
+        args.policy,
+        tune.parse_space(args.space),
+        tune.parse_objective(args.objective),
+        tuple(tune.parse_constraint(c) for c in args.constraint),
+        args.trials,
+        tuple(range(scenario.seed, scenario.seed + args.seeds)),
+        tuple(args.overrides),
+        args.sampler_seed,
+        args.storage or f"sqlite:///{(out / 'study.db').resolve()}",
+        out,
+    )
+    tune.check(request)
+    jobs = args.jobs or os.cpu_count() or 1
+    backend = LocalPool(jobs) if args.ray is None else RayTasks(args.ray, args.jobs)
+    console = Console(stderr=True)
+    done = [0]
+
+    def progress() -> None:
+        done[0] += 1
+        if done[0] % max(1, args.seeds) == 0:
+            console.print(f"tune: {done[0] // max(1, args.seeds)} configurations evaluated", markup=False, highlight=False)
+
+    try:
+        backend.check()
+        study = tune.run_study(request, backend, -(-jobs // args.seeds), progress)  # trials at once: enough runs for every job
+    except BackendUnavailable as error:
+        raise UsageError(str(error)) from None
+    report = tune.report(request, study)
+    target = out / f"{scenario.name}-tuned.yaml"
+    target.write_text(tune.tuned_yaml(report, target))
+    write_json(out / tune.TUNE_FILE, tune.record(report))
+    for line in report.lines():
+        Console().print(line, markup=False, highlight=False)
+    Console().print(f"wrote {out / tune.TUNE_FILE} and {target}; study {study.study_name} in {request.storage}", markup=False, highlight=False)
+    return 0
+
+
 def _policies(args: argparse.Namespace) -> int:
     from tasim.policies import POLICIES
 
@@ -594,6 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "validate": _validate,
             "live": _live,
             "calibrate": _calibrate,
+            "tune": _tune,
             "policies": _policies,
             "scenarios": _scenarios,
             "schema": _schema,

@@ -60,6 +60,9 @@ class Backend(Protocol):
         """Whether the items' output directories are this machine's (a Ray node may be another)."""
         ...
 
+    def check(self) -> None:
+        """Raise `BackendUnavailable` now if nothing could run (before a caller commits to work)."""
+
     def map(self, fn: Callable[[Item], Result], items: Sequence[Item], on_done: Callable[[Item, Result], None] | None = None) -> list[Result]: ...
 
 
@@ -67,6 +70,9 @@ class Backend(Protocol):
 class LocalPool:
     jobs: int
     shares_files: bool = True
+
+    def check(self) -> None:
+        pass
 
     def map(self, fn: Callable[[Item], Result], items: Sequence[Item], on_done: Callable[[Item, Result], None] | None = None) -> list[Result]:
         return map_in_processes(fn, items, min(self.jobs, max(1, len(items))), on_done)
@@ -97,7 +103,7 @@ class RayTasks:
 
         from tasim import __version__
 
-        self._check_reachable()
+        self.check()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         try:
             if self.address == "local":
@@ -126,7 +132,7 @@ class RayTasks:
         finally:
             ray.shutdown()
 
-    def _check_reachable(self) -> None:
+    def check(self) -> None:
         """A HOST:PORT that does not answer fails at once (Ray itself retries for a minute)."""
         if self.address in ("local", "auto") or "://" in self.address:
             return

@@ -1,0 +1,445 @@
+"""``python -m tasim tune``: search a policy's knobs (and deployment or engine fields) for the best
+value of one summary metric, over paired seeds, in a study that can be resumed.
+
+Each trial sets every ``--space`` field, runs the scenario under ``--policy`` at the same
+``--seeds`` seeds (paired: a seed fixes the programs), and scores the mean of ``--objective``
+over them; a ``--constraint`` on another summary metric must hold for that mean. Trials are
+proposed by Optuna's TPE sampler (seeded, with a constant liar so a batch of ``--jobs`` trials
+runs at once) and stored in an Optuna database: a SQLite file under ``--out`` by default, or any
+URL Optuna takes (``--storage``), so a rerun with the same arguments resumes the study until it
+holds ``--trials`` trials, and the study can be opened with Optuna's own tools. The scenario's
+own values, run at the same seeds, are the reference the report compares with: the best
+configuration with its 95 % interval, the default's, the paired ratio between them (`tasim.stats`)
+and the parameters' importances (PED-ANOVA, which needs no scikit-learn). The tuned scenario is written as a file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import yaml
+
+from tasim.errors import UsageError
+from tasim.metrics import SUMMARY_KEYS, MetricsFold, summary_value
+from tasim.parallel import Backend
+from tasim.policy_spec import split_outside_brackets
+from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, read_yaml, shown
+from tasim.stats import METHOD, Interval, mean_interval, paired_ratio
+
+if TYPE_CHECKING:
+    import optuna
+
+TUNE_FILE = "tune.json"
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_NOT_METRICS = {"scenario", "policy", "seed", "workers", "wall_time_s"}
+
+
+# --- what to search, and for what ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Dimension:
+    """One scenario field: numbers in ``[low, high]`` (``log``: on a log scale; ``integer``: in
+    integers), or one of ``choices`` (the texts as given, parsed as YAML when applied)."""
+
+    key: str
+    low: float = 0.0
+    high: float = 0.0
+    log: bool = False
+    integer: bool = False
+    choices: tuple[str, ...] = ()
+
+    def suggest(self, trial: optuna.trial.Trial) -> Any:
+        if self.choices:
+            return trial.suggest_categorical(self.key, list(self.choices))
+        if self.integer:
+            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log)
+        return trial.suggest_float(self.key, self.low, self.high, log=self.log)
+
+    def override(self, value: Any) -> str:
+        return f"{self.key}={value if self.choices or self.integer else repr(float(value))}"
+
+    @property
+    def text(self) -> str:
+        if self.choices:
+            return f"{self.key}={'|'.join(self.choices)}"
+        bounds = f"{int(self.low)}:{int(self.high)}" if self.integer else f"{self.low:g}:{self.high:g}"
+        return f"{self.key}={bounds}{':log' if self.log else ''}"
+
+
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{text!r} is not finite")
+    return value
+
+
+def parse_dimension(text: str) -> Dimension:
+    key, sep, rest = text.partition("=")
+    key = key.strip()
+    if not sep or not _KEY.match(key) or not rest.strip():
+        raise UsageError(f"--space {shown(text)}: expected key=LOW:HIGH[:log] or key=A|B|C")
+    if key in ("policy", "policy.name", "seed") or key.startswith("policy.defaults"):
+        raise UsageError(f"--space {key}: the policy comes from --policy and seeds from --seeds; search the policy's params (policy.params.X)")
+    if "|" in rest:
+        choices = tuple(part.strip() for part in rest.split("|"))
+        if "" in choices or len(set(choices)) != len(choices) or len(choices) < 2:
+            raise UsageError(f"--space {shown(text)}: needs two or more distinct, non-empty choices")
+        return Dimension(key, choices=choices)
+    parts = rest.strip().split(":")
+    log = len(parts) == 3 and parts[2] == "log"
+    if len(parts) not in (2, 3) or (len(parts) == 3 and not log):
+        raise UsageError(f"--space {shown(text)}: expected LOW:HIGH or LOW:HIGH:log after {key}=")
+    try:
+        low, high = _number(parts[0]), _number(parts[1])
+    except ValueError as error:
+        raise UsageError(f"--space {shown(text)}: {error}") from None
+    if not low < high:
+        raise UsageError(f"--space {shown(text)}: an empty range (LOW must be below HIGH)")
+    if log and low <= 0:
+        raise UsageError(f"--space {shown(text)}: a log scale needs LOW > 0")
+    integer = all(re.fullmatch(r"[+-]?\d+", p.strip()) for p in parts[:2])
+    return Dimension(key, low, high, log, integer)
+
+
+def parse_space(texts: Sequence[str]) -> tuple[Dimension, ...]:
+    dimensions = [parse_dimension(part) for text in texts for part in split_outside_brackets(text) if part.strip()]
+    if not dimensions:
+        raise UsageError("--space: name at least one key=LOW:HIGH or key=A|B")
+    keys = [d.key for d in dimensions]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise UsageError(f"--space {key}: given twice")
+    return tuple(dimensions)
+
+
+@dataclass(frozen=True)
+class Objective:
+    path: tuple[str, ...]
+    maximize: bool
+
+    @property
+    def name(self) -> str:
+        return ".".join(self.path)
+
+
+def parse_metric(text: str, flag: str) -> tuple[str, ...]:
+    path = tuple(text.strip().split("."))
+    if not text.strip() or path[0] not in SUMMARY_KEYS or path[0] in _NOT_METRICS:
+        metrics = ", ".join(k for k in SUMMARY_KEYS if k not in _NOT_METRICS)
+        raise UsageError(f"{flag} {shown(text)}: not a summary metric (allowed: {metrics}; nested ones as e.g. ttft_s.mean)")
+    return path
+
+
+def parse_objective(text: str) -> Objective:
+    metric, _, direction = text.partition(":")
+    if direction not in ("", "max", "min"):
+        raise UsageError(f"--objective {shown(text)}: the direction is max or min (got {shown(direction)})")
+    return Objective(parse_metric(metric, "--objective"), direction != "min")
+
+
+@dataclass(frozen=True)
+class Constraint:
+    path: tuple[str, ...]
+    at_most: bool  # METRIC<=X; else METRIC>=X
+    bound: float
+
+    @property
+    def text(self) -> str:
+        return f"{'.'.join(self.path)}{'<=' if self.at_most else '>='}{self.bound:g}"
+
+    def violation(self, value: float) -> float:
+        """<= 0 where the constraint holds (Optuna's convention)."""
+        return value - self.bound if self.at_most else self.bound - value
+
+
+def parse_constraint(text: str) -> Constraint:
+    match = re.fullmatch(r"\s*([^<>=\s]+)\s*(<=|>=)\s*(\S+)\s*", text)
+    if not match:
+        raise UsageError(f"--constraint {shown(text)}: expected METRIC<=X or METRIC>=X")
+    try:
+        bound = _number(match[3])
+    except ValueError as error:
+        raise UsageError(f"--constraint {shown(text)}: {error}") from None
+    return Constraint(parse_metric(match[1], "--constraint"), match[2] == "<=", bound)
+
+
+# --- the study ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    scenario: str  # file
+    policy: str
+    space: tuple[Dimension, ...]
+    objective: Objective
+    constraints: tuple[Constraint, ...]
+    trials: int
+    seeds: tuple[int, ...]
+    overrides: tuple[str, ...]
+    sampler_seed: int
+    storage: str
+    out: Path
+
+    @property
+    def study_name(self) -> str:
+        """The same question gets the same study (so a rerun resumes it), another a new one."""
+        identity = json.dumps(
+            [
+                Path(self.scenario).name,
+                self.policy,
+                [d.text for d in self.space],
+                self.objective.name,
+                self.objective.maximize,
+                [c.text for c in self.constraints],
+                list(self.seeds),
+                list(self.overrides),
+            ]
+        )
+        return f"tune-{Path(self.scenario).stem}-{self.policy}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+
+
+def _base(request: Request) -> list[str]:
+    return [*request.overrides, f"policy.name={request.policy}"]
+
+
+def check(request: Request) -> Scenario:
+    """Every field of the space takes its bounds (or each choice) before anything runs."""
+    try:
+        scenario = load_scenario(request.scenario, _base(request))
+    except ScenarioError as error:
+        raise UsageError(str(error)) from None
+    for dimension in request.space:
+        values: Sequence[Any] = dimension.choices or (
+            [int(dimension.low), int(dimension.high)] if dimension.integer else [dimension.low, dimension.high]
+        )
+        for value in values:
+            try:
+                load_scenario(request.scenario, [*_base(request), dimension.override(value)])
+            except ScenarioError as error:
+                raise UsageError(f"--space {dimension.text}: {error}") from None
+    return scenario
+
+
+def simulate_summary(scenario: Scenario) -> dict[str, Any]:
+    """One run's summary, simulated in this process (no files)."""
+    from tasim.sim.runner import Simulation
+
+    fold = MetricsFold()
+    Simulation(scenario, fold.apply).run()
+    return fold.summary()
+
+
+def _metric(summary: dict[str, Any], path: tuple[str, ...], flag: str) -> float:
+    try:
+        value = summary_value(summary, path)
+    except (KeyError, TypeError):
+        value = "missing"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise UsageError(f"{flag} {'.'.join(path)}: not a number in the summary (it holds {shown(str(value))[:80]})")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A configuration's per-seed objective values and constraint metrics."""
+
+    objective: list[float]
+    constrained: list[list[float]]  # per constraint, per seed
+
+    def interval(self) -> Interval:
+        return mean_interval(self.objective)
+
+    def violations(self, constraints: Sequence[Constraint]) -> list[float]:
+        return [c.violation(sum(v) / len(v)) for c, v in zip(constraints, self.constrained)]
+
+
+def evaluate(request: Request, configs: Sequence[list[str]], backend: Backend, progress: Callable[[], None]) -> list[Scored | str]:
+    """Each configuration (its overrides) at every seed, in one batch; a configuration the
+    scenario refuses is its error message."""
+    scenarios: list[Scenario] = []
+    owners: list[int] = []
+    results: list[Scored | str] = []
+    for index, overrides in enumerate(configs):
+        try:
+            loaded = load_scenario(request.scenario, [*_base(request), *overrides])
+        except ScenarioError as error:
+            results.append(str(error))
+            continue
+        results.append("")
+        for seed in request.seeds:
+            scenarios.append(loaded.model_copy(update={"seed": seed}))
+            owners.append(index)
+    summaries = backend.map(simulate_summary, scenarios, lambda _, __: progress())
+    per_config: dict[int, list[dict[str, Any]]] = {}
+    for owner, summary in zip(owners, summaries):
+        per_config.setdefault(owner, []).append(summary)
+    for index, found in per_config.items():
+        objective = [_metric(s, request.objective.path, "--objective") for s in found]
+        constrained = [[_metric(s, c.path, "--constraint") for s in found] for c in request.constraints]
+        results[index] = Scored(objective, constrained)
+    return results
+
+
+def run_study(request: Request, backend: Backend, batch: int, progress: Callable[[], None]) -> optuna.Study:
+    """Create or resume the study and run it until it holds ``request.trials`` trials."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    request.out.mkdir(parents=True, exist_ok=True)
+
+    def constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
+        return list(trial.user_attrs.get("violations", [0.0] * len(request.constraints)))
+
+    sampler = optuna.samplers.TPESampler(
+        seed=request.sampler_seed,
+        constant_liar=True,
+        multivariate=True,
+        n_startup_trials=max(batch, min(10, request.trials // 4)),
+        constraints_func=constraints if request.constraints else None,
+    )
+    direction: Literal["maximize", "minimize"] = "maximize" if request.objective.maximize else "minimize"
+    study = optuna.create_study(storage=request.storage, study_name=request.study_name, direction=direction, sampler=sampler, load_if_exists=True)
+    if "default" not in study.user_attrs:
+        (default,) = evaluate(request, [[]], backend, progress)
+        if isinstance(default, str):
+            raise UsageError(f"{request.scenario}: {default}")
+        study.set_user_attr("default", {"objective": default.objective, "constrained": default.constrained})
+        study.set_user_attr("request", {"scenario": request.scenario, "policy": request.policy, "space": [d.text for d in request.space]})
+    while len(study.trials) < request.trials:
+        trials = [study.ask() for _ in range(min(batch, request.trials - len(study.trials)))]
+        configs = [[d.override(d.suggest(trial)) for d in request.space] for trial in trials]
+        for trial, scored in zip(trials, evaluate(request, configs, backend, progress)):
+            if isinstance(scored, str):
+                trial.set_user_attr("refused", scored)
+                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                continue
+            trial.set_user_attr("objective", scored.objective)
+            trial.set_user_attr("violations", scored.violations(request.constraints))
+            study.tell(trial, scored.interval().mean)
+    return study
+
+
+# --- the report ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Report:
+    request: Request
+    study_name: str
+    trials: int
+    failed: int
+    best_params: dict[str, Any] | None
+    best: Interval | None
+    default: Interval
+    ratio: Interval | None
+    importances: dict[str, float] | str  # or why there are none
+
+    def lines(self) -> list[str]:
+        r = self.request
+        goal = f"{'max' if r.objective.maximize else 'min'}imise {r.objective.name}"
+        extra = f" subject to {', '.join(c.text for c in r.constraints)}" if r.constraints else ""
+        lines = [
+            f"tune {Path(r.scenario).name} · {r.policy} · {goal}{extra} · {self.trials} trials ({self.failed} refused) · seeds {list(r.seeds)}",
+            f"default:  {_shown_interval(self.default)}",
+        ]
+        if self.best is None or self.best_params is None:
+            return [*lines, "best:     no trial met the constraints"]
+        lines.append(f"best:     {_shown_interval(self.best)} with " + ", ".join(f"{k}={_value(v)}" for k, v in self.best_params.items()))
+        if self.ratio is not None:
+            significant = "not significant" if self.ratio.contains(1.0) else "significant"
+            lines.append(f"best / default (paired by seed): {self.ratio.mean:.3f}× [{self.ratio.low:.3f}, {self.ratio.high:.3f}], {significant}")
+        if isinstance(self.importances, str):
+            lines.append(f"importances: none ({self.importances})")
+        else:
+            lines.append("importances (PED-ANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in self.importances.items()))
+        lines.append(f"intervals: {METHOD} over the seeds")
+        return lines
+
+
+def _value(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _shown_interval(interval: Interval) -> str:
+    return f"{interval.mean:,.4g} [{interval.low:,.4g}, {interval.high:,.4g}]"
+
+
+def report(request: Request, study: optuna.Study) -> Report:
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    feasible = [t for t in complete if all(v <= 0 for v in t.user_attrs.get("violations", []))]
+    default_values: list[float] = study.user_attrs["default"]["objective"]
+    best = None
+    if feasible:
+        pick = max if request.objective.maximize else min
+        best = pick(feasible, key=lambda t: (t.value, -t.number))
+    importances: dict[str, float] | str
+    try:
+        importances = dict(optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()))
+    except (ValueError, RuntimeError) as error:
+        importances = str(error).splitlines()[0]
+    best_values: list[float] | None = best.user_attrs["objective"] if best else None
+    return Report(
+        request,
+        study.study_name,
+        len(study.trials),
+        sum(1 for t in study.trials if t.state == optuna.trial.TrialState.FAIL),
+        dict(best.params) if best else None,
+        mean_interval(best_values) if best_values else None,
+        mean_interval(default_values),
+        paired_ratio(best_values, default_values) if best_values else None,
+        importances,
+    )
+
+
+def tuned_yaml(rep: Report, target: Path) -> str:
+    """The scenario with the best configuration, headed by how it was found."""
+    r = rep.request
+    raw = read_yaml(Path(r.scenario))
+    chosen = [d.override(rep.best_params[d.key]) for d in r.space] if rep.best_params else []
+    for override in [*r.overrides, f"policy.name={r.policy}", *chosen]:
+        Override.parse(override).apply(raw)
+    raw["name"] = f"{raw.get('name', Path(r.scenario).stem)}-tuned"
+    workload = raw.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("path"), str):  # a trace, relative to its scenario file
+        trace = (Path(r.scenario).parent / workload["path"]).resolve()
+        workload["path"] = os.path.relpath(trace, target.parent.resolve())
+    header = [f"Tuned from {Path(r.scenario).name} by `tasim tune` (study {rep.study_name} in {r.storage}).", *rep.lines()]
+    return "\n".join(f"# {line}" for line in header) + "\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
+
+
+def record(rep: Report) -> dict[str, Any]:
+    def interval(i: Interval | None) -> dict[str, float] | None:
+        return None if i is None else {"mean": i.mean, "low": i.low, "high": i.high}
+
+    r = rep.request
+    return {
+        "scenario": r.scenario,
+        "policy": r.policy,
+        "study": rep.study_name,
+        "storage": r.storage,
+        "objective": {"metric": r.objective.name, "direction": "max" if r.objective.maximize else "min"},
+        "constraints": [c.text for c in r.constraints],
+        "space": [d.text for d in r.space],
+        "seeds": list(r.seeds),
+        "interval": METHOD,
+        "trials": rep.trials,
+        "refused": rep.failed,
+        "default": interval(rep.default),
+        "best": None if rep.best_params is None else {"params": rep.best_params, **(interval(rep.best) or {})},
+        "best_over_default": None if rep.ratio is None else {**(interval(rep.ratio) or {}), "significant": not rep.ratio.contains(1.0)},
+        "importances": rep.importances,
+    }

@@ -1,0 +1,105 @@
+"""`tasim tune`: a seeded TPE search over paired seeds, stored in SQLite and resumed, its report
+(default, best, paired ratio, importances) and the tuned scenario file; bad input is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import TINY, assert_usage_error, tasim
+
+from tasim.scenario import load_scenario
+
+pytest.importorskip("optuna")
+
+SPACE = ("--space", "policy.params.overlap_score_credit=0:2", "--space", "policy.params.router_temperature=0|0.5")
+ARGS = ("--policy", "kv_router", *SPACE, "--objective", "prefix_hit_rate:max", "--set", "duration_s=40", "--seeds", "2", "--jobs", "2")
+
+
+def tune(out: Path, *extra: str) -> tuple[dict[str, Any], str, str]:
+    result = tasim("tune", TINY, *ARGS, "--out", str(out), *extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads((out / "tune.json").read_text()), result.stdout, result.stderr
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("tune")
+    record, stdout, _ = tune(out, "--trials", "4")
+    return out, record, stdout
+
+
+def test_the_report_holds_default_best_ratio_and_importances(tuned: tuple[Path, dict[str, Any], str]) -> None:
+    out, record, stdout = tuned
+    assert record["trials"] == 4 and record["seeds"] == [1, 2] and record["interval"] == "Student t, 95 %"
+    assert record["objective"] == {"metric": "prefix_hit_rate", "direction": "max"}
+    assert record["storage"] == f"sqlite:///{(out / 'study.db').resolve()}" and (out / "study.db").stat().st_size > 0
+    best, default = record["best"], record["default"]
+    assert set(best["params"]) == {"policy.params.overlap_score_credit", "policy.params.router_temperature"}
+    assert best["low"] <= best["mean"] <= best["high"] and default["low"] <= default["mean"] <= default["high"]
+    assert best["mean"] >= default["mean"] or record["best_over_default"]["mean"] < 1
+    assert set(record["importances"]) == set(best["params"])
+    assert "best / default (paired by seed)" in stdout
+
+
+def test_the_tuned_scenario_file_loads_with_the_best_configuration(tuned: tuple[Path, dict[str, Any], str]) -> None:
+    out, record, _ = tuned
+    scenario = load_scenario(out / "tiny-tuned.yaml")
+    assert scenario.name == "tiny-tuned" and scenario.policy.name == "kv_router"
+    params = scenario.policy.effective_params
+    assert params["overlap_score_credit"] == pytest.approx(record["best"]["params"]["policy.params.overlap_score_credit"])
+    assert params["router_temperature"] == float(record["best"]["params"]["policy.params.router_temperature"])
+    assert scenario.duration_s == 40
+
+
+def test_a_rerun_resumes_the_study_up_to_the_new_trial_count(tmp_path: Path, tuned: tuple[Path, dict[str, Any], str]) -> None:
+    out, first, _ = tuned
+    copy = tmp_path / "again"
+    copy.mkdir()
+    (copy / "study.db").write_bytes((out / "study.db").read_bytes())
+    record, _, stderr = tune(copy, "--trials", "6")
+    assert record["trials"] == 6 and record["study"] == first["study"]
+    # the default and the first four trials are not run again: two configurations, no more
+    assert [line for line in stderr.splitlines() if line.startswith("tune:")] == [
+        "tune: 1 configurations evaluated",
+        "tune: 2 configurations evaluated",
+    ]
+    assert record["default"] == first["default"]
+
+
+def test_the_same_question_gives_the_same_answer(tmp_path: Path, tuned: tuple[Path, dict[str, Any], str]) -> None:
+    _, first, _ = tuned
+    record, _, _ = tune(tmp_path, "--trials", "4")
+    assert record["best"] == first["best"] and record["default"] == first["default"]
+
+
+def test_a_constraint_no_trial_meets_is_reported(tmp_path: Path) -> None:
+    record, stdout, _ = tune(tmp_path, "--trials", "2", "--constraint", "ttft_s.mean<=0")
+    assert record["best"] is None and record["constraints"] == ["ttft_s.mean<=0"]
+    assert "no trial met the constraints" in stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--space", "policy.params.nope=0:1"], "--space policy.params.nope=0:1:"),
+        (["--space", "workload.concurrency=4:4"], "--space workload.concurrency=4:4: an empty range (LOW must be below HIGH)"),
+        (["--space", "workload.concurrency=a:b"], "--space workload.concurrency=a:b: 'a' is not a number"),
+        (["--space", "seed=1:3"], "--space seed: the policy comes from --policy and seeds from --seeds"),
+        (["--space", "policy.params.router_temperature=0|0"], "needs two or more distinct, non-empty choices"),
+        (["--objective", "throughput"], "--objective throughput: not a summary metric (allowed: "),
+        (["--objective", "calls_per_min:up"], "--objective calls_per_min:up: the direction is max or min"),
+        (["--constraint", "ttft_s.mean<0.5"], "--constraint ttft_s.mean<0.5: expected METRIC<=X or METRIC>=X"),
+        (["--objective", "calls_per_min", "--ray", "127.0.0.1:1"], "--ray 127.0.0.1:1: no Ray cluster answers there"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, args: list[str], fragment: str) -> None:
+    base = ["--policy", "kv_router", "--set", "duration_s=40", "--trials", "1", "--out", str(tmp_path)]
+    if "--space" not in args:
+        base += ["--space", "policy.params.overlap_score_credit=0:2"]
+    if "--objective" not in args:
+        base += ["--objective", "calls_per_min"]
+    assert_usage_error(tasim("tune", TINY, *base, *args), fragment)
+    assert not (tmp_path / "study.db").exists()
