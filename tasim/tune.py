@@ -31,7 +31,7 @@ from tasim.errors import UsageError
 from tasim.metrics import SUMMARY_KEYS, MetricsFold, summary_value
 from tasim.parallel import Backend
 from tasim.policy_spec import split_outside_brackets
-from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, read_yaml, shown
+from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, read_yaml, shown
 from tasim.stats import METHOD, Interval, mean_interval, paired_ratio
 
 if TYPE_CHECKING:
@@ -214,22 +214,62 @@ def _base(request: Request) -> list[str]:
     return [*request.overrides, f"policy.name={request.policy}"]
 
 
+def _corner(dimension: Dimension, where: str) -> Any:
+    if dimension.choices:
+        return dimension.choices[0 if where == "low" else -1]
+    value = {"low": dimension.low, "high": dimension.high, "middle": (dimension.low + dimension.high) / 2}[where]
+    return round(value) if dimension.integer else value
+
+
 def check(request: Request) -> Scenario:
-    """Every field of the space takes its bounds (or each choice) before anything runs."""
+    """Before anything runs: the scenario loads, every field of the space is one it has, and some
+    corner of the space is valid. Fields that constrain each other (a pause threshold and a
+    target below it) may refuse other combinations; those trials are refused one by one."""
     try:
         scenario = load_scenario(request.scenario, _base(request))
     except ScenarioError as error:
         raise UsageError(str(error)) from None
-    for dimension in request.space:
-        values: Sequence[Any] = dimension.choices or (
-            [int(dimension.low), int(dimension.high)] if dimension.integer else [dimension.low, dimension.high]
-        )
-        for value in values:
-            try:
-                load_scenario(request.scenario, [*_base(request), dimension.override(value)])
-            except ScenarioError as error:
+    for dimension in request.space:  # a field the scenario does not have fails alone, whatever the others
+        try:
+            load_scenario(request.scenario, [*_base(request), dimension.override(_corner(dimension, "low"))])
+        except ScenarioError as error:
+            if "unknown" in str(error):
                 raise UsageError(f"--space {dimension.text}: {error}") from None
+    valid: list[str] | None = None
+    first_error = ""
+    for where in ("low", "middle", "high"):
+        corner = [d.override(_corner(d, where)) for d in request.space]
+        try:
+            load_scenario(request.scenario, [*_base(request), *corner])
+        except ScenarioError as error:
+            first_error = first_error or str(error)
+            continue
+        valid = corner
+        break
+    if valid is None:
+        raise UsageError(f"--space: no corner of the space (all lowest, middle or highest values) is a valid scenario: {first_error}")
     return scenario
+
+
+def own_values(request: Request) -> dict[str, Any] | None:
+    """The scenario's values of the space's fields, if every one lies inside its range."""
+    from tasim.calibration.space import field_value
+
+    scenario = load_scenario(request.scenario, _base(request))
+    values: dict[str, Any] = {}
+    for dimension in request.space:
+        key = dimension.key
+        value = scenario.policy.effective_params.get(key.split(".", 2)[2]) if key.startswith("policy.params.") else field_value(scenario, key)
+        if dimension.choices:
+            texts = [t for t in dimension.choices if parse_value(t) == value]
+            if not texts:
+                return None
+            values[key] = texts[0]
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not dimension.low <= value <= dimension.high:
+            return None
+        else:
+            values[key] = int(value) if dimension.integer else float(value)
+    return values
 
 
 def simulate_summary(scenario: Scenario) -> dict[str, Any]:
@@ -312,6 +352,9 @@ def run_study(request: Request, backend: Backend, batch: int, progress: Callable
     direction: Literal["maximize", "minimize"] = "maximize" if request.objective.maximize else "minimize"
     study = optuna.create_study(storage=request.storage, study_name=request.study_name, direction=direction, sampler=sampler, load_if_exists=True)
     if "default" not in study.user_attrs:
+        own = own_values(request)
+        if own is not None:  # the scenario's own values are the first trial where the space holds them
+            study.enqueue_trial(own)
         (default,) = evaluate(request, [[]], backend, progress)
         if isinstance(default, str):
             raise UsageError(f"{request.scenario}: {default}")
@@ -346,6 +389,12 @@ class Report:
     ratio: Interval | None
     importances: dict[str, float] | str  # or why there are none
 
+    @property
+    def best_beats_default(self) -> bool:
+        if self.best is None:
+            return False
+        return self.best.mean > self.default.mean if self.request.objective.maximize else self.best.mean < self.default.mean
+
     def lines(self) -> list[str]:
         r = self.request
         goal = f"{'max' if r.objective.maximize else 'min'}imise {r.objective.name}"
@@ -360,6 +409,8 @@ class Report:
         if self.ratio is not None:
             significant = "not significant" if self.ratio.contains(1.0) else "significant"
             lines.append(f"best / default (paired by seed): {self.ratio.mean:.3f}× [{self.ratio.low:.3f}, {self.ratio.high:.3f}], {significant}")
+        if not self.best_beats_default:
+            lines.append("no trial beats the scenario's own values: the tuned file keeps them")
         if isinstance(self.importances, str):
             lines.append(f"importances: none ({self.importances})")
         else:
@@ -409,7 +460,7 @@ def tuned_yaml(rep: Report, target: Path) -> str:
     """The scenario with the best configuration, headed by how it was found."""
     r = rep.request
     raw = read_yaml(Path(r.scenario))
-    chosen = [d.override(rep.best_params[d.key]) for d in r.space] if rep.best_params else []
+    chosen = [d.override(rep.best_params[d.key]) for d in r.space] if rep.best_params and rep.best_beats_default else []
     for override in [*r.overrides, f"policy.name={r.policy}", *chosen]:
         Override.parse(override).apply(raw)
     raw["name"] = f"{raw.get('name', Path(r.scenario).stem)}-tuned"
@@ -441,5 +492,6 @@ def record(rep: Report) -> dict[str, Any]:
         "default": interval(rep.default),
         "best": None if rep.best_params is None else {"params": rep.best_params, **(interval(rep.best) or {})},
         "best_over_default": None if rep.ratio is None else {**(interval(rep.ratio) or {}), "significant": not rep.ratio.contains(1.0)},
+        "tuned_file_keeps_default": not rep.best_beats_default,
         "importances": rep.importances,
     }
