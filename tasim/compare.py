@@ -32,7 +32,7 @@ from tasim.parallel import Backend
 from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe, split_outside_brackets
 from tasim.rundir import run_simulation
 from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, shown
-from tasim.stats import METHOD, Interval, mean_interval, paired_ratio
+from tasim.stats import METHOD, Interval, complete_interval, paired_ratio
 
 RUNS_DIR = "runs"
 COMPARE_FILE = "compare.json"
@@ -377,11 +377,6 @@ def _columns(plan: Plan) -> tuple[Column, ...]:
     return ROLLOUT_COLUMNS if plan.rollouts else SERVING_COLUMNS
 
 
-def _interval(values: Sequence[float | None]) -> Interval | None:
-    present = [v for v in values if v is not None]
-    return mean_interval(present) if len(present) == len(values) else None
-
-
 def cell_stats(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[CellStats]:
     paths = [path for _, path, _ in _columns(plan)]
     key = headline(plan)
@@ -399,7 +394,7 @@ def cell_stats(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[CellStat
             present, reference = [v for v in ours if v is not None], [v for v in theirs if v is not None]
             ratio = paired_ratio(present, reference)
             ratio_values = None if ratio is None else [a / b for a, b in zip(present, reference)]
-        stats.append(CellStats(point, spec, values[n], {p: _interval(v) for p, v in values[n].items()}, ratio, ratio_values))
+        stats.append(CellStats(point, spec, values[n], {p: complete_interval(v) for p, v in values[n].items()}, ratio, ratio_values))
     return stats
 
 

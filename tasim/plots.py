@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 from tasim import events as ev
 from tasim.eventlog import find_events, read_events
 from tasim.metrics import summary_value
-from tasim.stats import Interval, mean_interval
+from tasim.stats import Interval, complete_interval
 
 if TYPE_CHECKING:
     from tasim.compare import Plan, Run
@@ -53,14 +53,7 @@ def _sweep_axis(ax: Axes, plan: Plan) -> list[Any]:
 
 def _cell_intervals(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], spec: PolicySpec) -> list[Interval | None]:
     """Per sweep point, the spec's ``metric`` over its seeds (None where a seed has no value)."""
-    intervals: list[Interval | None] = []
-    for _, cell_spec, indexes in plan.cells():
-        if cell_spec != spec:
-            continue
-        values = [summary_value(summaries[i], metric) for i in indexes]
-        present = [v for v in values if v is not None]
-        intervals.append(mean_interval(present) if present and len(present) == len(values) else None)
-    return intervals
+    return [complete_interval([summary_value(summaries[i], metric) for i in indexes]) for _, cell_spec, indexes in plan.cells() if cell_spec == spec]
 
 
 def sweep_plot(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path) -> Path:

@@ -95,6 +95,13 @@ def mean_interval(values: Sequence[float]) -> Interval:
     return Interval(mean, mean - half, mean + half, n)
 
 
+def complete_interval(values: Sequence[float | None]) -> Interval | None:
+    """`mean_interval` of ``values`` when every one is present; None when one is missing (a seed
+    with no call completed in its window leaves its cell without an interval)."""
+    present = [v for v in values if v is not None]
+    return mean_interval(present) if present and len(present) == len(values) else None
+
+
 def paired_ratio(values: Sequence[float], baseline: Sequence[float]) -> Interval | None:
     """The mean of the per-seed ratios value / baseline with their interval; None when a
     baseline value is zero (no ratio exists)."""
