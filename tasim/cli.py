@@ -607,7 +607,7 @@ def _tune(args: argparse.Namespace) -> int:
         raise UsageError(str(error)) from None
     report = tune.report(request, study)
     target = out / f"{scenario.name}-tuned.yaml"
-    target.write_text(tune.tuned_yaml(report, target))
+    target.write_text(tune.tuned_yaml(report, scenario.name, target))
     write_json(out / tune.TUNE_FILE, tune.record(report))
     for line in report.lines():
         Console().print(line, markup=False, highlight=False)

@@ -6,6 +6,7 @@ the file, the field and what is allowed. ``python -m tasim schema`` prints the J
 
 from __future__ import annotations
 
+import os
 import re
 import reprlib
 import types
@@ -699,6 +700,22 @@ def read_yaml(path: Path) -> Any:
     except ValueError:  # PyYAML builds ints with int() and dates with datetime, which refuse some
         raise ScenarioError(f"{path}: YAML value out of range (an integer of over 4300 digits, or an impossible date)") from None
     return raw
+
+
+def derived_scenario_yaml(source: Path, overrides: Sequence[str], name: str, target: Path, header: Sequence[str]) -> str:
+    """The scenario file ``source`` with ``overrides`` applied and renamed ``name``, as YAML to be
+    written at ``target``, headed by ``header`` as comments (a YAML round trip loses the file's
+    own comments). A trace path, relative to its scenario file, is made relative to ``target``."""
+    raw = read_yaml(source)
+    for override in overrides:
+        Override.parse(override).apply(raw)
+    raw["name"] = name
+    workload = raw.get("workload")
+    if isinstance(workload, dict) and isinstance(workload.get("path"), str):
+        trace = (source.parent / workload["path"]).resolve()
+        workload["path"] = os.path.relpath(trace, target.parent.resolve())
+    comment = "\n".join(f"# {line}" if line else "#" for line in header)
+    return comment + "\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
 
 
 def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:

@@ -18,20 +18,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
-
 from tasim.errors import UsageError
 from tasim.metrics import SUMMARY_KEYS, MetricsFold, summary_value
 from tasim.parallel import Backend
 from tasim.policy_spec import split_outside_brackets
-from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, read_yaml, shown
+from tasim.scenario import Scenario, ScenarioError, derived_scenario_yaml, load_scenario, parse_value, shown
 from tasim.stats import METHOD, Interval, mean_interval, paired_ratio
 
 if TYPE_CHECKING:
@@ -456,20 +453,13 @@ def report(request: Request, study: optuna.Study) -> Report:
     )
 
 
-def tuned_yaml(rep: Report, target: Path) -> str:
+def tuned_yaml(rep: Report, scenario_name: str, target: Path) -> str:
     """The scenario with the best configuration, headed by how it was found."""
     r = rep.request
-    raw = read_yaml(Path(r.scenario))
     chosen = [d.override(rep.best_params[d.key]) for d in r.space] if rep.best_params and rep.best_beats_default else []
-    for override in [*r.overrides, f"policy.name={r.policy}", *chosen]:
-        Override.parse(override).apply(raw)
-    raw["name"] = f"{raw.get('name', Path(r.scenario).stem)}-tuned"
-    workload = raw.get("workload")
-    if isinstance(workload, dict) and isinstance(workload.get("path"), str):  # a trace, relative to its scenario file
-        trace = (Path(r.scenario).parent / workload["path"]).resolve()
-        workload["path"] = os.path.relpath(trace, target.parent.resolve())
+    name = f"{scenario_name}-tuned"
     header = [f"Tuned from {Path(r.scenario).name} by `tasim tune` (study {rep.study_name} in {r.storage}).", *rep.lines()]
-    return "\n".join(f"# {line}" for line in header) + "\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
+    return derived_scenario_yaml(Path(r.scenario), [*r.overrides, f"policy.name={r.policy}", *chosen], name, target, header)
 
 
 def record(rep: Report) -> dict[str, Any]:

@@ -5,14 +5,12 @@ prediction; written as ``calibration.json`` and as a calibrated scenario file.""
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from rich.table import Table
 
 from tasim.calibration.fit import Search
@@ -21,7 +19,7 @@ from tasim.measurements.evaluate import PointResult
 from tasim.measurements.present import BAND, published_text, value_text
 from tasim.measurements.schema import Measurements, Point, Published
 from tasim.rundir import write_json
-from tasim.scenario import Override, read_yaml
+from tasim.scenario import derived_scenario_yaml
 
 CALIBRATION_FILE = "calibration.json"
 # Student's t, two-sided 95 %, by degrees of freedom (1-10); the normal value beyond.
@@ -206,14 +204,7 @@ def calibrated_yaml(report: Report, target: Path) -> str:
     """The scenario with the fitted values, headed by what it was fitted to and how well the fit
     predicts the rest. The scenario file's own comments do not survive a YAML round trip, so
     the header names the file it came from."""
-    raw = read_yaml(report.scenario_path)
-    for override in [*report.overrides, *(k.override(report.fit.values[k.key]) for k in report.knobs)]:
-        Override.parse(override).apply(raw)
-    raw["name"] = f"{report.scenario_name}-calibrated"
-    workload = raw.get("workload")
-    if isinstance(workload, dict) and isinstance(workload.get("path"), str):  # a trace, relative to its scenario file
-        trace = (report.scenario_path.parent / workload["path"]).resolve()
-        workload["path"] = os.path.relpath(trace, target.parent.resolve())
+    overrides = [*report.overrides, *(k.override(report.fit.values[k.key]) for k in report.knobs)]
     fitted = [p for p in report.points if p.fitted]
     header = [
         f"Calibrated from {report.scenario_path.name} by `{report.command}`.",
@@ -223,8 +214,7 @@ def calibrated_yaml(report: Report, target: Path) -> str:
         *(f"  {p.id}: published {published_text(p.point)}, error {_pct(p.prediction_error)}" for p in report.held_out),
         "Fitted values: " + ", ".join(k.override(report.fit.values[k.key]) for k in report.knobs),
     ]
-    comment = "\n".join(f"# {line}" if line else "#" for line in header)
-    return comment + "\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
+    return derived_scenario_yaml(report.scenario_path, overrides, f"{report.scenario_name}-calibrated", target, header)
 
 
 def write_outputs(report: Report, out: Path, scenario_file: Path | None) -> list[Path]:
