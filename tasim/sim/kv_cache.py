@@ -54,6 +54,30 @@ from tasim.model import BlockHash, shared_prefix_end
 Eviction = Literal["lru", "lineage"]
 
 
+# A batch of KV events: stored (else removed), the event list's length after it, and the
+# blocks as depths [start, stop) of a chain (a removed batch may name more: promoted duplicates
+# stay cached and are left out of the event list).
+_Batch = tuple[bool, int, Sequence[BlockHash], int, int]
+
+
+def _may_share_a_block(batches: list[_Batch], events: int) -> bool:
+    """Whether a stored and a removed batch can name the same block; False only when none do.
+    Chained hashes make this a test per pair of batches instead of a set of every block: two
+    chains holding the same block at some depth agree on every block above it, so depth ranges
+    that overlap share a block only if the chains agree at the top of the overlap. Falls back
+    to True (the caller then intersects sets) when the pairs would cost more than the set."""
+    stored = [(hashes, start, stop) for was_stored, _, hashes, start, stop in batches if was_stored]
+    removed = [(hashes, start, stop) for was_stored, _, hashes, start, stop in batches if not was_stored]
+    if len(stored) * len(removed) > events // 2:
+        return True
+    for ours, start, stop in stored:
+        for theirs, other_start, other_stop in removed:
+            top = max(start, other_start)
+            if top < min(stop, other_stop) and ours[top] == theirs[top]:
+                return True
+    return False
+
+
 class _Extent:
     """Blocks ``hashes[start:stop]`` of one chain (``hashes`` is any chain that contains them).
 
@@ -122,11 +146,12 @@ class BlockPool:
         self._candidates: list[tuple[int, int, _Extent]] = []
         self._tick = 0
         self._serials = count()
-        # KV events since the last drain, in the order they happened, and the order of the
-        # batches they were appended in: (stored?, end index) per batch.
+        # KV events since the last drain, in the order they happened, and the batches they were
+        # appended in, in order: whether stored, the list's length after it, and the blocks as
+        # depths ``[start, stop)`` of a chain.
         self.stored: list[BlockHash] = []
         self.removed: list[BlockHash] = []
-        self._batches: list[tuple[bool, int]] = []
+        self._batches: list[_Batch] = []
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -357,14 +382,14 @@ class BlockPool:
         one drain is reported by its final state, so applying stored then removed is exact."""
         stored, removed, batches = self.stored, self.removed, self._batches
         self.stored, self.removed, self._batches = [], [], []
-        if stored and removed:
+        if stored and removed and _may_share_a_block(batches, len(stored) + len(removed)):
             both = set(stored).intersection(removed)
             if both:
                 # Rare (a block evicted and registered again, or the reverse, within one
                 # step): a block's final state is that of the last batch that named it.
                 final: dict[BlockHash, bool] = {}
                 begin = {True: 0, False: 0}
-                for was_stored, end in batches:
+                for was_stored, end, *_ in batches:
                     events = stored if was_stored else removed
                     for block in events[begin[was_stored] : end]:
                         if block in both:
@@ -434,7 +459,7 @@ class BlockPool:
         claim.blocks += stop - start
         self._cached += stop - start
         self.stored += hashes[start:stop]
-        self._batches.append((True, len(self.stored)))
+        self._batches.append((True, len(self.stored), hashes, start, stop))
 
     def _split(self, extent: _Extent, at: int) -> _Extent:
         """Cut ``extent`` before depth ``at``; returns the new extent above the cut. The part
@@ -481,7 +506,7 @@ class BlockPool:
                 if self._copies:  # a hash with a duplicate stays cached by it
                     gone = [block for block in gone if not self._promote(block)]
                 removed += reversed(gone)
-                batches.append((False, len(removed)))
+                batches.append((False, len(removed), extent.hashes, cut, extent.stop))
                 evicted += take
                 floor = max(floor, extent.tick + take - 1)
                 extent.stop = cut
