@@ -19,15 +19,18 @@ from tasim.sim.runner import Simulation
 PRESETS = Path(__file__).resolve().parent.parent / "scenarios"
 
 
-def _log(scenario: Scenario, fast_forward: bool) -> tuple[list[ev.Event], int]:
-    """The event log, and how many steps the simulation folded into runs."""
+def _log(scenario: Scenario, fast_forward: bool, mixed: list[int] | None = None) -> tuple[list[ev.Event], int]:
+    """The event log, and how many steps the simulation folded into runs (``mixed`` gets the
+    number folded into decode-plus-prefill runs appended)."""
     log: list[ev.Event] = []
-    folded = 0
+    folded = with_prefill = 0
     complete = runs.StepRun.complete
 
     def counting(run: runs.StepRun, now: float) -> None:
-        nonlocal folded
+        nonlocal folded, with_prefill
         folded += run.steps - 1
+        if run._prefill is not None:
+            with_prefill += run.steps - 1
         complete(run, now)
 
     runs.StepRun.complete = counting  # type: ignore[method-assign]
@@ -35,6 +38,8 @@ def _log(scenario: Scenario, fast_forward: bool) -> tuple[list[ev.Event], int]:
         Simulation(scenario, log.append, fast_forward=fast_forward).run()
     finally:
         runs.StepRun.complete = complete  # type: ignore[method-assign]
+    if mixed is not None:
+        mixed.append(with_prefill)
     return log, folded
 
 
@@ -42,7 +47,7 @@ def _kv_logged(scenario: Scenario) -> Scenario:
     return scenario.model_copy(update={"metrics": scenario.metrics.model_copy(update={"log_kv_events": True})})
 
 
-def _agents(policy: str, **engine: object) -> Scenario:
+def _agents(policy: str, task_prompt_high: int = 900, **engine: object) -> Scenario:
     """Two small workers under pressure: preemptions, evictions, a queue that waits."""
     return Scenario.model_validate(
         {
@@ -56,7 +61,7 @@ def _agents(policy: str, **engine: object) -> Scenario:
             "workload": {
                 "concurrency": 24,
                 "system_prompt_tokens": 200,
-                "task_prompt_tokens": {"kind": "uniform", "low": 100, "high": 900},
+                "task_prompt_tokens": {"kind": "uniform", "low": 100, "high": task_prompt_high},
                 "turns": {"kind": "uniform", "low": 2, "high": 6},
                 "output_tokens": {"kind": "uniform", "low": 20, "high": 300},
                 "observation_tokens": {"kind": "uniform", "low": 30, "high": 400},
@@ -77,16 +82,23 @@ CASES = {
     "no prefix caching": _agents("round_robin", enable_prefix_caching=False),
     "no chunked prefill": _agents("kv_router", enable_chunked_prefill=False, max_num_batched_tokens=4096),
     "block size 1": _agents("round_robin", block_size=1, kv_blocks=9000),
+    # prompts of up to five chunks: decodes folded with a chunked prefill
+    "long prompts": _agents("round_robin", task_prompt_high=5000, kv_blocks=1600),
+    "long prompts, oldest-first preemption": _agents("kv_router", task_prompt_high=5000, kv_blocks=1000, preemption="oldest_first"),
+    "long prompts, no prefix caching": _agents("round_robin", task_prompt_high=5000, kv_blocks=1600, enable_prefix_caching=False),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_fast_forward_leaves_the_event_log_unchanged(case: str) -> None:
     scenario = CASES[case]
-    fast, folded = _log(scenario, fast_forward=True)
+    mixed: list[int] = []
+    fast, folded = _log(scenario, fast_forward=True, mixed=mixed)
     slow, not_folded = _log(scenario, fast_forward=False)
     assert not_folded == 0
     assert folded > 100  # the fast run really skipped steps
+    if case.startswith("long prompts"):
+        assert mixed[0] > 50  # decode steps folded with a prefill chunk
     if scenario.cluster.engine.enable_prefix_caching:
         assert any(isinstance(e, ev.KvRemoved) for e in slow)  # the pool was under pressure
     assert fast == slow

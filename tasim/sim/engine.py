@@ -294,23 +294,24 @@ class Engine:
         if stored or removed:
             self.listener.on_kv(self.worker, stored, removed, now)
 
-    def waiting_stays_blocked(self, budget: int) -> tuple[bool, frozenset[BlockHash]]:
+    def waiting_stays_blocked(self, budget: int) -> tuple[bool, Sequence[BlockHash]]:
         """Whether decode steps that leave ``budget`` tokens and free no block can admit nobody
-        from the queue; and the head's blocks whose registration would change that (a block
-        that turns active costs the head no capacity). False when unsure."""
+        from the queue; and the head's leading blocks whose registration would change that (a
+        block that turns active costs the head no capacity), a prefix of its chain. False when
+        unsure."""
         cfg = self.config
         if not self.waiting or len(self.running) >= cfg.max_num_seqs or budget <= 0:
-            return True, frozenset()
+            return True, ()
         if not cfg.enable_chunked_prefill:
-            return False, frozenset()  # the head's fate there also depends on its cached prefix
+            return False, ()  # the head's fate there also depends on its cached prefix
         head = self.waiting[0]
         total_blocks = blocks_for(head.length, cfg.block_size)
         if total_blocks > cfg.num_blocks:
-            return False, frozenset()  # due to be dropped
+            return False, ()  # due to be dropped
         # Decode steps only take blocks, so a head that does not fit now fits no better later.
         if total_blocks - self._cached_prefix(head)[1] > self.pool.available:
-            return True, frozenset(head.spec.block_hashes[: self._cacheable_blocks(head)])
-        return False, frozenset()
+            return True, head.spec.block_hashes[: self._cacheable_blocks(head)]
+        return False, ()
 
     def _cacheable_blocks(self, req: EngineRequest) -> int:
         """Leading full blocks a prefix hit may cover: at least one token is always computed,
@@ -341,7 +342,7 @@ class Engine:
                 i += 1
                 continue
             victim_was_self = False
-            while not self._reserve(req, upto):
+            while not self.reserve(req, upto):
                 victim = running[-1] if self._lifo else running[0]
                 budget += self._preempt(victim, step, now)
                 preempted = True
@@ -390,7 +391,7 @@ class Engine:
             self.unpin(req.spec.program)  # the request now holds what the pin kept
             req.phys = req.full_done = hits
             req.computed = cached
-            if not self._reserve(req, cached + chunk):  # cannot happen after the check above
+            if not self.reserve(req, cached + chunk):  # cannot happen after the check above
                 raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
             req.admissions += 1
             first = req.admissions == 1
@@ -402,8 +403,9 @@ class Engine:
             recompute = 0 if first else max(0, req.lost - cached)
             self.listener.on_admitted(self.worker, req.spec, cached, recompute, first, now)
 
-    def _reserve(self, req: EngineRequest, upto_tokens: int) -> bool:
-        """Hold blocks for the first ``upto_tokens`` tokens and cache the blocks they complete."""
+    def reserve(self, req: EngineRequest, upto_tokens: int) -> bool:
+        """Hold blocks for the first ``upto_tokens`` tokens and cache the blocks they complete
+        (scheduling a chunk; `tasim.sim.runs` calls it for the chunks of steps it folds)."""
         bs = self.config.block_size
         need = blocks_for(upto_tokens, bs) - req.phys
         if need > 0:

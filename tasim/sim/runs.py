@@ -1,15 +1,19 @@
 """Runs of engine steps: how the simulator skips most decode iterations without changing them.
 
 A worker sleeps through one *run* at a time. A run starts with one step scheduled as usual
-(`Engine.begin_step`). When that step is a pure decode step (every running request computes
-its one pending token; nobody is admitted or preempted) and fast-forwarding is on, the run
-extends over the pure decode steps that follow, up to the first at whose end a request
-finishes. Those steps are all alike, so the run plans them at once instead of one event each:
+(`Engine.begin_step`). When that step's shape repeats and fast-forwarding is on, the run
+extends over the steps that follow with the same shape, up to the first at whose end a
+request finishes. Two shapes repeat: a pure decode step (every running request computes its
+one pending token; nobody is admitted or preempted), and decodes plus one chunked prefill
+that spends the rest of the budget (a long prompt, so nothing can be admitted; the run stops
+before its last chunk). Those steps are all alike, so the run plans them at once instead of
+one event each:
 
 * step times come from the perf model for the whole series (`decode_step_times`, bit for bit
-  what single steps would take);
+  what single steps would take; a prefill's steps from `step_time` on shapes summed per step);
 * only *block boundaries* touch the KV pool: a request whose next token starts a block
-  allocates it, one whose token completes a block registers it. The run lists those steps and
+  allocates it, one whose token completes a block registers it, and the prefill reserves its
+  chunk every step. The run lists those steps and
   applies them lazily, in order, when the simulation catches up (`catch_up`), publishing their
   KV events at their steps' ends;
 * nothing else changes until the run ends, so the requests' counters advance in one go.
@@ -24,11 +28,13 @@ time; tests compare the two event logs byte for byte.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from operator import itemgetter
 
 import numpy as np
 
-from tasim.model import BlockHash
+from tasim.model import BlockHash, blocks_for
+from tasim.perf.base import StepShape
 from tasim.sim.engine import Engine, EngineRequest, Step, StepEngine
 
 # The longest run planned at once: runs are cut by arrivals, so planning far ahead is wasted.
@@ -40,13 +46,14 @@ class _Boundary:
     """A folded step that touches the KV pool: per request (in running order) whether it
     allocates a block and whether it registers one."""
 
-    __slots__ = ("index", "start", "end", "actions", "stored", "removed")
+    __slots__ = ("index", "start", "end", "actions", "prefill_upto", "stored", "removed")
 
     def __init__(self, index: int, start: float, end: float, actions: list[tuple[EngineRequest, bool, bool]]) -> None:
         self.index = index  # 1-based step number within the run
         self.start = start
         self.end = end
         self.actions = actions
+        self.prefill_upto = 0  # the run's prefilling request reserves up to this token (0: none)
         self.stored: list[BlockHash] = []
         self.removed: list[BlockHash] = []
 
@@ -60,6 +67,7 @@ class StepRun:
         self.steps = 1
         self.ends: list[float] = [first.end]  # end of each step; step k + 1 starts at ends[k]
         self._boundaries: list[_Boundary] = []
+        self._prefill: tuple[EngineRequest, int] | None = None  # (request, chunk per step), see `extend`
         self._applied = 0  # boundaries scheduled so far
         self._published = 0  # boundaries whose KV events are out
         self._first_published = False
@@ -120,7 +128,12 @@ class StepRun:
         folded = self.steps - 1
         if folded:
             engine.iterations += folded
-            for req, _ in self.first.scheduled:
+            decoders = self.first.scheduled
+            if self._prefill is not None:
+                prefilling, chunk = self._prefill
+                prefilling.computed += folded * chunk
+                decoders = decoders[:-1]
+            for req, _ in decoders:
                 req.computed += folded
                 req.generated += folded
         # A folded run's last step scheduled the same one token per request as its first.
@@ -138,72 +151,121 @@ class StepRun:
             if register:
                 pool.register_run(req.claim, req.full_done, req.full_done + 1)
                 req.full_done += 1
+        if boundary.prefill_upto:  # last in running order, so last to reserve
+            assert self._prefill is not None
+            if not engine.reserve(self._prefill[0], boundary.prefill_upto):  # planned within the available blocks
+                raise AssertionError(f"{engine.worker}: fast-forwarded prefill chunk found no blocks")
         boundary.stored, boundary.removed = pool.drain_events()
 
     def extend(self) -> None:
-        """Fold the pure decode steps that follow the first one, if it is one (tasim's own
-        engine only: folding plans its block pool ahead)."""
+        """Fold the steps that follow the first one and repeat its shape (tasim's own engine
+        only: folding plans its block pool ahead). Two shapes repeat:
+
+        * pure decode: every running request computes its one pending token;
+        * decode plus one chunked prefill: the newest running request is partway through a
+          prompt longer than the budget, and takes all the tokens the decodes before it leave.
+          Nothing can be admitted while it does (the budget is spent), and each step its chunk
+          is the same; the run stops before the chunk that would complete its prompt."""
         engine = self.engine
         if not isinstance(engine, Engine):
             return
         first = self.first
-        running = engine.running
-        count = len(running)
-        if first.preempted or len(first.scheduled) != count:
+        scheduled = first.scheduled
+        count = len(engine.running)
+        if first.preempted or len(scheduled) != count:
             return
-        for req, n in first.scheduled:
+        decoders = scheduled
+        budget = engine.config.max_num_batched_tokens
+        last = MAX_RUN_STEPS
+        prefill = None
+        newest, chunk = scheduled[-1]
+        if chunk > 1 and chunk == budget - (count - 1):
+            # Steps 2..k still take a full chunk while more than one chunk is left before them.
+            last = min(last, (newest.length - newest.computed - 1) // chunk)
+            prefill = (newest, chunk)
+            decoders = scheduled[:-1]
+        for req, n in decoders:
             if n != 1 or not req.generated or req.length - req.computed != 1:
                 return
-        blocked, head_blocks = engine.waiting_stays_blocked(engine.config.max_num_batched_tokens - count)
-        if not blocked:
-            return
+        head_blocks: Sequence[BlockHash] = ()
+        if prefill is None:
+            blocked, head_blocks = engine.waiting_stays_blocked(budget - count)
+            if not blocked:
+                return
         # At the end of step k (1-based), a request that had generated g tokens has g + k.
-        last = min(MAX_RUN_STEPS, min(req.target - req.generated for req, _ in first.scheduled))
+        if decoders:
+            last = min(last, min(req.target - req.generated for req, _ in decoders))
         if last < 2:
             return
-        planned = self._plan_boundaries(engine, last, head_blocks)
+        planned = self._plan_boundaries(engine, last, head_blocks, prefill)
         if planned is None:
             return
         last, boundaries = planned
-        context = sum(req.computed for req, _ in first.scheduled)  # before the first step
-        contexts = np.arange(1, last, dtype=np.int64) * count + context
+        context = sum(req.computed for req, _ in decoders)  # before the first step
         cfg = engine.config
-        ends = np.empty(last)
-        ends[0] = first.end
-        ends[1:] = engine.perf.decode_step_times(count, contexts, cfg.num_blocks * cfg.block_size)
-        self.ends = np.cumsum(ends, out=ends).tolist()  # sequential sums: each end = start + duration
+        capacity = cfg.num_blocks * cfg.block_size
+        if prefill is None:
+            contexts = np.arange(1, last, dtype=np.int64) * count + context
+            ends = np.empty(last)
+            ends[0] = first.end
+            ends[1:] = engine.perf.decode_step_times(count, contexts, capacity)
+            self.ends = np.cumsum(ends, out=ends).tolist()  # sequential sums: each end = start + duration
+        else:
+            self.ends = _mixed_step_ends(engine, first.end, last, len(decoders), context, prefill, capacity)
         self.steps = last
+        self._prefill = prefill
         for boundary in boundaries:
             boundary.start = self.ends[boundary.index - 2]
             boundary.end = self.ends[boundary.index - 1]
         self._boundaries = boundaries
 
-    def _plan_boundaries(self, engine: Engine, last: int, head_blocks: frozenset[BlockHash]) -> tuple[int, list[_Boundary]] | None:
+    def _plan_boundaries(
+        self, engine: Engine, last: int, head_blocks: Sequence[BlockHash], prefill: tuple[EngineRequest, int] | None
+    ) -> tuple[int, list[_Boundary]] | None:
         """The steps 2..``last`` that allocate or register blocks, with their actions, and
-        ``last`` lowered where the run must stop early; None when no step can be folded."""
+        ``last`` lowered where the run must stop early; None when no step can be folded.
+        ``head_blocks``: a chain prefix whose registration ends the run (chained hashes: a
+        block is in it only at its own depth). ``prefill``: the run's prefilling request and its
+        chunk, last in running order; it reserves every step."""
         bs = engine.config.block_size
         caching = engine.config.enable_prefix_caching
-        # (step, running position, 0 = allocate | 1 = register, request, block registered)
-        touches: list[tuple[int, int, int, EngineRequest, BlockHash]] = []
-        for order, (req, _) in enumerate(self.first.scheduled):
+        head_depth = len(head_blocks)
+        decoders = self.first.scheduled if prefill is None else self.first.scheduled[:-1]
+        # (step, running position, 0 = allocate | 1 = register | 2 = reserve a prefill chunk,
+        # request, depth of the block registered or the token the chunk reserves up to)
+        touches: list[tuple[int, int, int, EngineRequest, int]] = []
+        if prefill is not None:
+            req, chunk = prefill
+            touches += [(k, len(decoders), 2, req, req.computed + k * chunk) for k in range(2, last + 1)]
+            prefill_phys = req.phys  # as `Engine.reserve` will find it, step by step
+        for order, (req, _) in enumerate(decoders):
             c = req.computed  # before the first step; step k computes token c + k
             # The first step reserved through token c + 1; later steps need a block when their
             # token passes the blocks held, and complete one when it fills the next block.
             touches += [(k, order, 0, req, 0) for k in range(req.phys * bs - c + 1, last + 1, bs)]
             if caching:
-                hashes = req.spec.block_hashes
                 first_full = (req.full_done + 1) * bs - c
-                touches += [(k, order, 1, req, hashes[block]) for block, k in enumerate(range(first_full, last + 1, bs), req.full_done)]
+                touches += [(k, order, 1, req, depth) for depth, k in enumerate(range(first_full, last + 1, bs), req.full_done)]
         touches.sort(key=_TOUCH_ORDER)
         available = engine.pool.available
         boundaries: list[_Boundary] = []
-        for k, _, kind, req, block in touches:
+        for k, _, kind, req, depth in touches:
             if k > last:
                 break
             if not boundaries or boundaries[-1].index != k:
                 boundaries.append(_Boundary(k, 0.0, 0.0, []))
             actions = boundaries[-1].actions
-            if kind == 0:
+            if kind == 2:
+                need = blocks_for(depth, bs) - prefill_phys
+                if need > 0:
+                    available -= need
+                    if available < 0:  # step k would preempt: it is scheduled on its own
+                        boundaries.pop()
+                        last = k - 1
+                        break
+                    prefill_phys += need
+                boundaries[-1].prefill_upto = depth
+            elif kind == 0:
                 available -= 1
                 if available < 0:  # step k would preempt: it is scheduled on its own
                     boundaries.pop()
@@ -215,6 +277,41 @@ class StepRun:
                     actions[-1] = (req, True, True)
                 else:
                     actions.append((req, False, True))
-                if block in head_blocks:
+                if depth < head_depth and head_blocks[depth] == req.spec.block_hashes[depth]:
                     last = k  # the queue's head may fit after this step
         return (last, boundaries) if last >= 2 else None
+
+
+def _mixed_step_ends(
+    engine: Engine, first_end: float, last: int, decoders: int, context: int, prefill: tuple[EngineRequest, int], capacity: int
+) -> list[float]:
+    """End times of steps 1..``last`` of a decode-plus-prefill run, each step's shape summed as
+    `tasim.sim.engine.step_shape` sums it: step k's decoders have computed ``context`` plus
+    ``(k - 1) * decoders`` tokens, and the prefill chunk starts ``(k - 1) * chunk`` further on.
+    Every term of ``attn_pairs`` is a multiple of 1/2 far below 2**53, so the sum is exact in
+    any order."""
+    req, chunk = prefill
+    step_time = engine.perf.step_time
+    prompt = req.prompt
+    recomputing_kv = req.length if req.generated else 0  # it has emitted a token: the mocker counts its KV as decode work
+    ends = [first_end]
+    end = first_end
+    for k in range(1, last):
+        computed = context + k * decoders
+        prefix = req.computed + k * chunk
+        prompt_chunk = min(prefix + chunk, prompt) - prefix
+        prefilling = prompt_chunk > 0
+        shape = StepShape(
+            decoders + chunk,
+            computed + decoders / 2 + chunk * (prefix + chunk / 2),
+            computed + prefix,
+            1 if prefilling else 0,
+            prompt_chunk if prefilling else 0,
+            prefix if prefilling else 0,
+            decoders,
+            computed + decoders + recomputing_kv,
+            capacity,
+        )
+        end = end + step_time(shape)
+        ends.append(end)
+    return ends
