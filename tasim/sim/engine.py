@@ -265,13 +265,14 @@ class Engine:
         """Apply the step's outcome: tokens emitted, requests finished. Its KV events are
         published separately (`publish_kv`), at the step's end."""
         finished: list[EngineRequest] = []
-        for req, n in step.scheduled:
-            req.computed += n
-            if req.computed == req.length:
-                req.generated += 1
-                if req.generated == 1:
+        for req, n in step.scheduled:  # once per request and step: `length` written out
+            computed = req.computed = req.computed + n
+            generated = req.generated
+            if computed == req.prompt + generated:
+                req.generated = generated = generated + 1
+                if generated == 1:
                     self.listener.on_first_token(self.worker, req.spec, now)
-                if req.generated >= req.target:
+                if generated >= req.target:
                     finished.append(req)
         for req in finished:
             self.running.remove(req)
@@ -334,8 +335,11 @@ class Engine:
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.prompt + req.generated - req.computed, budget)
-            upto = req.computed + n
+            computed = req.computed
+            n = req.prompt + req.generated - computed
+            if n > budget:
+                n = budget
+            upto = computed + n
             if upto <= req.phys * bs and upto // bs <= req.full_done:  # no block to take or fill
                 scheduled.append((req, n))
                 budget -= n

@@ -371,8 +371,11 @@ class BlockPool:
                 depth = self._duplicated(claim, depth, shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, stop)))
                 continue
             end = depth + 1
-            while end < stop and hashes[end] not in heads:
-                end += 1
+            if heads.keys().isdisjoint(hashes[end:stop]):  # the common case, checked in C
+                end = stop
+            else:
+                while hashes[end] not in heads:
+                    end += 1
             self._register_new(claim, depth, end)
             depth = end
 

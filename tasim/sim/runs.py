@@ -184,8 +184,11 @@ class StepRun:
             last = min(last, (newest.length - newest.computed - 1) // chunk)
             prefill = (newest, chunk)
             decoders = scheduled[:-1]
+        elif chunk != 1 or newest.length - newest.computed != 1:
+            return  # the newest request is prefilling: checked first, as it is the usual misfit
         for req, n in decoders:
-            if n != 1 or not req.generated or req.length - req.computed != 1:
+            generated = req.generated
+            if n != 1 or not generated or req.prompt + generated - req.computed != 1:
                 return
         head_blocks: Sequence[BlockHash] = ()
         if prefill is None:
