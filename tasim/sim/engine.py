@@ -466,19 +466,20 @@ def step_shape(scheduled: Sequence[tuple[ScheduledWork, int]], kv_capacity_token
     attn_pairs = 0.0
     for req, n in scheduled:
         c = req.computed
-        length = req.prompt + req.generated
+        prompt = req.prompt
+        generated = req.generated
+        end = c + n
         scheduled_tokens += n
         attn_pairs += n * (c + n / 2)
         kv_read += c
-        prompt_chunk = min(c + n, req.prompt) - c
-        if prompt_chunk > 0:
+        if c < prompt and n > 0:  # a prompt chunk: min(end, prompt) - c tokens of it
             prefill_seqs += 1
-            prefill_prompt += prompt_chunk
+            prefill_prompt += (end if end < prompt else prompt) - c
             prefill_prefix += c
-        if c + n == length:
+        if end == prompt + generated:
             decode_seqs += 1
-        if req.generated:  # decoding, or recomputing after preemption: the mocker counts both
-            decode_kv += length
+        if generated:  # decoding, or recomputing after preemption: the mocker counts both
+            decode_kv += prompt + generated
     return StepShape(
         scheduled_tokens,
         attn_pairs,

@@ -66,14 +66,14 @@ def _may_share_a_block(batches: list[_Batch], events: int) -> bool:
     chains holding the same block at some depth agree on every block above it, so depth ranges
     that overlap share a block only if the chains agree at the top of the overlap. Falls back
     to True (the caller then intersects sets) when the pairs would cost more than the set."""
-    stored = [(hashes, start, stop) for was_stored, _, hashes, start, stop in batches if was_stored]
-    removed = [(hashes, start, stop) for was_stored, _, hashes, start, stop in batches if not was_stored]
+    stored = [batch for batch in batches if batch[0]]
+    removed = [batch for batch in batches if not batch[0]]
     if len(stored) * len(removed) > events // 2:
         return True
-    for ours, start, stop in stored:
-        for theirs, other_start, other_stop in removed:
-            top = max(start, other_start)
-            if top < min(stop, other_stop) and ours[top] == theirs[top]:
+    for _, _, ours, start, stop in stored:
+        for _, _, theirs, other_start, other_stop in removed:
+            top = start if start > other_start else other_start
+            if top < stop and top < other_stop and ours[top] == theirs[top]:
                 return True
     return False
 
