@@ -589,7 +589,7 @@ def _tune(args: argparse.Namespace) -> int:
         args.storage or f"sqlite:///{(out / 'study.db').resolve()}",
         out,
     )
-    tune.check(request)
+    request = tune.check(request)
     jobs = args.jobs or os.cpu_count() or 1
     backend = LocalPool(jobs) if args.ray is None else RayTasks(args.ray, args.jobs)
     console = Console(stderr=True)

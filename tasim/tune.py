@@ -17,108 +17,39 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tasim import study
 from tasim.errors import UsageError
 from tasim.metrics import SUMMARY_KEYS, MetricsFold, summary_value
 from tasim.parallel import Backend
-from tasim.policy_spec import split_outside_brackets
-from tasim.scenario import Scenario, ScenarioError, derived_scenario_yaml, load_scenario, parse_value, shown
+from tasim.scenario import Scenario, ScenarioError, derived_scenario_yaml, load_scenario, shown
 from tasim.stats import METHOD, Interval, mean_interval, paired_ratio
+from tasim.study import Dimension, TrialResult, bound, parse_number, run_batches, tpe_sampler
+from tasim.study import own_values as scenario_values
 
 if TYPE_CHECKING:
     import optuna
 
 TUNE_FILE = "tune.json"
-_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _NOT_METRICS = {"scenario", "policy", "seed", "workers", "wall_time_s"}
 
 
 # --- what to search, and for what ---------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Dimension:
-    """One scenario field: numbers in ``[low, high]`` (``log``: on a log scale; ``integer``: in
-    integers), or one of ``choices`` (the texts as given, parsed as YAML when applied)."""
-
-    key: str
-    low: float = 0.0
-    high: float = 0.0
-    log: bool = False
-    integer: bool = False
-    choices: tuple[str, ...] = ()
-
-    def suggest(self, trial: optuna.trial.Trial) -> Any:
-        if self.choices:
-            return trial.suggest_categorical(self.key, list(self.choices))
-        if self.integer:
-            return trial.suggest_int(self.key, int(self.low), int(self.high), log=self.log)
-        return trial.suggest_float(self.key, self.low, self.high, log=self.log)
-
-    def override(self, value: Any) -> str:
-        return f"{self.key}={value if self.choices or self.integer else repr(float(value))}"
-
-    @property
-    def text(self) -> str:
-        if self.choices:
-            return f"{self.key}={'|'.join(self.choices)}"
-        bounds = f"{int(self.low)}:{int(self.high)}" if self.integer else f"{self.low:g}:{self.high:g}"
-        return f"{self.key}={bounds}{':log' if self.log else ''}"
-
-
-def _number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{text!r} is not finite")
-    return value
-
-
-def parse_dimension(text: str) -> Dimension:
-    key, sep, rest = text.partition("=")
-    key = key.strip()
-    if not sep or not _KEY.match(key) or not rest.strip():
-        raise UsageError(f"--space {shown(text)}: expected key=LOW:HIGH[:log] or key=A|B|C")
-    if key in ("policy", "policy.name", "seed") or key.startswith("policy.defaults"):
-        raise UsageError(f"--space {key}: the policy comes from --policy and seeds from --seeds; search the policy's params (policy.params.X)")
-    if "|" in rest:
-        choices = tuple(part.strip() for part in rest.split("|"))
-        if "" in choices or len(set(choices)) != len(choices) or len(choices) < 2:
-            raise UsageError(f"--space {shown(text)}: needs two or more distinct, non-empty choices")
-        return Dimension(key, choices=choices)
-    parts = rest.strip().split(":")
-    log = len(parts) == 3 and parts[2] == "log"
-    if len(parts) not in (2, 3) or (len(parts) == 3 and not log):
-        raise UsageError(f"--space {shown(text)}: expected LOW:HIGH or LOW:HIGH:log after {key}=")
-    try:
-        low, high = _number(parts[0]), _number(parts[1])
-    except ValueError as error:
-        raise UsageError(f"--space {shown(text)}: {error}") from None
-    if not low < high:
-        raise UsageError(f"--space {shown(text)}: an empty range (LOW must be below HIGH)")
-    if log and low <= 0:
-        raise UsageError(f"--space {shown(text)}: a log scale needs LOW > 0")
-    integer = all(re.fullmatch(r"[+-]?\d+", p.strip()) for p in parts[:2])
-    return Dimension(key, low, high, log, integer)
-
-
 def parse_space(texts: Sequence[str]) -> tuple[Dimension, ...]:
-    dimensions = [parse_dimension(part) for text in texts for part in split_outside_brackets(text) if part.strip()]
-    if not dimensions:
-        raise UsageError("--space: name at least one key=LOW:HIGH or key=A|B")
-    keys = [d.key for d in dimensions]
-    for key in keys:
-        if keys.count(key) > 1:
-            raise UsageError(f"--space {key}: given twice")
-    return tuple(dimensions)
+    """``--space`` values: any scenario field but the policy's name and the seed."""
+    space = study.parse_space(texts, "--space")
+    for dimension in space:
+        key = dimension.key
+        if key in ("policy", "policy.name", "seed") or key.startswith("policy.defaults"):
+            raise UsageError(f"--space {key}: the policy comes from --policy and seeds from --seeds; search the policy's params (policy.params.X)")
+    return space
 
 
 @dataclass(frozen=True)
@@ -166,10 +97,10 @@ def parse_constraint(text: str) -> Constraint:
     if not match:
         raise UsageError(f"--constraint {shown(text)}: expected METRIC<=X or METRIC>=X")
     try:
-        bound = _number(match[3])
+        limit = parse_number(match[3])
     except ValueError as error:
         raise UsageError(f"--constraint {shown(text)}: {error}") from None
-    return Constraint(parse_metric(match[1], "--constraint"), match[2] == "<=", bound)
+    return Constraint(parse_metric(match[1], "--constraint"), match[2] == "<=", limit)
 
 
 # --- the study ---------------------------------------------------------------------------------
@@ -218,14 +149,16 @@ def _corner(dimension: Dimension, where: str) -> Any:
     return round(value) if dimension.integer else value
 
 
-def check(request: Request) -> Scenario:
+def check(request: Request) -> Request:
     """Before anything runs: the scenario loads, every field of the space is one it has, and some
     corner of the space is valid. Fields that constrain each other (a pause threshold and a
-    target below it) may refuse other combinations; those trials are refused one by one."""
+    target below it) may refuse other combinations; those trials are refused one by one.
+    Returns the request with each range in integers exactly when its field holds one."""
     try:
         scenario = load_scenario(request.scenario, _base(request))
     except ScenarioError as error:
         raise UsageError(str(error)) from None
+    request = replace(request, space=tuple(bound(d, scenario, "--space") for d in request.space))
     for dimension in request.space:  # a field the scenario does not have fails alone, whatever the others
         try:
             load_scenario(request.scenario, [*_base(request), dimension.override(_corner(dimension, "low"))])
@@ -245,28 +178,12 @@ def check(request: Request) -> Scenario:
         break
     if valid is None:
         raise UsageError(f"--space: no corner of the space (all lowest, middle or highest values) is a valid scenario: {first_error}")
-    return scenario
+    return request
 
 
 def own_values(request: Request) -> dict[str, Any] | None:
     """The scenario's values of the space's fields, if every one lies inside its range."""
-    from tasim.calibration.space import field_value
-
-    scenario = load_scenario(request.scenario, _base(request))
-    values: dict[str, Any] = {}
-    for dimension in request.space:
-        key = dimension.key
-        value = scenario.policy.effective_params.get(key.split(".", 2)[2]) if key.startswith("policy.params.") else field_value(scenario, key)
-        if dimension.choices:
-            texts = [t for t in dimension.choices if parse_value(t) == value]
-            if not texts:
-                return None
-            values[key] = texts[0]
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not dimension.low <= value <= dimension.high:
-            return None
-        else:
-            values[key] = int(value) if dimension.integer else float(value)
-    return values
+    return scenario_values(load_scenario(request.scenario, _base(request)), request.space)
 
 
 def simulate_summary(scenario: Scenario) -> dict[str, Any]:
@@ -333,19 +250,12 @@ def run_study(request: Request, backend: Backend, batch: int, progress: Callable
     """Create or resume the study and run it until it holds ``request.trials`` trials."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
     request.out.mkdir(parents=True, exist_ok=True)
 
     def constraints(trial: optuna.trial.FrozenTrial) -> Sequence[float]:
         return list(trial.user_attrs.get("violations", [0.0] * len(request.constraints)))
 
-    sampler = optuna.samplers.TPESampler(
-        seed=request.sampler_seed,
-        constant_liar=True,
-        multivariate=True,
-        n_startup_trials=max(batch, min(10, request.trials // 4)),
-        constraints_func=constraints if request.constraints else None,
-    )
+    sampler = tpe_sampler(request.sampler_seed, max(batch, min(10, request.trials // 4)), constraints if request.constraints else None)
     direction: Literal["maximize", "minimize"] = "maximize" if request.objective.maximize else "minimize"
     study = optuna.create_study(storage=request.storage, study_name=request.study_name, direction=direction, sampler=sampler, load_if_exists=True)
     if "default" not in study.user_attrs:
@@ -357,17 +267,17 @@ def run_study(request: Request, backend: Backend, batch: int, progress: Callable
             raise UsageError(f"{request.scenario}: {default}")
         study.set_user_attr("default", {"objective": default.objective, "constrained": default.constrained})
         study.set_user_attr("request", {"scenario": request.scenario, "policy": request.policy, "space": [d.text for d in request.space]})
-    while len(study.trials) < request.trials:
-        trials = [study.ask() for _ in range(min(batch, request.trials - len(study.trials)))]
-        configs = [[d.override(d.suggest(trial)) for d in request.space] for trial in trials]
-        for trial, scored in zip(trials, evaluate(request, configs, backend, progress)):
-            if isinstance(scored, str):
-                trial.set_user_attr("refused", scored)
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
-                continue
-            trial.set_user_attr("objective", scored.objective)
-            trial.set_user_attr("violations", scored.violations(request.constraints))
-            study.tell(trial, scored.interval().mean)
+
+    def score(batch_values: list[dict[str, Any]]) -> list[TrialResult | str]:
+        configs = [[d.override(values[d.key]) for d in request.space] for values in batch_values]
+        return [
+            scored
+            if isinstance(scored, str)
+            else TrialResult(scored.interval().mean, {"objective": scored.objective, "violations": scored.violations(request.constraints)})
+            for scored in evaluate(request, configs, backend, progress)
+        ]
+
+    run_batches(study, request.trials, batch, request.space, score)
     return study
 
 

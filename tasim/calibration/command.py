@@ -20,17 +20,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from tasim.calibration import CalibrationError
 from tasim.calibration.fit import Problem, Search, evaluate_values, runs_per_evaluation, search
 from tasim.calibration.report import PointReport, Report, knob_table, point_table, summary_lines, write_outputs
-from tasim.calibration.space import Knob
 from tasim.measurements.schema import Measurements, chooses_policy
 from tasim.render import print_unsquashed
 from tasim.scenario import load_scenario
+from tasim.study import Dimension
 
 
 @dataclass(frozen=True)
 class Request:
     scenario: Path
     against: Path
-    knobs: tuple[Knob, ...]
+    knobs: tuple[Dimension, ...]
     fitted: tuple[str, ...]
     overrides: tuple[str, ...]
     trials: int
@@ -64,7 +64,7 @@ def setup_points(measurements: Measurements, fitted: Sequence[str]) -> tuple[Mea
     return replace(measurements, points=same), held_out
 
 
-def check_knobs(knobs: Sequence[Knob], measurements: Measurements) -> None:
+def check_knobs(knobs: Sequence[Dimension], measurements: Measurements) -> None:
     """A knob must not be what a point sets itself, nor what its systems choose."""
     for knob in knobs:
         if chooses_policy(knob.key):

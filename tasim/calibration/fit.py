@@ -1,10 +1,10 @@
-"""The search: Optuna's TPE sampler over the knobs, a trial's loss being how far tasim's values of
-the fitted points are from the published ones.
+"""The search: `tasim.study`'s engine (Optuna's TPE sampler, batches of trials) over the knobs, a
+trial's loss being how far tasim's values of the fitted points are from the published ones.
 
 A trial simulates what its points need (`tasim.measurements.evaluate.plan`, the scenario with the
-trial's values as overrides). Trials are asked in batches of `BATCH` (TPE's constant liar keeps a
-batch's members apart) and a batch's runs go to the process pool together, so the cores stay
-busy; the batch does not depend on the number of processes, so neither does the fit.
+trial's values as overrides). Trials are asked in batches of `BATCH` and a batch's runs go to the
+process pool together, so the cores stay busy; the batch does not depend on the number of
+processes, so neither does the fit.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 from tasim.calibration import CalibrationError
-from tasim.calibration.space import Knob, field_value
 from tasim.measurements.evaluate import Plan, PointResult, evaluate, plan
 from tasim.measurements.metrics import Outcome
 from tasim.measurements.runs import measure
@@ -23,9 +21,7 @@ from tasim.measurements.schema import MeasurementError, Measurements
 from tasim.parallel import map_in_processes
 from tasim.policy_spec import PolicySpec
 from tasim.scenario import Scenario
-
-if TYPE_CHECKING:
-    import optuna
+from tasim.study import Dimension, TrialResult, own_values, run_batches, tpe_sampler
 
 BATCH = 4
 # The loss of a point tasim has no value for (e.g. the run ended before its rollout did): as far
@@ -66,7 +62,7 @@ def loss(results: Sequence[PointResult]) -> float:
 def evaluate_values(
     problem: Problem,
     candidates: Sequence[Values],
-    knobs: Sequence[Knob],
+    knobs: Sequence[Dimension],
     ids: Sequence[str],
     jobs: int,
     seeds: Sequence[int] | None = None,
@@ -83,7 +79,7 @@ def evaluate_values(
     return [results[i * len(seeds) : (i + 1) * len(seeds)] for i in range(len(candidates))]
 
 
-def plan_values(problem: Problem, values: Values, knobs: Sequence[Knob], ids: Sequence[str], seed: int) -> Plan:
+def plan_values(problem: Problem, values: Values, knobs: Sequence[Dimension], ids: Sequence[str], seed: int) -> Plan:
     """The runs the points ``ids`` need under ``values`` and ``seed``. Raises `MeasurementError`
     when the values make a scenario invalid."""
     overrides = [*problem.overrides, *(knob.override(values[knob.key]) for knob in knobs), f"seed={seed}"]
@@ -114,7 +110,7 @@ def runs_per_evaluation(problem: Problem, ids: Sequence[str]) -> int:
 
 
 def search(
-    problem: Problem, knobs: Sequence[Knob], ids: Sequence[str], trials: int, fit_seed: int, jobs: int, progress: Progress | None = None
+    problem: Problem, knobs: Sequence[Dimension], ids: Sequence[str], trials: int, fit_seed: int, jobs: int, progress: Progress | None = None
 ) -> Search:
     """The knob values that minimise `loss` over the points ``ids`` in ``trials`` trials. The
     scenario's own values are the first trial where they lie inside the ranges. A trial whose
@@ -122,51 +118,32 @@ def search(
     region) rather than ending the search; only a search with no valid trial at all fails."""
     import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = optuna.samplers.TPESampler(
-        seed=fit_seed,
-        constant_liar=True,
-        multivariate=True,
-        n_startup_trials=max(BATCH, trials // 4),
-    )
-    study = optuna.create_study(direction="minimize", sampler=sampler)
-    current = current_values(problem.scenario, knobs)
+    study = optuna.create_study(direction="minimize", sampler=tpe_sampler(fit_seed, max(BATCH, trials // 4)))
+    current = own_values(problem.scenario, knobs)
     if current is not None:
         study.enqueue_trial(current)
     runs = runs_per_evaluation(problem, ids)
     reasons: list[str] = []
-    done = 0
-    while done < trials:
-        batch = [study.ask() for _ in range(min(BATCH, trials - done))]
-        valid: list[tuple[optuna.trial.Trial, Plan]] = []
-        for trial in batch:
-            values = {knob.key: _suggest(trial, knob) for knob in knobs}
+
+    def score(batch: list[Values]) -> list[TrialResult | str]:
+        scored: list[TrialResult | str] = []
+        valid: list[tuple[int, Plan]] = []
+        for values in batch:
             try:
-                valid.append((trial, plan_values(problem, values, knobs, ids, problem.scenario.seed)))
+                valid.append((len(scored), plan_values(problem, values, knobs, ids, problem.scenario.seed)))
+                scored.append("")  # filled in below
             except MeasurementError as exc:
                 reasons.append(str(exc))
-                study.tell(trial, state=optuna.trial.TrialState.FAIL)
+                scored.append(str(exc))
                 if progress:
                     progress(runs)  # the runs it would have made, so the bar still ends full
-        for (trial, _), results in zip(valid, run_plans([planned for _, planned in valid], jobs, progress)):
-            study.tell(trial, loss(results))
-        done += len(batch)
-    if reasons and len(reasons) == done:
-        raise CalibrationError(f"--fit: none of the {done} trials gave a valid scenario (first: {reasons[0]}); narrow the ranges")
+        for (index, _), results in zip(valid, run_plans([planned for _, planned in valid], jobs, progress)):
+            scored[index] = TrialResult(loss(results))
+        return scored
+
+    refused = run_batches(study, trials, BATCH, knobs, score)
+    if refused == trials:
+        raise CalibrationError(f"--fit: none of the {trials} trials gave a valid scenario (first: {reasons[0]}); narrow the ranges")
     best = study.best_trial
     assert best.value is not None  # the best trial is a completed one, which has its loss
-    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), done, len(reasons))
-
-
-def _suggest(trial: optuna.trial.Trial, knob: Knob) -> float:
-    if knob.integer:
-        return trial.suggest_int(knob.key, int(knob.low), int(knob.high), log=knob.log)
-    return trial.suggest_float(knob.key, knob.low, knob.high, log=knob.log)
-
-
-def current_values(scenario: Scenario, knobs: Sequence[Knob]) -> Values | None:
-    """The scenario's own value of every knob, or None if one lies outside its range."""
-    values = {knob.key: field_value(scenario, knob.key) for knob in knobs}
-    if any(not knob.low <= values[knob.key] <= knob.high for knob in knobs):
-        return None
-    return values
+    return Search({knob.key: best.params[knob.key] for knob in knobs}, float(best.value), trials, refused)

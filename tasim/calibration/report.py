@@ -14,12 +14,12 @@ from typing import Any
 from rich.table import Table
 
 from tasim.calibration.fit import Search
-from tasim.calibration.space import Knob
 from tasim.measurements.evaluate import PointResult
 from tasim.measurements.present import BAND, published_text, value_text
 from tasim.measurements.schema import Measurements, Point, Published
 from tasim.rundir import write_json
 from tasim.scenario import derived_scenario_yaml
+from tasim.study import Dimension
 
 CALIBRATION_FILE = "calibration.json"
 # Student's t, two-sided 95 %, by degrees of freedom (1-10); the normal value beyond.
@@ -92,7 +92,7 @@ class Report:
     scenario_path: Path
     scenario_name: str
     measurements: Measurements
-    knobs: tuple[Knob, ...]
+    knobs: tuple[Dimension, ...]
     fit: Search
     points: list[PointReport]
     seeds: list[int]
