@@ -10,6 +10,7 @@ Each item is a deterministic simulation, so the results do not depend on the bac
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from collections.abc import Callable, Sequence
@@ -108,7 +109,15 @@ class RayTasks:
         try:
             if self.address == "local":
                 cpus = self.cpus or os.cpu_count() or 1
-                ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+                # The private cluster keeps Ray's default token authentication (it listens on
+                # 127.0.0.1 only); Ray's notice on starting it only says how to opt out.
+                notices = logging.getLogger("ray._private.authentication.authentication_token_setup")
+                level = notices.level
+                notices.setLevel(logging.ERROR)
+                try:
+                    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+                finally:
+                    notices.setLevel(level)
             else:
                 ray.init(address=self.address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError) as error:

@@ -48,6 +48,7 @@ def test_a_private_local_ray_cluster_gives_the_pools_runs_and_stops(tmp_path: Pa
     before = _ray_processes()
     result = tasim("compare", TINY, *ARGS, "--ray", "local", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
+    assert "Token authentication" not in result.stderr  # Ray's opt-out notice is not the user's concern
     _same_runs(tmp_path, pooled)
     assert _ray_processes() <= before
 
