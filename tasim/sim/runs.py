@@ -186,25 +186,27 @@ class StepRun:
             decoders = scheduled[:-1]
         elif chunk != 1 or newest.length - newest.computed != 1:
             return  # the newest request is prefilling: checked first, as it is the usual misfit
+        context = 0  # tokens the decoders have computed before the first step
         for req, n in decoders:
             generated = req.generated
-            if n != 1 or not generated or req.prompt + generated - req.computed != 1:
+            computed = req.computed
+            if n != 1 or not generated or req.prompt + generated - computed != 1:
                 return
+            context += computed
+            # At the end of step k (1-based), a request that had generated g tokens has g + k.
+            if req.target - generated < last:
+                last = req.target - generated
         head_blocks: Sequence[BlockHash] = ()
         if prefill is None:
             blocked, head_blocks = engine.waiting_stays_blocked(budget - count)
             if not blocked:
                 return
-        # At the end of step k (1-based), a request that had generated g tokens has g + k.
-        if decoders:
-            last = min(last, min(req.target - req.generated for req, _ in decoders))
         if last < 2:
             return
         planned = self._plan_boundaries(engine, last, head_blocks, prefill)
         if planned is None:
             return
         last, boundaries = planned
-        context = sum(req.computed for req, _ in decoders)  # before the first step
         cfg = engine.config
         capacity = cfg.num_blocks * cfg.block_size
         if prefill is None:
@@ -244,11 +246,19 @@ class StepRun:
         for order, (req, _) in enumerate(decoders):
             c = req.computed  # before the first step; step k computes token c + k
             # The first step reserved through token c + 1; later steps need a block when their
-            # token passes the blocks held, and complete one when it fills the next block.
-            touches += [(k, order, 0, req, 0) for k in range(req.phys * bs - c + 1, last + 1, bs)]
+            # token passes the blocks held, and complete one when it fills the next block. Runs
+            # are mostly shorter than a block, so most requests have no touch at all.
+            k = req.phys * bs - c + 1
+            while k <= last:
+                touches.append((k, order, 0, req, 0))
+                k += bs
             if caching:
-                first_full = (req.full_done + 1) * bs - c
-                touches += [(k, order, 1, req, depth) for depth, k in enumerate(range(first_full, last + 1, bs), req.full_done)]
+                depth = req.full_done
+                k = (depth + 1) * bs - c
+                while k <= last:
+                    touches.append((k, order, 1, req, depth))
+                    k += bs
+                    depth += 1
         touches.sort(key=_TOUCH_ORDER)
         available = engine.pool.available
         boundaries: list[_Boundary] = []
