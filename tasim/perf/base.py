@@ -62,3 +62,18 @@ def decode_shape(running: int, context_tokens: int, kv_capacity_tokens: int) -> 
         decode_kv_tokens=context_tokens + running,
         kv_capacity_tokens=kv_capacity_tokens,
     )
+
+
+def summed(a: StepShape, b: StepShape) -> StepShape:
+    """The shape of one step doing the work of both (on the same pool)."""
+    return StepShape(
+        a.scheduled_tokens + b.scheduled_tokens,
+        a.attn_pairs + b.attn_pairs,
+        a.kv_read_tokens + b.kv_read_tokens,
+        a.prefill_seqs + b.prefill_seqs,
+        a.prefill_prompt_tokens + b.prefill_prompt_tokens,
+        a.prefill_prefix_tokens + b.prefill_prefix_tokens,
+        a.decode_seqs + b.decode_seqs,
+        a.decode_kv_tokens + b.decode_kv_tokens,
+        a.kv_capacity_tokens,
+    )

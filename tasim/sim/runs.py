@@ -34,8 +34,8 @@ from operator import itemgetter
 import numpy as np
 
 from tasim.model import BlockHash, blocks_for
-from tasim.perf.base import StepShape
-from tasim.sim.engine import Engine, EngineRequest, Step, StepEngine
+from tasim.perf.base import decode_shape, summed
+from tasim.sim.engine import Engine, EngineRequest, Step, StepEngine, step_shape
 
 # The longest run planned at once: runs are cut by arrivals, so planning far ahead is wasted.
 MAX_RUN_STEPS = 1024
@@ -268,23 +268,18 @@ class StepRun:
             if not boundaries or boundaries[-1].index != k:
                 boundaries.append(_Boundary(k, 0.0, 0.0, []))
             actions = boundaries[-1].actions
-            if kind == 2:
-                need = blocks_for(depth, bs) - prefill_phys
-                if need > 0:
-                    available -= need
-                    if available < 0:  # step k would preempt: it is scheduled on its own
-                        boundaries.pop()
-                        last = k - 1
-                        break
-                    prefill_phys += need
-                boundaries[-1].prefill_upto = depth
-            elif kind == 0:
-                available -= 1
+            if kind != 1:  # takes blocks: one, or the chunk's
+                need = 1 if kind == 0 else max(0, blocks_for(depth, bs) - prefill_phys)
+                available -= need
                 if available < 0:  # step k would preempt: it is scheduled on its own
                     boundaries.pop()
                     last = k - 1
                     break
-                actions.append((req, True, False))
+                if kind == 0:
+                    actions.append((req, True, False))
+                else:
+                    prefill_phys += need
+                    boundaries[-1].prefill_upto = depth
             else:
                 if actions and actions[-1][0] is req:  # it allocated in this step too
                     actions[-1] = (req, True, True)
@@ -295,36 +290,33 @@ class StepRun:
         return (last, boundaries) if last >= 2 else None
 
 
+class _ChunkStart:
+    """The prefilling request as `step_shape` reads it, at the start of a later step's chunk."""
+
+    __slots__ = ("computed", "prompt", "generated")
+
+    def __init__(self, req: EngineRequest) -> None:
+        self.computed = req.computed
+        self.prompt = req.prompt
+        self.generated = req.generated
+
+
 def _mixed_step_ends(
     engine: Engine, first_end: float, last: int, decoders: int, context: int, prefill: tuple[EngineRequest, int], capacity: int
 ) -> list[float]:
-    """End times of steps 1..``last`` of a decode-plus-prefill run, each step's shape summed as
-    `tasim.sim.engine.step_shape` sums it: step k's decoders have computed ``context`` plus
-    ``(k - 1) * decoders`` tokens, and the prefill chunk starts ``(k - 1) * chunk`` further on.
-    Every term of ``attn_pairs`` is a multiple of 1/2 far below 2**53, so the sum is exact in
-    any order."""
+    """End times of steps 1..``last`` of a decode-plus-prefill run. Step k's shape is that of its
+    decodes (their computed tokens ``context`` plus ``(k - 1) * decoders``) plus that of its
+    chunk, ``(k - 1) * chunk`` further into the prompt: `step_shape` sums the same terms, and
+    every term of ``attn_pairs`` is a multiple of 1/2 far below 2**53, so the sum is exact in
+    either order."""
     req, chunk = prefill
     step_time = engine.perf.step_time
-    prompt = req.prompt
-    recomputing_kv = req.length if req.generated else 0  # it has emitted a token: the mocker counts its KV as decode work
+    at = _ChunkStart(req)
     ends = [first_end]
     end = first_end
     for k in range(1, last):
-        computed = context + k * decoders
-        prefix = req.computed + k * chunk
-        prompt_chunk = min(prefix + chunk, prompt) - prefix
-        prefilling = prompt_chunk > 0
-        shape = StepShape(
-            decoders + chunk,
-            computed + decoders / 2 + chunk * (prefix + chunk / 2),
-            computed + prefix,
-            1 if prefilling else 0,
-            prompt_chunk if prefilling else 0,
-            prefix if prefilling else 0,
-            decoders,
-            computed + decoders + recomputing_kv,
-            capacity,
-        )
+        at.computed = req.computed + k * chunk
+        shape = summed(decode_shape(decoders, context + k * decoders, capacity), step_shape([(at, chunk)], capacity))
         end = end + step_time(shape)
         ends.append(end)
     return ends
