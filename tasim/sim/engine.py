@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
-from tasim.perf.base import PerfModel, StepShape
+from tasim.perf.base import PerfModel, StepShape, decode_shape, summed
 from tasim.sim.kv_cache import BlockPool, Claim, Eviction
 
 
@@ -244,13 +244,13 @@ class Engine:
         `end_step`. A step with nothing scheduled has duration 0 and changes nothing."""
         step = Step(start=now, duration=0.0)
         budget = self.config.max_num_batched_tokens
-        budget, step.preempted = self._schedule_running(step, budget, now)
+        budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
             self._admit_waiting(step, budget, now)
         step.stored, step.removed = self.pool.drain_events()
         if step.scheduled:
             self.iterations += 1
-            step.shape = self._shape(step)
+            step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
         else:
             self.publish_kv(step.stored, step.removed, now)
@@ -327,40 +327,47 @@ class Engine:
 
     # --- scheduling ------------------------------------------------------------------------
 
-    def _schedule_running(self, step: Step, budget: int, now: float) -> tuple[int, bool]:
-        preempted = False
+    def _schedule_running(self, step: Step, budget: int, now: float) -> tuple[int, _Decodes]:
+        """Schedule the running requests; returns the budget left and the decodes among them,
+        summed for the step's shape (the others are listed in the returned `_Decodes`)."""
         running = self.running
         scheduled = step.scheduled
+        decodes = _Decodes()
+        others = decodes.others
+        count = context = 0
         bs = self.config.block_size
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
             computed = req.computed
-            n = req.prompt + req.generated - computed
+            generated = req.generated
+            pending = n = req.prompt + generated - computed
             if n > budget:
                 n = budget
             upto = computed + n
-            if upto <= req.phys * bs and upto // bs <= req.full_done:  # no block to take or fill
-                scheduled.append((req, n))
-                budget -= n
-                i += 1
-                continue
-            victim_was_self = False
-            while not self.reserve(req, upto):
-                victim = running[-1] if self._lifo else running[0]
-                budget += self._preempt(victim, step, now)
-                preempted = True
-                if victim is req:
-                    victim_was_self = True
-                    break
-                if running.index(req) < i:  # an earlier request was removed
-                    i -= 1
-            if victim_was_self:
-                continue
+            if upto > req.phys * bs or upto // bs > req.full_done:  # a block to take or fill
+                victim_was_self = False
+                while not self.reserve(req, upto):
+                    victim = running[-1] if self._lifo else running[0]
+                    budget += self._preempt(victim, step, now)
+                    step.preempted = True
+                    if victim is req:
+                        victim_was_self = True
+                        break
+                    if running.index(req) < i:  # an earlier request was removed
+                        i -= 1
+                if victim_was_self:
+                    continue
             scheduled.append((req, n))
+            if pending == 1 and generated:  # its one pending token: a decode (see `decode_shape`)
+                count += 1
+                context += computed
+            else:
+                others.append((req, n))
             budget -= n
             i += 1
-        return budget, preempted
+        decodes.count, decodes.context = count, context
+        return budget, decodes
 
     def _admit_waiting(self, step: Step, budget: int, now: float) -> None:
         cfg = self.config
@@ -447,8 +454,28 @@ class Engine:
         self.pool.release(req.claim)
         req.phys = req.full_done = 0
 
-    def _shape(self, step: Step) -> StepShape:
-        return step_shape(step.scheduled, self.config.num_blocks * self.config.block_size)
+    def _shape(self, step: Step, decodes: _Decodes) -> StepShape:
+        """`step_shape` of the step, with the running decodes summed as they were scheduled
+        (a third of the batch walks of a step with ~60 decodes; exact: every term of
+        ``attn_pairs`` is a multiple of 1/2 far below 2**53, so the sum is the same in any
+        order). A preemption may have unscheduled a decode already summed: walk it all then."""
+        capacity = self.config.num_blocks * self.config.block_size
+        if step.preempted or not decodes.count:
+            return step_shape(step.scheduled, capacity)
+        admitted = step.scheduled[decodes.count + len(decodes.others) :]
+        return summed(decode_shape(decodes.count, decodes.context, capacity), step_shape(decodes.others + admitted, capacity))
+
+
+class _Decodes:
+    """The decodes among a step's running requests, as `decode_shape` takes them, and the
+    scheduled running requests that are not decodes."""
+
+    __slots__ = ("count", "context", "others")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.context = 0  # their computed tokens before the step
+        self.others: list[tuple[EngineRequest, int]] = []
 
 
 class ScheduledWork(Protocol):
