@@ -3,11 +3,17 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+NATIVE := build/native/manifest.json
 OUT    ?= runs/demo
 
 .PHONY: install demo test lint bench baseline validation vllm-validation reliability paper-shapes published clean
 
-install: $(STAMP)
+install: $(STAMP) $(NATIVE)
+
+# The engine, its block pool and folded runs compiled with mypyc (tasim/native.py), rebuilt when
+# they change; without a C compiler the build records why and the plain modules run.
+$(NATIVE): $(STAMP) tasim/native.py $(wildcard tasim/sim/*.py)
+	$(BIN)/python -m tasim.native
 
 # ai-dynamo 1.6.1 declares a dependency on `aisimulate`, a placeholder wheel that downloads from a
 # host outside the package registries; it is not needed for the mocker, the frontend or replay.
@@ -22,7 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps vllm==0.31.0 xgrammar==0.2.7 llguidance==1.7.6 apache-tvm-ffi==0.1.11
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test,lint]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test,lint,native]'
 	touch $@
 
 demo: install
@@ -70,4 +76,4 @@ published: install
 		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/validation.md
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .benchmarks .mypy_cache .ruff_cache
+	rm -rf $(VENV) build runs .pytest_cache .benchmarks .mypy_cache .ruff_cache

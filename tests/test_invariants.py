@@ -3,7 +3,10 @@ every policy, and each check fires when its invariant is broken."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasim import events as ev
-from tasim.cli import EXIT_INVARIANT, main
+from tasim import native
+from tasim.cli import EXIT_INVARIANT
 from tasim.reliability import SMALL_RUNS, random_scenario
 from tasim.scenario import ScenarioError, load_scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
@@ -150,30 +154,55 @@ def test_an_unevictable_block_and_a_block_cached_twice_are_found() -> None:
     assert pool.audit([first, second], 0, every_block=True) == "a block of extent 5 is cached twice"  # ... this one does
 
 
-def test_a_broken_pool_stops_a_checked_run_and_the_cli_keeps_the_partial_log(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # The third request to finish keeps its references: the audit after that run of steps finds
-    # blocks referenced more often than holders hold them.
-    release = BlockPool.release
-    calls = iter(range(1, 1 << 30))
+# The third request to finish keeps its references: the audit after that run of steps finds
+# blocks referenced more often than holders hold them. The plain modules (TASIM_NATIVE=0) run it,
+# in a process of their own: a compiled class's methods cannot be replaced.
+_LEAKY_POOL = """
+import sys
+from tasim.sim.kv_cache import BlockPool
 
-    def leaky_release(self: BlockPool, claim) -> None:  # type: ignore[no-untyped-def]
-        if next(calls) != 3:
-            release(self, claim)
-        else:
-            claim.ranges, claim.blocks = [], 0
+release = BlockPool.release
+calls = iter(range(1, 1 << 30))
 
-    monkeypatch.setattr(BlockPool, "release", leaky_release)
+
+def leaky_release(self, claim):
+    if next(calls) != 3:
+        release(self, claim)
+    else:
+        claim.ranges, claim.blocks = [], 0
+
+
+BlockPool.release = leaky_release
+if sys.argv[1] == "simulation":
+    from tasim.reliability import SMALL_RUNS
+    from tasim.scenario import load_scenario
+    from tasim.sim.checks import InvariantViolation
+    from tasim.sim.runner import Simulation
+
+    try:
+        Simulation(load_scenario(sys.argv[2], SMALL_RUNS["swe-agent.yaml"]), lambda event: None, check=True).run()
+    except InvariantViolation as exc:
+        print(exc)
+else:
+    from tasim.cli import main
+
+    sys.exit(main(sys.argv[2:]))
+"""
+
+
+def _with_a_leaky_pool(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, native.DISABLE: "0"}
+    return subprocess.run([sys.executable, "-c", _LEAKY_POOL, *args], capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+
+
+def test_a_broken_pool_stops_a_checked_run_and_the_cli_keeps_the_partial_log(tmp_path: Path) -> None:
     scenario = PRESETS / "swe-agent.yaml"
-    with pytest.raises(InvariantViolation, match=r"^t=\d+\.\d{6} w\d: block \d+ has (\d+) references but (?!\1)\d+ holders$"):
-        Simulation(load_scenario(scenario, SMALL_RUNS["swe-agent.yaml"]), lambda event: None, check=True).run()
+    simulated = _with_a_leaky_pool("simulation", str(scenario))
+    assert re.fullmatch(r"t=\d+\.\d{6} w\d: block \d+ has (\d+) references but (?!\1)\d+ holders\n", simulated.stdout), simulated.stderr
     out = tmp_path / "run"
-    calls = iter(range(1, 1 << 30))  # the CLI run leaks at its own third release
-    status = main(
-        ["simulate", str(scenario), "--check", "--quiet", "--out", str(out), *sum((["--set", o] for o in SMALL_RUNS["swe-agent.yaml"]), [])]
-    )
-    assert status == EXIT_INVARIANT
-    err = capsys.readouterr().err
+    overrides = sum((["--set", o] for o in SMALL_RUNS["swe-agent.yaml"]), [])
+    cli = _with_a_leaky_pool("cli", "simulate", str(scenario), "--check", "--quiet", "--out", str(out), *overrides)
+    assert cli.returncode == EXIT_INVARIANT
+    err = cli.stderr
     assert err.count("\n") == 1 and err.startswith("invariant violated (a bug in tasim") and "Traceback" not in err
     assert (out / "events.jsonl.partial").stat().st_size > 0 and not (out / "events.jsonl").exists()

@@ -100,6 +100,13 @@ class _Extent:
         self.serial = serial  # breaks tick ties between heap entries of different extents
         self.duplicate = False  # a one-block later copy of a cached hash, not (yet) its primary
 
+    def __deepcopy__(self, memo: dict[int, object]) -> _Extent:
+        # Written out: a class compiled by tasim.native has no generic copy.
+        clone = memo[id(self)] = _Extent(self.hashes, self.start, self.stop, None, self.serial)
+        clone.parent = copy.deepcopy(self.parent, memo)
+        clone.refs, clone.children, clone.tick, clone.duplicate = self.refs, self.children, self.tick, self.duplicate
+        return clone
+
 
 class Claim:
     """The cached blocks one holder (a running request, a pin) references: depth ranges ``[start, stop)`` of its chain
@@ -259,6 +266,19 @@ class BlockPool:
             if extent.refs == 0 and not (lineage and extent.children) and id(extent) not in reachable:
                 return f"unreferenced block {head} cannot be evicted (no candidate entry)"
         return None
+
+    def __deepcopy__(self, memo: dict[int, object]) -> BlockPool:
+        # Written out: a class compiled by tasim.native has no generic copy. Chains of hashes
+        # are immutable and shared.
+        clone = BlockPool(self.num_blocks, self.eviction, self._duplicates)
+        memo[id(self)] = clone
+        clone.free, clone._cached, clone._inactive_count, clone._tick = self.free, self._cached, self._inactive_count, self._tick
+        clone._heads = copy.deepcopy(self._heads, memo)
+        clone._copies = copy.deepcopy(self._copies, memo)
+        clone._candidates = copy.deepcopy(self._candidates, memo)
+        clone._serials = copy.copy(self._serials)
+        clone.stored, clone.removed, clone._batches = list(self.stored), list(self.removed), list(self._batches)
+        return clone
 
     def inactive_order(self) -> list[BlockHash]:
         """Inactive blocks in the order they would be evicted (for tests and debugging)."""

@@ -1,0 +1,105 @@
+"""The compiled simulator core (tasim/native.py): used only while it matches the sources, and
+byte for byte the plain modules' results."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasim import native
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A manifest in a scratch folder, as a build of the current sources for this Python wrote it."""
+    monkeypatch.setattr(native, "BUILD", tmp_path)
+    monkeypatch.setattr(native, "MANIFEST", tmp_path / "manifest.json")
+    monkeypatch.delenv(native.DISABLE, raising=False)
+    record = {"built": True, "python": native._python(), "sources": native._sources()}
+    native.MANIFEST.write_text(json.dumps(record))
+    return native.MANIFEST
+
+
+def _rewrite(path: Path, **changes: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text()), **changes}))
+
+
+def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
+    assert native.state() == f"compiled modules (sim/engine.py, sim/kv_cache.py, sim/runs.py) from {manifest.parent}"
+    assert native.search_path(["/src/tasim/sim"]) == [str(manifest.parent / "tasim" / "sim"), "/src/tasim/sim"]
+
+
+def test_an_edited_source_means_the_plain_modules(manifest: Path) -> None:
+    sources = native._sources()
+    sources["sim/engine.py"] = hashlib.sha256(b"an older engine").hexdigest()
+    _rewrite(manifest, sources=sources)
+    assert native.state() == "plain modules (the sources changed since the native build: `python -m tasim.native` rebuilds it)"
+    assert native.search_path(["/src/tasim/sim"]) == ["/src/tasim/sim"]
+
+
+def test_a_build_for_another_python_a_failed_build_or_none_means_the_plain_modules(manifest: Path) -> None:
+    _rewrite(manifest, python="cpython-312 .cpython-312-x86_64-linux-gnu.so")
+    assert native.state() == f"plain modules (the native build is for cpython-312 .cpython-312-x86_64-linux-gnu.so, this is {native._python()})"
+    _rewrite(manifest, built=False, reason="no C compiler (gcc)")
+    assert native.state() == "plain modules (the native build failed: no C compiler (gcc))"
+    manifest.write_text("{not json")
+    assert native.state() == "plain modules (no native build: `python -m tasim.native` makes one)"
+    manifest.unlink()
+    assert native.state() == "plain modules (no native build: `python -m tasim.native` makes one)"
+    assert not native.in_use()
+
+
+def test_tasim_native_0_means_the_plain_modules(manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(native.DISABLE, "0")
+    assert native.state() == "plain modules (TASIM_NATIVE=0)"
+    assert native.search_path(["/src/tasim/sim"]) == ["/src/tasim/sim"]
+
+
+_RUN = """
+import hashlib, sys, tempfile
+from pathlib import Path
+import tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs
+from tasim.rundir import run_simulation
+from tasim.scenario import load_scenario
+for module in (tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs):
+    print(Path(module.__file__).suffix)
+for case in sys.argv[1:]:
+    name, *overrides = case.split()
+    with tempfile.TemporaryDirectory() as out:
+        run_simulation(load_scenario(Path("scenarios") / name, overrides), Path(out))
+        print(name, hashlib.sha256((Path(out) / "events.jsonl").read_bytes()).hexdigest())
+"""
+
+# KV pressure and pauses; vLLM's engine thrashing past the cliff (folded decode-plus-prefill
+# runs, recomputed blocks cached as duplicates); the mocker's lineage eviction (private
+# duplicates) under round robin; an RL rollout.
+CASES = [
+    "live-mocker.yaml",
+    "swe-agent.yaml duration_s=300 metrics.warmup_s=0 workload.concurrency=96",
+    "swe-agent.yaml duration_s=300 metrics.warmup_s=0 workload.concurrency=48 policy.name=round_robin policy.params={} "
+    "cluster.engine.flavour=mocker cluster.engine.eviction=lineage",
+    "rl-live-mocker.yaml",
+]
+
+
+def _run(disable: bool) -> list[str]:
+    env = {**os.environ, native.DISABLE: "0"} if disable else {k: v for k, v in os.environ.items() if k != native.DISABLE}
+    done = subprocess.run([sys.executable, "-c", _RUN, *CASES], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    return done.stdout.splitlines()
+
+
+@pytest.mark.slow
+def test_compiled_and_plain_modules_write_the_same_event_logs() -> None:
+    if not native.in_use():
+        pytest.skip(native.state())
+    compiled, plain = _run(disable=False), _run(disable=True)
+    assert compiled[:3] == [".so"] * 3 and plain[:3] == [".py"] * 3
+    assert compiled[3:] == plain[3:] and len(plain) == 3 + len(CASES)
