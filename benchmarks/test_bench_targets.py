@@ -1,17 +1,22 @@
 """Issue 8's speed and memory targets. Each run is the main job (`run_simulation`: event log
 written to disk, metrics folded) in a fresh process, so its peak RSS is its own. The peak is
 the process's own high-water mark (``VmHWM``): ``ru_maxrss`` survives exec on Linux, so a child
-of a large pytest process would report its parent's peak."""
+of a large pytest process would report its parent's peak. Where the compiled simulator core is in
+use (`tasim.native`), the wall-limited runs are measured with the plain modules too, in the same
+run."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import RESULTS
+
+from tasim import native
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "scenarios"
@@ -34,12 +39,14 @@ print(json.dumps({
 """
 
 
-def _measure(preset: str, overrides: list[str], out: Path) -> dict:
+def _measure(preset: str, overrides: list[str], out: Path, plain: bool = False) -> dict:
+    env = {**os.environ, native.DISABLE: "0"} if plain else None
     done = subprocess.run(
         [sys.executable, "-c", _CHILD, str(PRESETS / preset), str(out), *overrides],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env=env,
         check=True,
     )
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -72,6 +79,10 @@ def test_speed_and_memory_targets(benchmark, name: str, tmp_path: Path) -> None:
     runs: list[dict] = []
     benchmark.pedantic(lambda: runs.append(_measure(preset, overrides, tmp_path / "run")), rounds=1, iterations=1)
     figures = runs[0]
+    figures["native"] = native.in_use()
+    if wall_limit is not None and native.in_use():  # the plain modules beside the compiled ones (tasim.native)
+        figures["plain_wall_s"] = _measure(preset, overrides, tmp_path / "plain", plain=True)["wall_s"]
+        figures["plain_over_compiled"] = figures["plain_wall_s"] / figures["wall_s"]
     benchmark.extra_info.update(figures)
     RESULTS.append((name, figures))
     assert figures["peak_rss_mib"] < 1024
