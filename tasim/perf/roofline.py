@@ -47,18 +47,14 @@ class Roofline:
             2 * model.layers * 2 * (tp - 1) / tp * model.hidden * ACTIVATION_BYTES / gpu.interconnect_bandwidth if tp > 1 else 0.0
         )
         self.scale = 1.0 / speedup_ratio
-        # Once per step otherwise (the same products, so the same floats): the dense weight
-        # read does not depend on the batch (0: MoE, whose expected distinct experts do).
-        self._flops_per_token = 2.0 * model.active_params
-        self._dense_weight_bytes = 0.0 if model.is_moe else model.total_params * self.weight_bytes
 
     def step_time(self, shape: StepShape) -> float:
         tokens = shape.scheduled_tokens
         if tokens == 0:
             return 0.0
-        weight_bytes = self._dense_weight_bytes or self.model.weights_read_params(tokens) * self.weight_bytes
-        flops = self._flops_per_token * tokens + self.attn_flops_per_pair * shape.attn_pairs
-        bytes_moved = weight_bytes + (shape.kv_read_tokens + tokens) * self.kv_bytes_per_token
+        model = self.model
+        flops = 2.0 * model.active_params * tokens + self.attn_flops_per_pair * shape.attn_pairs
+        bytes_moved = model.weights_read_params(tokens) * self.weight_bytes + (shape.kv_read_tokens + tokens) * self.kv_bytes_per_token
         compute_s = flops / self.flops_per_s
         memory_s = bytes_moved / self.bytes_per_s
         comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * tokens
