@@ -10,9 +10,9 @@ OUT    ?= runs/demo
 
 install: $(STAMP) $(NATIVE)
 
-# The engine, its block pool and folded runs compiled with mypyc (tasim/native.py), rebuilt when
+# The engine, its block pool, folded runs and perf models compiled with mypyc (tasim/native.py), rebuilt when
 # they change; without a C compiler the build records why and the plain modules run.
-$(NATIVE): $(STAMP) tasim/native.py $(wildcard tasim/sim/*.py)
+$(NATIVE): $(STAMP) tasim/native.py $(wildcard tasim/sim/*.py) $(wildcard tasim/perf/*.py)
 	$(BIN)/python -m tasim.native
 
 # ai-dynamo 1.6.1 declares a dependency on `aisimulate`, a placeholder wheel that downloads from a

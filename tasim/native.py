@@ -1,12 +1,13 @@
 """Compiled builds of the simulator's hottest modules, used only while they match the sources.
 
-The engine, its KV block pool and the folded runs of steps (`MODULES`) are the inner loop of
-every simulation. `make install` compiles them with mypyc (the compiler that ships with mypy:
-the same code, type-checked, translated to C) into ``build/native/`` of the checkout, with a
-manifest of the sources' hashes. `tasim.sim` puts that folder in front of its own on its module
-search path (`search_path`) only when the manifest matches the sources as they are now and this
-Python; an edited source, a build for another Python, a failed build or ``TASIM_NATIVE=0`` all
-mean the plain modules, so a stale build can never run. Compiled and plain modules write
+The engine, its KV block pool, the folded runs of steps and the perf models that time them
+(`MODULES`) are the inner loop of every simulation. `make install` compiles them with mypyc (the
+compiler that ships with mypy: the same code, type-checked, translated to C) into
+``build/native/`` of the checkout, with a manifest of the sources' hashes. `tasim.sim` and
+`tasim.perf` put that folder in front of their own on their module search paths (`search_path`)
+only when the manifest matches the sources as they are now and this Python; an edited source, a
+build for another Python, a failed build or ``TASIM_NATIVE=0`` all mean the plain modules, so a
+stale build can never run. Compiled and plain modules write
 byte-identical event logs (tests/test_native.py); a profile with py-spy needs the plain ones,
 since it cannot see into compiled code.
 
@@ -33,8 +34,11 @@ MANIFEST = BUILD / "manifest.json"
 # Compiled together, so calls between them are native calls. Other modules stay plain: the
 # runner drives simpy generators, and pydantic models (scenario, policy parameters) are not
 # mypyc's to compile.
-MODULES = ("sim/engine.py", "sim/kv_cache.py", "sim/runs.py")
+MODULES = ("sim/engine.py", "sim/kv_cache.py", "sim/runs.py", "perf/base.py", "perf/fixed.py", "perf/polynomial.py", "perf/roofline.py")
 GROUP = "tasim.sim._native"  # the shared library of the group, found on tasim.sim's search path
+# C compilers may fuse a * b + c into one rounding (FMA) where the CPU has it; Python rounds
+# each operation, and compiled and plain modules must compute the same floats.
+_C_FLAGS = ["-ffp-contract=off"]
 DISABLE = "TASIM_NATIVE"  # set to 0 to run the plain modules
 
 
@@ -67,11 +71,12 @@ def in_use() -> bool:
     return state().startswith("compiled")
 
 
-def search_path(package_path: Sequence[str]) -> list[str]:
-    """``tasim.sim``'s module search path: the native build's folder first, when it is in use."""
+def search_path(package: str, package_path: Sequence[str]) -> list[str]:
+    """The module search path of ``tasim.<package>``: the native build's folder first, when it
+    is in use."""
     if not in_use():
         return list(package_path)
-    return [str(BUILD / "tasim" / "sim"), *package_path]
+    return [str(BUILD / "tasim" / package), *package_path]
 
 
 def build() -> str:
@@ -105,6 +110,8 @@ def _compile() -> str | None:
         os.chdir(PACKAGE.parent)  # mypyc names modules by their paths from the project root
         with _output_to(BUILD / "build.log"):
             extensions = mypycify([f"tasim/{module}" for module in MODULES], group_name=GROUP, opt_level="3", target_dir=str(BUILD / "c"))
+            for extension in extensions:  # a new list each: mypyc's extensions share theirs
+                extension.extra_compile_args = [*extension.extra_compile_args, *_C_FLAGS]
             command = build_ext(Distribution({"name": "tasim-native", "ext_modules": extensions}))
             command.build_lib = str(BUILD)
             command.build_temp = str(BUILD / "objects")

@@ -123,17 +123,30 @@ def test_roofline_preset_with_preemption() -> None:
     assert fast == slow
 
 
-@pytest.mark.parametrize("preset", ["multiturn-validation.yaml", "swe-agent.yaml", "rl-rollout.yaml"])
-def test_decode_step_times_match_single_steps_bit_for_bit(preset: str) -> None:
-    cluster = load_scenario(PRESETS / preset).cluster
+@pytest.mark.parametrize(
+    ("preset", "overrides"),
+    [
+        ("multiturn-validation.yaml", []),  # Dynamo's polynomial
+        ("swe-agent.yaml", []),  # roofline, dense
+        ("openhands-qwen3-235b.yaml", []),  # roofline, MoE
+        ("rl-rollout.yaml", []),
+        ("swe-agent.yaml", ["cluster.perf.model=fixed"]),
+    ],
+)
+def test_decode_step_ends_match_single_steps_bit_for_bit(preset: str, overrides: list[str]) -> None:
+    cluster = load_scenario(PRESETS / preset, overrides).cluster
     perf = make_perf_model(cluster)
     capacity = cluster.kv_blocks_per_worker() * cluster.engine.block_size
     rng = np.random.default_rng(0)
     for running in (1, 3, 17, 256):
-        contexts = np.sort(rng.integers(0, capacity * 2, 400)).astype(np.int64)
-        series = perf.decode_step_times(running, contexts, capacity)
-        singles = [perf.step_time(decode_shape(running, int(c), capacity)) for c in contexts]
-        assert series.tolist() == singles
+        for context in (0, int(rng.integers(0, capacity)), capacity * 2):  # past the pool's size: the polynomial's cap
+            start = float(rng.random())
+            ends = perf.decode_step_ends(start, running, context, 300, capacity)
+            singles, end = [], start
+            for i in range(300):
+                end = end + perf.step_time(decode_shape(running, context + i * running, capacity))
+                singles.append(end)
+            assert ends == singles
 
 
 def test_alarms_fire_at_their_exact_time() -> None:

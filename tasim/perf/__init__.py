@@ -1,8 +1,13 @@
-"""Perf models: how long one engine step takes. Chosen by ``cluster.perf.model``."""
+"""Perf models: how long one engine step takes. Chosen by ``cluster.perf.model``. They may be
+compiled: see `tasim.native`."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from tasim.native import search_path
+
+__path__ = search_path("perf", __path__)
 
 from tasim.perf.base import PerfModel, StepShape
 from tasim.perf.fixed import FixedStep

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-import numpy as np
-
 
 @dataclass(slots=True)
 class StepShape:
@@ -44,10 +42,11 @@ class PerfModel(Protocol):
         """Seconds the engine spends on this step."""
         ...
 
-    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
-        """Seconds for a series of pure decode steps of ``running`` requests, one per entry of
-        ``context_tokens`` (the tokens those requests have computed before the step). Bit for
-        bit what `step_time` gives the same steps, so fast-forwarding stays exact."""
+    def decode_step_ends(self, start: float, running: int, context_tokens: int, steps: int, kv_capacity_tokens: int) -> list[float]:
+        """End times of ``steps`` pure decode steps in a row, the first starting at ``start``:
+        in step ``i`` (from 0) each of ``running`` requests computes its one pending token on top
+        of ``context_tokens + i * running`` computed tokens in all. Bit for bit the running sum
+        of what `step_time` gives those steps' `decode_shape`, so fast-forwarding stays exact."""
         ...
 
 

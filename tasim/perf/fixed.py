@@ -6,8 +6,6 @@ decisions at the same instants exactly when their schedulers agree (``tasim vali
 
 from __future__ import annotations
 
-import numpy as np
-
 from tasim.perf.base import StepShape
 
 
@@ -20,5 +18,10 @@ class FixedStep:
     def step_time(self, shape: StepShape) -> float:
         return self.step_s if shape.scheduled_tokens else 0.0
 
-    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
-        return np.full(len(context_tokens), self.step_s)
+    def decode_step_ends(self, start: float, running: int, context_tokens: int, steps: int, kv_capacity_tokens: int) -> list[float]:
+        ends = []
+        end = start
+        for _ in range(steps):
+            end = end + self.step_s
+            ends.append(end)
+        return ends

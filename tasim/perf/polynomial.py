@@ -14,8 +14,6 @@ Dynamo 1.6.1's replay: a 4 x 3,000-token burst's second step takes prefill(3,808
 
 from __future__ import annotations
 
-import numpy as np
-
 from tasim.perf.base import StepShape
 
 PREFILL_COEFFS_MS = (4.209989e-7, 1.518344e-2, 16.50142)
@@ -52,8 +50,16 @@ class DynamoPolynomial:
             ms += decode_ms(min(1.0, shape.decode_kv_tokens / shape.kv_capacity_tokens))
         return ms * self.scale
 
-    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
-        # The same operations as step_time, in the same order, on every step at once.
+    def decode_step_ends(self, start: float, running: int, context_tokens: int, steps: int, kv_capacity_tokens: int) -> list[float]:
+        # step_time's operations on a decode shape, in the same order (its prefill term is 0.0)
         a, b, c = DECODE_COEFFS_MS
-        u = np.minimum(1.0, (context_tokens + running) / kv_capacity_tokens)
-        return np.maximum(DECODE_FLOOR_MS, a * u * u + b * u + c) * self.scale
+        scale = self.scale
+        ends = []
+        end = start
+        kv_tokens = context_tokens + running
+        for _ in range(steps):
+            u = min(1.0, kv_tokens / kv_capacity_tokens)
+            end = end + max(DECODE_FLOOR_MS, a * u * u + b * u + c) * scale
+            ends.append(end)
+            kv_tokens += running
+        return ends

@@ -10,8 +10,6 @@ point of continuous batching with chunked prefill.
 
 from __future__ import annotations
 
-import numpy as np
-
 from tasim.perf.base import StepShape
 from tasim.perf.specs import DTYPE_BYTES, GpuSpec, ModelSpec
 
@@ -60,13 +58,23 @@ class Roofline:
         comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * tokens
         return (max(compute_s, memory_s) + comm_s + self.overhead_s) * self.scale
 
-    def decode_step_times(self, running: int, context_tokens: np.ndarray, kv_capacity_tokens: int) -> np.ndarray:
-        # The same operations as step_time, in the same order, on every step at once.
+    def decode_step_ends(self, start: float, running: int, context_tokens: int, steps: int, kv_capacity_tokens: int) -> list[float]:
+        # step_time's operations on a decode shape, in the same order; the terms every step of
+        # the series shares are the same floats computed once
         model = self.model
-        attn_pairs = context_tokens + running / 2
-        flops = 2.0 * model.active_params * running + self.attn_flops_per_pair * attn_pairs
-        bytes_moved = model.weights_read_params(running) * self.weight_bytes + (context_tokens + running) * self.kv_bytes_per_token
-        compute_s = flops / self.flops_per_s
-        memory_s = bytes_moved / self.bytes_per_s
+        token_flops = 2.0 * model.active_params * running
+        weight_bytes = model.weights_read_params(running) * self.weight_bytes
         comm_s = self.allreduce_fixed_s + self.allreduce_s_per_token * running
-        return (np.maximum(compute_s, memory_s) + comm_s + self.overhead_s) * self.scale
+        attn_flops_per_pair, kv_bytes_per_token = self.attn_flops_per_pair, self.kv_bytes_per_token
+        flops_per_s, bytes_per_s, overhead_s, scale = self.flops_per_s, self.bytes_per_s, self.overhead_s, self.scale
+        half = running / 2
+        ends = []
+        end = start
+        context = context_tokens
+        for _ in range(steps):
+            compute_s = (token_flops + attn_flops_per_pair * (context + half)) / flops_per_s
+            memory_s = (weight_bytes + (context + running) * kv_bytes_per_token) / bytes_per_s
+            end = end + (max(compute_s, memory_s) + comm_s + overhead_s) * scale
+            ends.append(end)
+            context += running
+        return ends

@@ -181,13 +181,15 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
         return worker
 
     def _pick(self, costs: dict[str, float]) -> str:
+        low = min(costs.values())
+        temperature = self.params.router_temperature
+        if temperature == 0:
+            return pick_uniform(self.rng, [w for w, cost in costs.items() if cost == low])
+        high = max(costs.values())
+        if high == low:
+            return pick_uniform(self.rng, list(costs))
         workers = list(costs)
         values = np.array([costs[w] for w in workers])
-        low, high = float(values.min()), float(values.max())
-        temperature = self.params.router_temperature
-        if temperature == 0 or high == low:
-            ties = [w for w in workers if costs[w] == low] if temperature == 0 else workers
-            return pick_uniform(self.rng, ties)
         weights = np.exp(-(values - low) / ((high - low) * temperature))
         return workers[int(self.rng.choice(len(workers), p=weights / weights.sum()))]
 

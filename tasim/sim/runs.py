@@ -9,7 +9,7 @@ that spends the rest of the budget (a long prompt, so nothing can be admitted; t
 before its last chunk). Those steps are all alike, so the run plans them at once instead of
 one event each:
 
-* step times come from the perf model for the whole series (`decode_step_times`, bit for bit
+* step times come from the perf model for the whole series (`decode_step_ends`, bit for bit
   what single steps would take; a prefill's steps from `step_time` on shapes summed per step);
 * only *block boundaries* touch the KV pool: a request whose next token starts a block
   allocates it, one whose token completes a block registers it, and the prefill reserves its
@@ -30,8 +30,6 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from operator import itemgetter
-
-import numpy as np
 
 from tasim.model import BlockHash, blocks_for
 from tasim.perf.base import decode_shape, summed
@@ -210,11 +208,7 @@ class StepRun:
         cfg = engine.config
         capacity = cfg.num_blocks * cfg.block_size
         if prefill is None:
-            contexts = np.arange(1, last, dtype=np.int64) * count + context
-            ends = np.empty(last)
-            ends[0] = first.end
-            ends[1:] = engine.perf.decode_step_times(count, contexts, capacity)
-            self.ends = np.cumsum(ends, out=ends).tolist()  # sequential sums: each end = start + duration
+            self.ends = [first.end, *engine.perf.decode_step_ends(first.end, count, context + count, last - 1, capacity)]
         else:
             self.ends = _mixed_step_ends(engine, first.end, last, len(decoders), context, prefill, capacity)
         self.steps = last

@@ -42,6 +42,7 @@ from tasim.traces.common import (
     TraceError,
     check_block_sizes,
     check_hash_count,
+    collector_paused,
     count_field,
     engine_block_hashes,
     id_list_field,
@@ -118,11 +119,12 @@ def read_dynamo_agent_trace(path: str | os.PathLike[str], block_size: int) -> li
     if block_size <= 0:
         raise ValueError(f"block_size must be positive (got {block_size})")
     trace = _Trace(os.fspath(path), block_size)
-    for where, record in read_json_lines(path):
-        _add_record(trace, where, _unwrap(record))
-    if not trace.requests:
-        raise TraceError(f"{trace.path}: no request_end records (expected at least one request)")
-    return _sessions(trace)
+    with collector_paused():
+        for where, record in read_json_lines(path):
+            _add_record(trace, where, _unwrap(record))
+        if not trace.requests:
+            raise TraceError(f"{trace.path}: no request_end records (expected at least one request)")
+        return _sessions(trace)
 
 
 def _unwrap(record: Record) -> Record:

@@ -29,6 +29,7 @@ from tasim.traces.common import (
     TraceError,
     check_block_sizes,
     check_hash_count,
+    collector_paused,
     count_field,
     engine_block_hashes,
     id_list_field,
@@ -83,9 +84,10 @@ def _sessions(path: str | os.PathLike[str], trace_block_size: int) -> list[list[
     """Every line, checked, grouped into sessions (a line without a session is its own): turns
     in file order, sessions sorted by their first line's start (stable: ties keep file order)."""
     grouped: dict[str | int, list[tuple[Record, _Line]]] = {}
-    for number, (where, record) in enumerate(read_json_lines(path)):
-        line = _parse_line(where, record, trace_block_size)
-        grouped.setdefault(number if line.session is None else line.session, []).append((record, line))
+    with collector_paused():
+        for number, (where, record) in enumerate(read_json_lines(path)):
+            line = _parse_line(where, record, trace_block_size)
+            grouped.setdefault(number if line.session is None else line.session, []).append((record, line))
     if not grouped:
         raise TraceError(f"{os.fspath(path)}: no requests (expected one JSON object per line)")
     return sorted(grouped.values(), key=lambda turns: turns[0][1].timestamp_ms or 0.0)
@@ -105,24 +107,25 @@ def read_mooncake(path: str | os.PathLike[str], block_size: int, trace_block_siz
     empty or malformed file.
     """
     check_block_sizes(block_size, trace_block_size)
-    sessions = [[line for _, line in turns] for turns in _sessions(path, trace_block_size)]
-    start_ms = sessions[0][0].timestamp_ms or 0.0
-    requests: list[TraceRequest] = []
-    for turns in sessions:
-        arrival_s = ((turns[0].timestamp_ms or 0.0) - start_ms) / 1000.0
-        for turn, line in enumerate(turns):
-            requests.append(
-                TraceRequest(
-                    index=len(requests),
-                    arrival_s=arrival_s,
-                    prompt_tokens=line.input_length,
-                    output_tokens=line.output_length,
-                    block_hashes=engine_block_hashes(line.hash_ids, line.input_length, block_size, trace_block_size),
-                    session=line.session,
-                    turn=turn,
-                    delay_s=line.delay_ms / 1000.0 if turn else 0.0,
+    with collector_paused():
+        sessions = [[line for _, line in turns] for turns in _sessions(path, trace_block_size)]
+        start_ms = sessions[0][0].timestamp_ms or 0.0
+        requests: list[TraceRequest] = []
+        for turns in sessions:
+            arrival_s = ((turns[0].timestamp_ms or 0.0) - start_ms) / 1000.0
+            for turn, line in enumerate(turns):
+                requests.append(
+                    TraceRequest(
+                        index=len(requests),
+                        arrival_s=arrival_s,
+                        prompt_tokens=line.input_length,
+                        output_tokens=line.output_length,
+                        block_hashes=engine_block_hashes(line.hash_ids, line.input_length, block_size, trace_block_size),
+                        session=line.session,
+                        turn=turn,
+                        delay_s=line.delay_ms / 1000.0 if turn else 0.0,
+                    )
                 )
-            )
     return requests
 
 
