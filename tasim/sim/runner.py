@@ -16,6 +16,7 @@ import simpy
 
 from tasim import events as ev
 from tasim.determinism import PRIVATE_OUTPUTS, arrival_rng
+from tasim.gc_pacing import fewer_collections
 from tasim.host import Emit, HostCore, build_policy, run_header
 from tasim.model import BlockHash, RequestSpec, with_private_tail
 from tasim.perf import make_perf_model
@@ -119,7 +120,8 @@ class Simulation(HostCore):
         if progress is not None:
             env.process(self._progress(progress))
         deadline = env.timeout(s.duration_s)
-        env.run(until=deadline if workload_done is None else env.any_of([workload_done, deadline]))
+        with fewer_collections():
+            env.run(until=deadline if workload_done is None else env.any_of([workload_done, deadline]))
         iterations = sum(e.iterations for e in self.engines.values())
         iterations += sum(run.started(env.now) - 1 for run in self._runs.values() if run is not None)
         if self._check:

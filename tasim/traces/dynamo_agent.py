@@ -37,12 +37,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from tasim.gc_pacing import fewer_collections
 from tasim.traces.common import (
     Record,
     TraceError,
     check_block_sizes,
     check_hash_count,
-    collector_paused,
     count_field,
     engine_block_hashes,
     id_list_field,
@@ -119,7 +119,7 @@ def read_dynamo_agent_trace(path: str | os.PathLike[str], block_size: int) -> li
     if block_size <= 0:
         raise ValueError(f"block_size must be positive (got {block_size})")
     trace = _Trace(os.fspath(path), block_size)
-    with collector_paused():
+    with fewer_collections():
         for where, record in read_json_lines(path):
             _add_record(trace, where, _unwrap(record))
         if not trace.requests:

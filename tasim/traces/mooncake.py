@@ -23,13 +23,13 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tasim.gc_pacing import fewer_collections
 from tasim.traces.common import (
     MAX_TRACE_ID,
     Record,
     TraceError,
     check_block_sizes,
     check_hash_count,
-    collector_paused,
     count_field,
     engine_block_hashes,
     id_list_field,
@@ -84,7 +84,7 @@ def _sessions(path: str | os.PathLike[str], trace_block_size: int) -> list[list[
     """Every line, checked, grouped into sessions (a line without a session is its own): turns
     in file order, sessions sorted by their first line's start (stable: ties keep file order)."""
     grouped: dict[str | int, list[tuple[Record, _Line]]] = {}
-    with collector_paused():
+    with fewer_collections():
         for number, (where, record) in enumerate(read_json_lines(path)):
             line = _parse_line(where, record, trace_block_size)
             grouped.setdefault(number if line.session is None else line.session, []).append((record, line))
@@ -107,7 +107,7 @@ def read_mooncake(path: str | os.PathLike[str], block_size: int, trace_block_siz
     empty or malformed file.
     """
     check_block_sizes(block_size, trace_block_size)
-    with collector_paused():
+    with fewer_collections():
         sessions = [[line for _, line in turns] for turns in _sessions(path, trace_block_size)]
         start_ms = sessions[0][0].timestamp_ms or 0.0
         requests: list[TraceRequest] = []
