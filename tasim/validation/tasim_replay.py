@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from tasim import events as ev
 from tasim.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, ReplacedFields, Scenario, replaced_by
@@ -69,28 +71,44 @@ class _Collector:
         self.first_cached: dict[str, int] = {}
         self.most_cached: dict[str, int] = {}
         self.records: list[RequestRecord] = []
+        # by exact type: a replay sends tens of thousands of events this way
+        self._handlers: dict[type[ev.Event], Callable[[Any], None]] = {
+            ev.RequestArrived: self._arrived,
+            ev.PrefillStarted: self._prefill_started,
+            ev.RequestReadmitted: self._readmitted,
+            ev.FirstToken: self._first_token,
+            ev.RequestFinished: self._finished,
+        }
 
     def __call__(self, event: ev.Event) -> None:
-        if isinstance(event, ev.RequestArrived):
-            self.arrived[event.request] = event.t
-        elif isinstance(event, ev.PrefillStarted):
-            self.first_cached[event.request] = self.most_cached[event.request] = event.cached_tokens
-        elif isinstance(event, ev.RequestReadmitted):
-            self.most_cached[event.request] = max(self.most_cached[event.request], event.cached_tokens)
-        elif isinstance(event, ev.FirstToken):
-            self.first_token[event.request] = event.t
-        elif isinstance(event, ev.RequestFinished):
-            self.records.append(
-                RequestRecord(
-                    arrival_ms=self.arrived[event.request] * 1000.0,
-                    first_token_ms=self.first_token[event.request] * 1000.0,
-                    finish_ms=event.t * 1000.0,
-                    input_tokens=event.prompt_tokens,
-                    output_tokens=event.output_tokens,
-                    reused_tokens=self.most_cached[event.request],
-                    first_reused_tokens=self.first_cached[event.request],
-                )
+        handler = self._handlers.get(type(event))
+        if handler is not None:
+            handler(event)
+
+    def _arrived(self, event: ev.RequestArrived) -> None:
+        self.arrived[event.request] = event.t
+
+    def _prefill_started(self, event: ev.PrefillStarted) -> None:
+        self.first_cached[event.request] = self.most_cached[event.request] = event.cached_tokens
+
+    def _readmitted(self, event: ev.RequestReadmitted) -> None:
+        self.most_cached[event.request] = max(self.most_cached[event.request], event.cached_tokens)
+
+    def _first_token(self, event: ev.FirstToken) -> None:
+        self.first_token[event.request] = event.t
+
+    def _finished(self, event: ev.RequestFinished) -> None:
+        self.records.append(
+            RequestRecord(
+                arrival_ms=self.arrived[event.request] * 1000.0,
+                first_token_ms=self.first_token[event.request] * 1000.0,
+                finish_ms=event.t * 1000.0,
+                input_tokens=event.prompt_tokens,
+                output_tokens=event.output_tokens,
+                reused_tokens=self.most_cached[event.request],
+                first_reused_tokens=self.first_cached[event.request],
             )
+        )
 
 
 def run_tasim(scenario: Scenario, trace: ReplayTrace, router: str) -> tuple[list[RequestRecord], int, float]:
