@@ -24,7 +24,6 @@ import json
 import math
 import os
 from collections.abc import Iterator, Sequence
-from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -173,21 +172,12 @@ def check_block_sizes(block_size: int, trace_block_size: int) -> None:
 
 def engine_block_hashes(trace_ids: Sequence[int], prompt_tokens: int, block_size: int, trace_block_size: int) -> tuple[int, ...]:
     """Hashes of the prompt's full engine blocks (scheme in the module docstring)."""
-    return engine_block_chains([trace_ids], [prompt_tokens], block_size, trace_block_size)[0]
-
-
-def engine_block_chains(
-    trace_ids: Sequence[Sequence[int]], prompt_tokens: Sequence[int], block_size: int, trace_block_size: int
-) -> list[tuple[int, ...]]:
-    """`engine_block_hashes` of many prompts, computed in one numpy pass over all their blocks
-    (a 12k-request trace has millions; unsigned, as the hashes reach 2**63)."""
-    full = np.array(prompt_tokens, dtype=np.int64) // block_size
-    ends = np.cumsum(full)
-    depth = np.arange(ends[-1] if len(ends) else 0, dtype=np.int64) - np.repeat(ends - full, full)  # j within each prompt
-    # engine block j ends with token (j + 1) * block_size - 1, held by trace block (that) // trace_block_size
-    id_counts = [len(ids) for ids in trace_ids]
-    id_starts = np.cumsum([0, *id_counts])[:-1]
-    ids = np.fromiter(chain.from_iterable(trace_ids), dtype=np.uint64, count=sum(id_counts))
-    held_by = np.repeat(id_starts, full) + (depth * block_size + block_size - 1) // trace_block_size
-    hashes = (ids[held_by] + np.uint64(TRACE_HASH_NAMESPACE) + depth.astype(np.uint64) * np.uint64(_INDEX_STRIDE)).tolist()
-    return [tuple(hashes[start:end]) for start, end in zip((ends - full).tolist(), ends.tolist(), strict=True)]
+    full = prompt_tokens // block_size
+    if block_size >= trace_block_size:
+        per_block = block_size // trace_block_size
+        return tuple(TRACE_HASH_NAMESPACE + j * _INDEX_STRIDE + trace_ids[(j + 1) * per_block - 1] for j in range(full))
+    # Several engine blocks per trace block: build them in numpy (a 12k-request trace has
+    # millions of blocks at block size 16). Unsigned, as the hashes reach 2**63.
+    ids = np.repeat(np.array(trace_ids, dtype=np.uint64), trace_block_size // block_size)[:full]
+    ids += np.arange(TRACE_HASH_NAMESPACE, TRACE_HASH_NAMESPACE + full * _INDEX_STRIDE, _INDEX_STRIDE, dtype=np.uint64)
+    return tuple(ids.tolist())

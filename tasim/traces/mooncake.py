@@ -31,7 +31,7 @@ from tasim.traces.common import (
     check_block_sizes,
     check_hash_count,
     count_field,
-    engine_block_chains,
+    engine_block_hashes,
     id_list_field,
     read_json_lines,
     string_field,
@@ -109,8 +109,6 @@ def read_mooncake(path: str | os.PathLike[str], block_size: int, trace_block_siz
     check_block_sizes(block_size, trace_block_size)
     with fewer_collections():
         sessions = [[line for _, line in turns] for turns in _sessions(path, trace_block_size)]
-        lines = [line for turns in sessions for line in turns]
-        chains = iter(engine_block_chains([line.hash_ids for line in lines], [line.input_length for line in lines], block_size, trace_block_size))
         start_ms = sessions[0][0].timestamp_ms or 0.0
         requests: list[TraceRequest] = []
         for turns in sessions:
@@ -122,7 +120,7 @@ def read_mooncake(path: str | os.PathLike[str], block_size: int, trace_block_siz
                         arrival_s=arrival_s,
                         prompt_tokens=line.input_length,
                         output_tokens=line.output_length,
-                        block_hashes=next(chains),
+                        block_hashes=engine_block_hashes(line.hash_ids, line.input_length, block_size, trace_block_size),
                         session=line.session,
                         turn=turn,
                         delay_s=line.delay_ms / 1000.0 if turn else 0.0,
