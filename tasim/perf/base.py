@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 
-@dataclass(slots=True)
 class StepShape:
     """The work of one engine iteration (a batch of prefill chunks and decodes).
 
@@ -24,15 +22,41 @@ class StepShape:
     kv_capacity_tokens:    the KV pool's size in tokens
     """
 
-    scheduled_tokens: int = 0
-    attn_pairs: float = 0.0
-    kv_read_tokens: int = 0
-    prefill_seqs: int = 0
-    prefill_prompt_tokens: int = 0
-    prefill_prefix_tokens: int = 0
-    decode_seqs: int = 0
-    decode_kv_tokens: int = 0
-    kv_capacity_tokens: int = 1
+    # A plain class, not a dataclass: a compiled dataclass still runs the interpreted __init__
+    # that the dataclasses module writes, and engines build several shapes per step.
+    __slots__ = (
+        "scheduled_tokens",
+        "attn_pairs",
+        "kv_read_tokens",
+        "prefill_seqs",
+        "prefill_prompt_tokens",
+        "prefill_prefix_tokens",
+        "decode_seqs",
+        "decode_kv_tokens",
+        "kv_capacity_tokens",
+    )
+
+    def __init__(
+        self,
+        scheduled_tokens: int = 0,
+        attn_pairs: float = 0.0,
+        kv_read_tokens: int = 0,
+        prefill_seqs: int = 0,
+        prefill_prompt_tokens: int = 0,
+        prefill_prefix_tokens: int = 0,
+        decode_seqs: int = 0,
+        decode_kv_tokens: int = 0,
+        kv_capacity_tokens: int = 1,
+    ) -> None:
+        self.scheduled_tokens = scheduled_tokens
+        self.attn_pairs = attn_pairs
+        self.kv_read_tokens = kv_read_tokens
+        self.prefill_seqs = prefill_seqs
+        self.prefill_prompt_tokens = prefill_prompt_tokens
+        self.prefill_prefix_tokens = prefill_prefix_tokens
+        self.decode_seqs = decode_seqs
+        self.decode_kv_tokens = decode_kv_tokens
+        self.kv_capacity_tokens = kv_capacity_tokens
 
 
 class PerfModel(Protocol):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
@@ -155,16 +155,20 @@ class EngineRequest:
         return self.prompt + self.generated
 
 
-@dataclass(slots=True)
 class Step:
-    start: float
-    duration: float
-    scheduled: list[tuple[EngineRequest, int]] = field(default_factory=list)
-    shape: StepShape = field(default_factory=StepShape)
-    preempted: bool = False  # a preemption blocked admission; the next step can admit
-    # KV blocks stored and evicted by this step's scheduling, published when the step completes
-    stored: list[BlockHash] = field(default_factory=list)
-    removed: list[BlockHash] = field(default_factory=list)
+    """One scheduled engine iteration (a plain class: see `StepShape` for why)."""
+
+    __slots__ = ("start", "duration", "scheduled", "shape", "preempted", "stored", "removed")
+
+    def __init__(self, start: float, duration: float) -> None:
+        self.start = start
+        self.duration = duration
+        self.scheduled: list[tuple[EngineRequest, int]] = []
+        self.shape = StepShape()
+        self.preempted = False  # a preemption blocked admission; the next step can admit
+        # KV blocks stored and evicted by this step's scheduling, published when the step completes
+        self.stored: list[BlockHash] = []
+        self.removed: list[BlockHash] = []
 
     @property
     def end(self) -> float:
