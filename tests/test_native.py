@@ -1,4 +1,4 @@
-"""The compiled simulator core (tasim/native.py): used only while it matches the sources, and
+"""The compiled simulator core (tasim/native): used only while it matches the sources, and
 byte for byte the plain modules' results."""
 
 from __future__ import annotations
@@ -34,11 +34,11 @@ def _rewrite(path: Path, **changes: object) -> None:
 
 def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
     assert native.state() == (
-        "compiled modules (sim/engine.py, sim/kv_cache.py, sim/runs.py, perf/base.py, perf/fixed.py, perf/polynomial.py, perf/roofline.py) "
-        f"from {manifest.parent}"
+        "compiled modules (sim/engine.py, sim/kv_cache.py, sim/runs.py, perf/base.py, perf/fixed.py, perf/polynomial.py, perf/roofline.py, "
+        f"policies/prefix_index.py, policies/booked_blocks.py) from {manifest.parent}"
     )
-    assert native.search_path("sim", ["/src/tasim/sim"]) == [str(manifest.parent / "tasim" / "sim"), "/src/tasim/sim"]
-    assert native.search_path("perf", ["/src/tasim/perf"]) == [str(manifest.parent / "tasim" / "perf"), "/src/tasim/perf"]
+    assert native.search_path("tasim.sim", ["/src/tasim/sim"]) == [str(manifest.parent / "tasim" / "sim"), "/src/tasim/sim"]
+    assert native.search_path("tasim", ["/src/tasim"]) == [str(manifest.parent / "tasim"), "/src/tasim"]
 
 
 def test_an_edited_source_means_the_plain_modules(manifest: Path) -> None:
@@ -46,7 +46,7 @@ def test_an_edited_source_means_the_plain_modules(manifest: Path) -> None:
     sources["sim/engine.py"] = hashlib.sha256(b"an older engine").hexdigest()
     _rewrite(manifest, sources=sources)
     assert native.state() == "plain modules (the sources changed since the native build: `python -m tasim.native` rebuilds it)"
-    assert native.search_path("sim", ["/src/tasim/sim"]) == ["/src/tasim/sim"]
+    assert native.search_path("tasim.sim", ["/src/tasim/sim"]) == ["/src/tasim/sim"]
 
 
 def test_a_build_for_another_python_a_failed_build_or_none_means_the_plain_modules(manifest: Path) -> None:
@@ -64,16 +64,16 @@ def test_a_build_for_another_python_a_failed_build_or_none_means_the_plain_modul
 def test_tasim_native_0_means_the_plain_modules(manifest: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(native.DISABLE, "0")
     assert native.state() == "plain modules (TASIM_NATIVE=0)"
-    assert native.search_path("sim", ["/src/tasim/sim"]) == ["/src/tasim/sim"]
+    assert native.search_path("tasim.sim", ["/src/tasim/sim"]) == ["/src/tasim/sim"]
 
 
 _RUN = """
 import hashlib, sys, tempfile
 from pathlib import Path
-import tasim.perf.roofline, tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs
+import tasim.perf.roofline, tasim.policies.prefix_index, tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs
 from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
-for module in (tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs, tasim.perf.roofline):
+for module in (tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs, tasim.perf.roofline, tasim.policies.prefix_index):
     print(Path(module.__file__).suffix)
 for case in sys.argv[1:]:
     name, *overrides = case.split()
@@ -105,5 +105,5 @@ def test_compiled_and_plain_modules_write_the_same_event_logs() -> None:
     if not native.in_use():
         pytest.skip(native.state())
     compiled, plain = _run(disable=False), _run(disable=True)
-    assert compiled[:4] == [".so"] * 4 and plain[:4] == [".py"] * 4
-    assert compiled[4:] == plain[4:] and len(plain) == 4 + len(CASES)
+    assert compiled[:5] == [".so"] * 5 and plain[:5] == [".py"] * 5
+    assert compiled[5:] == plain[5:] and len(plain) == 5 + len(CASES)

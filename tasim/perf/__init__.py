@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from tasim.native import search_path
 
-__path__ = search_path("perf", __path__)
+__path__ = search_path(__name__, __path__)
 
 from tasim.perf.base import PerfModel, StepShape
 from tasim.perf.fixed import FixedStep

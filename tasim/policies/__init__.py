@@ -9,6 +9,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
+from tasim.native import search_path
+
+__path__ = search_path(__name__, __path__)
+
 from tasim.policies.base import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.baselines import LeastLoaded, RandomRouting
 from tasim.policies.continuum import Continuum

@@ -2,4 +2,4 @@
 
 from tasim.native import search_path
 
-__path__ = search_path("sim", __path__)
+__path__ = search_path(__name__, __path__)

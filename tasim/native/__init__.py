@@ -1,11 +1,11 @@
 """Compiled builds of the simulator's hottest modules, used only while they match the sources.
 
-The engine, its KV block pool, the folded runs of steps and the perf models that time them
-(`MODULES`) are the inner loop of every simulation. `make install` compiles them with mypyc (the
+The engine, its KV block pool, the folded runs of steps, the perf models that time them and the
+KV router's block indexes (`MODULES`) are the inner loop of every simulation. `make install` compiles them with mypyc (the
 compiler that ships with mypy: the same code, type-checked, translated to C) into
-``build/native/`` of the checkout, with a manifest of the sources' hashes. `tasim.sim` and
-`tasim.perf` put that folder in front of their own on their module search paths (`search_path`)
-only when the manifest matches the sources as they are now and this Python; an edited source, a
+``build/native/`` of the checkout, with a manifest of the sources' hashes. `tasim` and the
+packages of those modules put that folder in front of their own on their module search paths
+(`search_path`) only when the manifest matches the sources as they are now and this Python; an edited source, a
 build for another Python, a failed build or ``TASIM_NATIVE=0`` all mean the plain modules, so a
 stale build can never run. Compiled and plain modules write
 byte-identical event logs (tests/test_native.py); a profile with py-spy needs the plain ones,
@@ -28,14 +28,14 @@ import sysconfig
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent
+PACKAGE = Path(__file__).resolve().parent.parent  # tasim/
 BUILD = PACKAGE.parent / "build" / "native"
 MANIFEST = BUILD / "manifest.json"
 # Compiled together, so calls between them are native calls. Other modules stay plain: the
 # runner drives simpy generators, and pydantic models (scenario, policy parameters) are not
 # mypyc's to compile.
-MODULES = ("sim/engine.py", "sim/kv_cache.py", "sim/runs.py", "perf/base.py", "perf/fixed.py", "perf/polynomial.py", "perf/roofline.py")
-GROUP = "tasim.sim._native"  # the shared library of the group, found on tasim.sim's search path
+MODULES = ("sim/engine.py", "sim/kv_cache.py", "sim/runs.py", "perf/base.py", "perf/fixed.py", "perf/polynomial.py", "perf/roofline.py", "policies/prefix_index.py", "policies/booked_blocks.py")
+GROUP = "tasim._native"  # the shared library of the group, found on tasim's search path
 # C compilers may fuse a * b + c into one rounding (FMA) where the CPU has it; Python rounds
 # each operation, and compiled and plain modules must compute the same floats.
 _C_FLAGS = ["-ffp-contract=off"]
@@ -72,11 +72,11 @@ def in_use() -> bool:
 
 
 def search_path(package: str, package_path: Sequence[str]) -> list[str]:
-    """The module search path of ``tasim.<package>``: the native build's folder first, when it
-    is in use."""
+    """The module search path of ``package`` (``tasim`` or a subpackage holding `MODULES`):
+    the native build's folder first, when it is in use."""
     if not in_use():
         return list(package_path)
-    return [str(BUILD / "tasim" / package), *package_path]
+    return [str(BUILD.joinpath(*package.split("."))), *package_path]
 
 
 def build() -> str:
@@ -150,7 +150,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     print(state() if args.check else build())
     return 0 if in_use() or not args.check else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
