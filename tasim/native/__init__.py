@@ -34,7 +34,17 @@ MANIFEST = BUILD / "manifest.json"
 # Compiled together, so calls between them are native calls. Other modules stay plain: the
 # runner drives simpy generators, and pydantic models (scenario, policy parameters) are not
 # mypyc's to compile.
-MODULES = ("sim/engine.py", "sim/kv_cache.py", "sim/runs.py", "perf/base.py", "perf/fixed.py", "perf/polynomial.py", "perf/roofline.py", "policies/prefix_index.py", "policies/booked_blocks.py")
+MODULES = (
+    "sim/engine.py",
+    "sim/kv_cache.py",
+    "sim/runs.py",
+    "perf/base.py",
+    "perf/fixed.py",
+    "perf/polynomial.py",
+    "perf/roofline.py",
+    "policies/prefix_index.py",
+    "policies/booked_blocks.py",
+)
 GROUP = "tasim._native"  # the shared library of the group, found on tasim's search path
 # C compilers may fuse a * b + c into one rounding (FMA) where the CPU has it; Python rounds
 # each operation, and compiled and plain modules must compute the same floats.
