@@ -1,33 +1,51 @@
 """tasim against Dynamo's own offline replay (Rust) on the Mooncake conversation trace: 12,031
 requests on 4 workers, both sides in the same run, same engine settings (issue 8's yardstick).
-Fidelity is asserted for both routers, and speed for ``kv_router`` (issue 8's target: tasim's
-wall time must not exceed Dynamo's); ``round_robin``'s ratio is reported."""
+Fidelity is asserted for both routers. Speed for ``kv_router``: issue 20's target is at most half
+of Dynamo's wall time, judged on the median ratio of `SPEED_PAIRS` alternating pairs, since this
+machine's speed drifts (by up to 2x between minutes) and one pair can land on either side of a
+drift. ``round_robin``'s ratio is reported."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import pytest
 from conftest import RESULTS
 
 from tasim.scenario import load_scenario
-from tasim.validation.against_dynamo import validate
+from tasim.validation.against_dynamo import validate, with_engine_flavour
+from tasim.validation.dynamo_replay import Router, run_dynamo
 from tasim.validation.measures import all_within
+from tasim.validation.tasim_replay import run_tasim
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "mooncake-conversation.yaml"
+SPEED_PAIRS = 3  # the validation run's pair and two more
+TARGET_RATIO = 0.5
 
 
 @pytest.mark.parametrize("router", ["kv_router", "round_robin"])
-def test_mooncake_conversation_against_dynamo_replay(benchmark, router: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_mooncake_conversation_against_dynamo_replay(benchmark, router: Router, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pytest.importorskip("dynamo.replay.api")
     scenario = load_scenario(SCENARIO, ["cluster.backends=4"])
     runs: list = []
-    benchmark.pedantic(lambda: runs.append(validate(scenario, tmp_path, [router], repeats=1)[1][0]), rounds=1, iterations=1)
-    result = runs[0]
-    tasim_s, dynamo_s = result.tasim["wall_s"], result.dynamo["wall_s"]
-    info = {"dynamo_wall_s": dynamo_s, "tasim_wall_s": tasim_s, "tasim_over_dynamo": tasim_s / dynamo_s}
+    benchmark.pedantic(lambda: runs.append(validate(scenario, tmp_path, [router], repeats=1)), rounds=1, iterations=1)
+    trace, (result,) = runs[0]
+    assert all_within(result.differences), [d for d in result.differences if d.within is False]
+    pairs = [(result.tasim["wall_s"], result.dynamo["wall_s"])]
+    if router == "kv_router":
+        mocker = with_engine_flavour(scenario, "mocker")
+        for _ in range(SPEED_PAIRS - 1):
+            dynamo_s = run_dynamo(trace, mocker.cluster, router)[2]
+            pairs.append((run_tasim(mocker, trace, router)[2], dynamo_s))
+    ratios = [tasim_s / dynamo_s for tasim_s, dynamo_s in pairs]
+    info = {
+        "dynamo_wall_s": [round(d, 2) for _, d in pairs],
+        "tasim_wall_s": [round(t, 2) for t, _ in pairs],
+        "tasim_over_dynamo": [round(r, 3) for r in ratios],
+        "median_tasim_over_dynamo": statistics.median(ratios),
+    }
     benchmark.extra_info.update(info)
     RESULTS.append((f"Mooncake conversation, 4 workers, {router}: tasim vs Dynamo replay", info))
-    assert all_within(result.differences), [d for d in result.differences if d.within is False]
     if router == "kv_router":
-        assert tasim_s <= dynamo_s, f"tasim {tasim_s:.1f} s is slower than Dynamo's replay ({dynamo_s:.1f} s)"
+        assert statistics.median(ratios) <= TARGET_RATIO, f"tasim/Dynamo wall-time ratios {ratios}: median above {TARGET_RATIO}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any, Literal
@@ -45,6 +46,7 @@ def run_dynamo(trace: ReplayTrace, cluster: ClusterConfig, router: Router) -> tu
         from dynamo.replay.api import run_trace_replay
     except ImportError as exc:
         raise DynamoUnavailable(f"Dynamo's replay is not importable ({exc}); install the optional extra: make install (see README)") from None
+    gc.collect()  # as tasim's side does before its run
     started = time.perf_counter()
     try:
         report = run_trace_replay(

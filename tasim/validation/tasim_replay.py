@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
@@ -116,6 +117,7 @@ def run_tasim(scenario: Scenario, trace: ReplayTrace, router: str) -> tuple[list
     from tasim.sim.runner import Simulation
 
     collector = _Collector()
+    gc.collect()  # earlier runs' garbage (a finished simulation is a cycle) is not this run's
     started = time.perf_counter()
     Simulation(replay_scenario(scenario, trace, router), collector).run()
     wall = time.perf_counter() - started
