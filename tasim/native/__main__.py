@@ -2,6 +2,6 @@
 
 import sys
 
-from tasim.native import main
+from tasim.native.build import main
 
 sys.exit(main())
