@@ -1,9 +1,9 @@
 """Typed events: the append-only record both worlds (simulation and live) write.
 
 Every metric tasim reports is a fold over these events (see `tasim.metrics`), so a run can be
-re-reported, diffed and compared sim-vs-live. Events are frozen, slotted dataclasses; their
-JSON form is one object per line with a ``type`` key and the fields in declaration order, which
-keeps the log byte-identical for the same scenario and seed. A field with a default is written
+re-reported, diffed and compared sim-vs-live. Events are immutable slotted dataclasses
+(`tasim.records.record`); their JSON form is one object per line with a ``type`` key and the
+fields in declaration order, which keeps the log byte-identical for the same scenario and seed. A field with a default is written
 only when its value differs from it, so a field added that way leaves the logs of runs that do not
 use it unchanged, and older logs still read.
 """
@@ -11,11 +11,12 @@ use it unchanged, and older logs still read.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tasim.records import record
 
-@dataclass(frozen=True, slots=True)
+
+@record
 class Event:
     """Base class: ``t`` is simulated (or live) seconds since the run started."""
 
@@ -23,7 +24,7 @@ class Event:
     TYPE: ClassVar[str] = "event"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunStarted(Event):
     """Header of every log: what ran, so `report` needs nothing but the log."""
 
@@ -38,14 +39,14 @@ class RunStarted(Event):
     warmup_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgramStarted(Event):
     TYPE: ClassVar[str] = "program_started"
     program: str
     planned_turns: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestArrived(Event):
     """A turn's LLM call reaches the router. ``history_tokens``: prompt tokens this program
     already computed in earlier turns (what a perfect cache would serve)."""
@@ -59,21 +60,21 @@ class RequestArrived(Event):
     output_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestHeld(Event):
     TYPE: ClassVar[str] = "request_held"
     request: str
     program: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestRouted(Event):
     TYPE: ClassVar[str] = "request_routed"
     request: str
     worker: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class PrefillStarted(Event):
     """First admission into a running batch; ``cached_tokens`` came from the prefix cache."""
 
@@ -83,7 +84,7 @@ class PrefillStarted(Event):
     cached_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestPreempted(Event):
     """Recompute preemption: ``lost_tokens`` of computed KV are freed and must be redone."""
 
@@ -93,7 +94,7 @@ class RequestPreempted(Event):
     lost_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestReadmitted(Event):
     """A preempted request re-enters the batch; ``recompute_tokens`` are prefilled again and
     ``cached_tokens`` come from the prefix cache (its own surviving blocks included)."""
@@ -105,13 +106,13 @@ class RequestReadmitted(Event):
     cached_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class FirstToken(Event):
     TYPE: ClassVar[str] = "first_token"
     request: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestFinished(Event):
     TYPE: ClassVar[str] = "request_finished"
     request: str
@@ -122,7 +123,7 @@ class RequestFinished(Event):
     cached_tokens: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestDropped(Event):
     """The request can never run (e.g. it needs more KV blocks than the pool has)."""
 
@@ -133,7 +134,7 @@ class RequestDropped(Event):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestRetried(Event):
     """The request's worker was lost under it (live mode); the call goes out again as a new
     request of the same turn, whose prompt holds any output already streamed to the client."""
@@ -145,26 +146,26 @@ class RequestRetried(Event):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolStarted(Event):
     TYPE: ClassVar[str] = "tool_started"
     program: str
     duration_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ToolFinished(Event):
     TYPE: ClassVar[str] = "tool_finished"
     program: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgramPaused(Event):
     TYPE: ClassVar[str] = "program_paused"
     program: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgramResumed(Event):
     TYPE: ClassVar[str] = "program_resumed"
     program: str
@@ -172,7 +173,7 @@ class ProgramResumed(Event):
     forced: bool
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgramPinned(Event):
     """``blocks`` of the program's context stay referenced on ``worker`` for up to ``ttl_s``."""
 
@@ -183,7 +184,7 @@ class ProgramPinned(Event):
     ttl_s: float
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgramFinished(Event):
     """The program's last call ended (its client is done with it). ``completed``: every call
     succeeded (false when a request was dropped, or for a program with no call at all).
@@ -198,7 +199,7 @@ class ProgramFinished(Event):
     released: bool = True
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ProgramReleased(Event):
     """The client of a finished program released it (``workload.release: {kind: after}``)."""
 
@@ -206,7 +207,7 @@ class ProgramReleased(Event):
     program: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KvStored(Event):
     """Full blocks newly cached on a worker, in prefix order (only new stores are reported)."""
 
@@ -215,14 +216,14 @@ class KvStored(Event):
     blocks: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class KvRemoved(Event):
     TYPE: ClassVar[str] = "kv_removed"
     worker: str
     blocks: tuple[int, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerSample(Event):
     """Periodic snapshot of one worker's KV pool and queues."""
 
@@ -234,7 +235,7 @@ class WorkerSample(Event):
     waiting: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerLost(Event):
     """``worker`` died or left service discovery (live mode); its KV cache went with it and
     nothing is routed there until it joins again."""
@@ -244,7 +245,7 @@ class WorkerLost(Event):
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerJoined(Event):
     """A lost worker is serving again (restarted or replaced), with an empty KV cache."""
 
@@ -252,7 +253,7 @@ class WorkerJoined(Event):
     worker: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RolloutStarted(Event):
     """An RL step's rollout phase begins with ``trajectories`` to generate."""
 
@@ -261,7 +262,7 @@ class RolloutStarted(Event):
     trajectories: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RolloutFinished(Event):
     """The step's last trajectory finished; training starts."""
 
@@ -269,7 +270,7 @@ class RolloutFinished(Event):
     step: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TrainingFinished(Event):
     """The weight update is done (prefix caches were reset if configured)."""
 
@@ -277,7 +278,7 @@ class TrainingFinished(Event):
     step: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RunEnded(Event):
     TYPE: ClassVar[str] = "run_ended"
     engine_iterations: int

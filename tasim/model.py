@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tasim.determinism import OWNER_SPACE
+from tasim.records import record
 
 BlockHash = int
 
@@ -25,7 +25,7 @@ BlockHash = int
 # outputs...) is set in tasim.determinism, every key below OWNER_SPACE.
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Segment:
     """Tokens ``[previous segment end, end)`` of a context were written by ``owner``."""
 
@@ -71,7 +71,7 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return -(-tokens // block_size)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestSpec:
     """One LLM call as the router and the engine see it.
 

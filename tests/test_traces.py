@@ -12,7 +12,6 @@ from conftest import SCENARIOS
 from tasim.traces import (
     TRACE_HASH_NAMESPACE,
     TraceError,
-    TraceRequest,
     TraceSession,
     TraceTurn,
     ideal_prefix_hit_rate,
@@ -172,12 +171,6 @@ def test_ideal_hit_rate_counts_leading_blocks_seen_before(tmp_path: Path) -> Non
     requests = read_mooncake(path, block_size=512)
     assert ideal_prefix_hit_rate(requests, 512) == pytest.approx((512 + 1024) / (1024 + 1024 + 1100 + 512))
     assert ideal_prefix_hit_rate([], 512) == 0.0
-
-
-def test_trace_request_is_frozen() -> None:
-    request = TraceRequest(0, 0.0, 1, 1, ())
-    with pytest.raises(AttributeError):
-        request.prompt_tokens = 2  # type: ignore[misc]
 
 
 # --- Mooncake errors -------------------------------------------------------------------------

@@ -8,7 +8,6 @@ methods, so a policy judged in simulation is the object that routes real traffic
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar, Generic
 
 import numpy as np
@@ -16,19 +15,20 @@ from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
 from tasim.model import BlockHash, RequestSpec
+from tasim.records import record
 from tasim.view import ClusterView
 
 # --- decisions ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Route:
     """Send the request to ``worker`` now."""
 
     worker: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Hold:
     """Keep the request at the router until a `Resume` for its program names a worker.
     ``pause``: this hold also pauses the program (e.g. a new program queued for room)."""
@@ -36,14 +36,14 @@ class Hold:
     pause: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pause:
     """The program's next request will be held; its KV may be evicted meanwhile."""
 
     program: str
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Resume:
     """The program may run again on ``worker``; a held request goes there now. ``forced``: a
     timeout resumed it without a capacity check."""
@@ -53,7 +53,7 @@ class Resume:
     forced: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Pin:
     """Keep the KV blocks of the program's last request on ``worker`` referenced (not
     evictable) for up to ``ttl_s``, or until its next request is admitted there."""
@@ -70,7 +70,7 @@ ProgramDecision = Pause | Resume | Pin
 # --- notifications -----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TurnEnd:
     """A request finished (``ok``) or failed; usage is what the engine reported, ``tool`` the
     named tool its output calls (None when unknown)."""

@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 from bisect import bisect_left
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tasim.gc_pacing import fewer_collections
+from tasim.records import record
 from tasim.traces.common import (
     MAX_TRACE_ID,
     Record,
@@ -39,7 +39,7 @@ from tasim.traces.common import (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TraceRequest:
     """One trace line. ``index`` is the position in replay order: sessions (a line without a
     ``session_id`` is a session of one) by start time, file order for ties, then their turns.
@@ -56,7 +56,7 @@ class TraceRequest:
     delay_s: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class _Line:
     timestamp_ms: float | None
     delay_ms: float

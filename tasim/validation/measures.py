@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tasim.records import record
 
-@dataclass(frozen=True, slots=True)
+
+@record
 class RequestRecord:
     """One completed request; times in ms from the start of the replay."""
 
