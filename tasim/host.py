@@ -7,8 +7,8 @@ in simulation would not be the object that routes real traffic. `HostCore` is th
 building the policy from the scenario, the run header, program starts and ends, arrivals and the
 policy's answer to each, routing, program decisions (pause, resume, pin), first tokens, turn
 ends, KV events, ticks, and the counters that status and summaries read. A host subclass keeps
-only its own waiting mechanism (simpy processes, asyncio futures) and I/O, and says through
-two hooks what a decision means there: `_resume_held` routes a resumed program's held calls,
+only its own waiting mechanism (the simulator's processes, asyncio futures) and I/O, and says
+through two hooks what a decision means there: `_resume_held` routes a resumed program's held calls,
 `_pin` keeps blocks referenced where the engine can (the simulator's can, Dynamo's workers
 cannot: an unhonoured pin is counted in ``ignored_pins`` and warned about once, in either host).
 """

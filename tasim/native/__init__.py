@@ -1,9 +1,9 @@
 """Compiled builds of the simulator's hottest modules, used only while they match the sources.
 
-The engine, its KV block pool, the folded runs of steps, the perf models that time them and the
-KV router's block indexes (`MODULES`) are the inner loop of every simulation. `make install`
-compiles them with mypyc (the compiler that ships with mypy: the same code, type-checked,
-translated to C) into ``build/native/`` of the checkout, with a manifest of the sources'
+The clock, the engine, its KV block pool, the folded runs of steps, the perf models that time
+them and the KV router's block indexes (`MODULES`) are the inner loop of every simulation.
+`make install` compiles them with mypyc (the compiler that ships with mypy: the same code,
+type-checked, translated to C) into ``build/native/`` of the checkout, with a manifest of the sources'
 hashes. `tasim` and the packages of those modules put that folder in front of their own on
 their module search paths (`search_path`) only when the manifest matches the sources as they
 are now and this Python; an edited source, a build for another Python, a failed build or
@@ -31,10 +31,11 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parent.parent  # tasim/
 BUILD = PACKAGE.parent / "build" / "native"
 MANIFEST = BUILD / "manifest.json"
-# Compiled together, so calls between them are native calls. Other modules stay plain: the
-# runner drives simpy generators, and pydantic models (scenario, policy parameters) are not
-# mypyc's to compile.
+# Compiled together, so calls between them are native calls. Other modules stay plain: pydantic
+# models (scenario, policy parameters) are not mypyc's to compile, and the processes the clock
+# runs are Python generators either way.
 MODULES = (
+    "sim/clock.py",
     "sim/engine.py",
     "sim/kv_cache.py",
     "sim/runs.py",

@@ -1,6 +1,6 @@
 """One engine replica with vLLM-v1 scheduling semantics (as Dynamo's mocker models them).
 
-The engine is a plain state machine, independent of simpy: `begin_step` schedules one
+The engine is a plain state machine, independent of the clock: `begin_step` schedules one
 iteration at time ``now`` and returns it with its duration from the perf model; `end_step`
 applies its outcome at the step's end. Per step:
 

@@ -12,20 +12,19 @@ from __future__ import annotations
 from collections.abc import Generator
 from typing import TYPE_CHECKING
 
-import simpy
-
 from tasim import events as ev
 from tasim.determinism import training_rng
 from tasim.scenario import RolloutWorkload
+from tasim.sim.clock import Event, Slots
 from tasim.workloads import agent_script, rollout_step_plans
 
 if TYPE_CHECKING:
     from tasim.sim.runner import Simulation
 
 
-def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[simpy.Event, object, None]:
+def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[Event, object, None]:
     env = sim.env
-    slots = simpy.Resource(env, capacity=workload.max_concurrency)
+    slots = Slots(env, workload.max_concurrency)
     training = training_rng(sim.scenario.seed)
     batch = workload.prompts_per_step * workload.samples_per_prompt
     for step in range(workload.steps):
@@ -39,7 +38,7 @@ def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[simpy
         sim.emit(ev.TrainingFinished(env.now, step))
 
 
-def _trajectory(sim: Simulation, slots: simpy.Resource, plan) -> Generator[simpy.Event, object, None]:  # type: ignore[no-untyped-def]
+def _trajectory(sim: Simulation, slots: Slots, plan) -> Generator[Event, object, None]:  # type: ignore[no-untyped-def]
     with slots.request() as slot:
         yield slot
         yield sim.env.process(sim.run_program(agent_script(plan, sim.block_size)))

@@ -1,4 +1,4 @@
-"""The simulation: simpy processes for programs, engine workers and the policy host.
+"""The simulation: processes (`tasim.sim.clock`) for programs, engine workers and the policy host.
 
 Programs issue requests; the policy host asks the policy where each goes (or holds it); worker
 processes run their engine one iteration at a time; every state change is reported as an event
@@ -12,8 +12,6 @@ from collections.abc import Callable, Generator
 from dataclasses import replace
 from operator import itemgetter
 
-import simpy
-
 from tasim import events as ev
 from tasim.determinism import PRIVATE_OUTPUTS, arrival_rng
 from tasim.gc_pacing import fewer_collections
@@ -23,7 +21,7 @@ from tasim.perf import make_perf_model
 from tasim.policies import Pin, Policy, Route
 from tasim.scenario import Scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
-from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
+from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock, Event, Interrupt, Process
 from tasim.sim.drivers import start_workload
 from tasim.sim.engine import Engine, EngineFactory, EngineSetup, StepEngine
 from tasim.sim.runs import StepRun
@@ -92,10 +90,10 @@ class Simulation(HostCore):
         perf = make_perf_model(cluster)
         config = engine_setup(scenario)
         self.engines = {w.id: engine_factory(w.id, config, perf, self) for w in self.view.workers}
-        self._wake: dict[str, simpy.Event | None] = {w: None for w in self.engines}
+        self._wake: dict[str, Event | None] = {w: None for w in self.engines}
         self._runs: dict[str, StepRun | None] = {w: None for w in self.engines}  # what each worker sleeps through
-        self._workers: dict[str, simpy.Process] = {}
-        self._waiters: dict[str, simpy.Event] = {}
+        self._workers: dict[str, Process] = {}
+        self._waiters: dict[str, Event] = {}
         self._held: dict[str, RequestSpec] = {}
         self._last_request: dict[str, RequestSpec] = {}  # per program, for pins
         self._pin_serial: dict[str, int] = {}  # per program: which pin a TTL timer belongs to
@@ -136,7 +134,7 @@ class Simulation(HostCore):
 
     # --- processes ---------------------------------------------------------------------------
 
-    def _worker(self, engine: StepEngine, index: int) -> Generator[simpy.Event, object, None]:
+    def _worker(self, engine: StepEngine, index: int) -> Generator[Event, object, None]:
         """Run the engine one `StepRun` at a time (see `tasim.sim.clock` for the order of
         simultaneous events)."""
         env = self.env
@@ -162,7 +160,7 @@ class Simulation(HostCore):
                 try:
                     yield Alarm(env, run.end, STEP_END_PRIORITY + index)
                     break
-                except simpy.Interrupt:
+                except Interrupt:
                     pass  # cut short: sleep until its new end
             self._runs[worker] = None
             run.complete(env.now)
@@ -188,7 +186,7 @@ class Simulation(HostCore):
         if run is not None and run.cut(self.env.now):
             self._workers[worker].interrupt()
 
-    def run_program(self, script: Script) -> Generator[simpy.Event, object, None]:
+    def run_program(self, script: Script) -> Generator[Event, object, None]:
         """Run one program: each call waits its gap (set-up, tool or think time), is routed by
         the policy, and completes before the next gap starts. The program ends with its last
         call; its client releases it then, later (on a process of its own, so a closed loop's
@@ -233,7 +231,7 @@ class Simulation(HostCore):
         if self._pin_serial.pop(program, None) is not None:
             self._unpin_everywhere(program)
 
-    def _release_later(self, program: str, delay_s: float) -> Generator[simpy.Event, object, None]:
+    def _release_later(self, program: str, delay_s: float) -> Generator[Event, object, None]:
         yield self.env.timeout(delay_s)
         self.emit(ev.ProgramReleased(self.env.now, program))
         self._release(program)
@@ -244,12 +242,12 @@ class Simulation(HostCore):
             self._changing(engine.worker)
             engine.clear_prefix_cache(self.env.now)
 
-    def _ticks(self, interval: float) -> Generator[simpy.Event, object, None]:
+    def _ticks(self, interval: float) -> Generator[Event, object, None]:
         while True:
             yield self.env.timeout(interval)
             self.tick(self.env.now)
 
-    def _samples(self, interval: float) -> Generator[simpy.Event, object, None]:
+    def _samples(self, interval: float) -> Generator[Event, object, None]:
         while True:
             now = self.env.now
             for engine in self.engines.values():
@@ -257,7 +255,7 @@ class Simulation(HostCore):
                 self.emit(ev.WorkerSample(now, engine.worker, pool.active, pool.cached_blocks, len(engine.running), len(engine.waiting)))
             yield self.env.timeout(interval)
 
-    def _progress(self, report: Progress) -> Generator[simpy.Event, object, None]:
+    def _progress(self, report: Progress) -> Generator[Event, object, None]:
         step = self.scenario.duration_s / 200
         while True:
             report(self.env.now)
@@ -310,7 +308,7 @@ class Simulation(HostCore):
         self.env.process(self._expire_pin(engine, pin.program, pin.ttl_s, serial))
         return True
 
-    def _expire_pin(self, engine: StepEngine, program: str, ttl_s: float, serial: int) -> Generator[simpy.Event, object, None]:
+    def _expire_pin(self, engine: StepEngine, program: str, ttl_s: float, serial: int) -> Generator[Event, object, None]:
         yield self.env.timeout(ttl_s)
         if self._pin_serial.get(program) == serial:  # not replaced by a later pin meanwhile
             self._unpin(engine, program)
