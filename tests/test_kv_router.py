@@ -48,14 +48,14 @@ def test_live_dynamo_vectors_on_two_idle_workers() -> None:
 def test_cost_formula_terms() -> None:
     p = KvRouterParams(prefill_load_scale=2.0, decode_active_request_weight=0.5, overlap_score_credit=1.0)
     # L * max(0, (P + ISL)/bs - credit) + (A + X) + r * N = 2 * (320 + 160)/16 - 10 ... exact:
-    assert worker_cost(p, 16, 160, 320, 0, 10, 7, 3, 4) == 2.0 * ((320 + 160) / 16 - 10) + (7 + 3) + 0.5 * 4
+    assert worker_cost(p, 16)(160, 320, 0, 10, 7, 3, 4) == 2.0 * ((320 + 160) / 16 - 10) + (7 + 3) + 0.5 * 4
     # prefill term is clamped at zero when the cached credit exceeds it
-    assert worker_cost(p, 16, 32, 0, 0, 50, 0, 0, 0) == 0.0
+    assert worker_cost(p, 16)(32, 0, 0, 50, 0, 0, 0) == 0.0
     # decay shrinks credit on workers with more queued prefill than the least loaded one
     d = KvRouterParams(overlap_score_credit_decay=1.0)
     decay = 1 / (1 + 1.0 * ((640 - 0) / 16) / 10)  # request of 160 tokens = 10 blocks
-    assert worker_cost(d, 16, 160, 640, 0, 8, 0, 0, 0) == pytest.approx((640 + 160) / 16 - 8 * decay)
-    assert worker_cost(KvRouterParams(router_track_prefill_tokens=False), 16, 160, 640, 0, 8, 5, 2, 1) == 7.0
+    assert worker_cost(d, 16)(160, 640, 0, 8, 0, 0, 0) == pytest.approx((640 + 160) / 16 - 8 * decay)
+    assert worker_cost(KvRouterParams(router_track_prefill_tokens=False), 16)(160, 640, 0, 8, 5, 2, 1) == 7.0
 
 
 def test_bookings_track_prefill_until_first_token_and_blocks_until_end() -> None:

@@ -30,6 +30,7 @@ from tasim.policies.base import ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
 from tasim.policies.session_affinity import AffinityParams, SessionAffinityPolicy
+from tasim.policies.worker_cost import WorkerCost
 from tasim.view import ClusterView
 
 
@@ -74,26 +75,16 @@ class _Booking:
     prefill_done: bool = False
 
 
-def worker_cost(
-    params: KvRouterParams,
-    block_size: int,
-    prompt_tokens: int,
-    prefill_tokens: int,
-    min_prefill_tokens: int,
-    overlap_blocks: int,
-    active_blocks: int,
-    new_blocks: int,
-    active_requests: int,
-) -> float:
-    """Dynamo's ``DefaultWorkerScorer`` cost for one worker (lower is better)."""
-    decay = 1.0
-    d = params.overlap_score_credit_decay
-    if d > 0:
-        request_blocks = max(1, -(-prompt_tokens // block_size))
-        decay = 1.0 / (1.0 + d * ((prefill_tokens - min_prefill_tokens) / block_size) / request_blocks)
-    credit = params.overlap_score_credit * decay * overlap_blocks
-    raw = (prefill_tokens + prompt_tokens) / block_size if params.router_track_prefill_tokens else 0.0
-    return params.prefill_load_scale * max(0.0, raw - credit) + (active_blocks + new_blocks) + params.decode_active_request_weight * active_requests
+def worker_cost(params: KvRouterParams, block_size: int) -> WorkerCost:
+    """Dynamo's ``DefaultWorkerScorer`` with ``params``' weights."""
+    return WorkerCost(
+        block_size,
+        params.overlap_score_credit,
+        params.overlap_score_credit_decay,
+        params.prefill_load_scale,
+        params.decode_active_request_weight,
+        params.router_track_prefill_tokens,
+    )
 
 
 class KvRouter(SessionAffinityPolicy[KvRouterParams]):
@@ -106,6 +97,7 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
         p = params
         workers = view.worker_ids
         self.block_size = view.workers[0].block_size
+        self._cost = worker_cost(p, self.block_size)
         self._kv_blocks = {w.id: w.kv_blocks for w in view.workers}
         # Credit 0 means Dynamo builds no indexer at all: pure load balancing.
         self.index: EventIndex | ApproxIndex | PredictOnRouteIndex | None = None
@@ -134,6 +126,7 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
         eligible = self._eligible()
         min_prefill = min(self._prefill[w] for w in eligible)
         reuse = self.params.router_assume_kv_reuse
+        cost = self._cost
         costs = {}
         for w in eligible:
             if reuse:
@@ -143,17 +136,7 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
             else:
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)
-            costs[w] = worker_cost(
-                self.params,
-                self.block_size,
-                request.prompt_tokens,
-                self._prefill[w],
-                min_prefill,
-                overlaps[w],
-                active_blocks,
-                new_blocks,
-                self._requests[w],
-            )
+            costs[w] = cost(request.prompt_tokens, self._prefill[w], min_prefill, overlaps[w], active_blocks, new_blocks, self._requests[w])
         return costs, overlaps
 
     def on_request(self, request: RequestSpec, now: float) -> Route:

@@ -288,7 +288,7 @@ class Simulation(HostCore):
         self._private_outputs += 1
         owner = PRIVATE_OUTPUTS.key(self._private_outputs)
         hashes = with_private_tail(spec.prompt_block_hashes(self.block_size), spec.prompt_tokens + spec.output_tokens, owner, self.block_size)
-        return replace(spec, block_hashes=hashes)
+        return spec.with_block_hashes(hashes)
 
     def _wake_worker(self, worker: str) -> None:
         wake = self._wake[worker]
