@@ -181,7 +181,8 @@ class Process(Event):
         processed (one already processed resumes it at once) or ends."""
         clock = self.clock
         clock.active = self
-        generator = self.generator
+        # What it yields is checked below: compiled code would otherwise raise a TypeError of its own.
+        generator: Generator[object, object, object] = self.generator
         while True:
             try:
                 if event.ok:
