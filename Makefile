@@ -10,10 +10,10 @@ OUT    ?= runs/demo
 
 install: $(STAMP) $(NATIVE)
 
-# The clock, the engine, its block pool, folded runs, perf models and the KV router's indexes
-# and cost compiled with mypyc (tasim/native: MODULES), rebuilt when they change; without a C
-# compiler the build records why and the plain modules run.
-$(NATIVE): $(STAMP) $(wildcard tasim/native/*.py) $(wildcard tasim/sim/*.py) $(wildcard tasim/perf/*.py) tasim/policies/prefix_index.py tasim/policies/booked_blocks.py tasim/policies/worker_cost.py
+# The policy host, the simulation, its clock, the engine, its block pool, folded runs, perf
+# models and the KV router's indexes and cost compiled with mypyc (tasim/native: MODULES),
+# rebuilt when they change; without a C compiler the build records why and the plain modules run.
+$(NATIVE): $(STAMP) $(wildcard tasim/native/*.py) tasim/host.py $(wildcard tasim/sim/*.py) $(wildcard tasim/perf/*.py) tasim/policies/prefix_index.py tasim/policies/booked_blocks.py tasim/policies/worker_cost.py
 	$(BIN)/python -m tasim.native
 
 # ai-dynamo 1.6.1 declares a dependency on `aisimulate`, a placeholder wheel that downloads from a

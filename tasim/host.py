@@ -18,6 +18,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from mypy_extensions import mypyc_attr
+
 from tasim import events as ev
 from tasim.determinism import policy_rng
 from tasim.model import BlockHash, RequestSpec
@@ -51,6 +53,9 @@ def run_header(scenario: Scenario, view: ClusterView) -> ev.RunStarted:
     )
 
 
+# Compiled with the simulator's core (`tasim.native`), and subclassed by the live router's host,
+# which is not.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class HostCore:
     """The policy, the log and the counters; ``lost`` holds workers out of service (live mode)."""
 

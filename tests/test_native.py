@@ -34,8 +34,9 @@ def _rewrite(path: Path, **changes: object) -> None:
 
 def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
     assert native.state() == (
-        "compiled modules (sim/clock.py, sim/engine.py, sim/kv_cache.py, sim/runs.py, perf/base.py, perf/fixed.py, perf/polynomial.py, "
-        f"perf/roofline.py, policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) from {manifest.parent}"
+        "compiled modules (host.py, sim/runner.py, sim/clock.py, sim/engine.py, sim/kv_cache.py, sim/runs.py, perf/base.py, perf/fixed.py, "
+        "perf/polynomial.py, perf/roofline.py, policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
+        f"from {manifest.parent}"
     )
     assert native.search_path("tasim.sim", ["/src/tasim/sim"]) == [str(manifest.parent / "tasim" / "sim"), "/src/tasim/sim"]
     assert native.search_path("tasim", ["/src/tasim"]) == [str(manifest.parent / "tasim"), "/src/tasim"]

@@ -1,15 +1,16 @@
 """Compiled builds of the simulator's hottest modules, used only while they match the sources.
 
-The clock, the engine, its KV block pool, the folded runs of steps, the perf models that time
-them and the KV router's block indexes and cost (`MODULES`) are the inner loop of every
-simulation. `make install` compiles them with mypyc (the compiler that ships with mypy: the
-same code, type-checked, translated to C) into ``build/native/`` of the checkout, with a
-manifest of the sources' hashes. `tasim` and the packages of those modules put that folder in
-front of their own on their module search paths (`search_path`) only when the manifest matches
-the sources as they are now and this Python; an edited source, a build for another Python, a
-failed build or ``TASIM_NATIVE=0`` all mean the plain modules, so a stale build can never run.
-Compiled and plain modules write byte-identical event logs (tests/test_native.py); a profile
-with py-spy needs the plain ones, since it cannot see into compiled code.
+The policy host and the simulation around it, the clock, the engine, its KV block pool, the
+folded runs of steps, the perf models that time them and the KV router's block indexes and cost
+(`MODULES`) are the inner loop of every simulation. `make install` compiles them with mypyc (the
+compiler that ships with mypy: the same code, type-checked, translated to C) into
+``build/native/`` of the checkout, with a manifest of the sources' hashes. `tasim` and the
+packages of those modules put that folder in front of their own on their module search paths
+(`search_path`) only when the manifest matches the sources as they are now and this Python; an
+edited source, a build for another Python, a failed build or ``TASIM_NATIVE=0`` all mean the
+plain modules, so a stale build can never run. Compiled and plain modules write byte-identical
+event logs (tests/test_native.py); a profile with py-spy needs the plain ones, since it cannot
+see into compiled code.
 
     python -m tasim.native          # build (or say why not) and print the state
     python -m tasim.native --check  # print the state; exit 1 unless the build is in use
@@ -32,9 +33,10 @@ PACKAGE = Path(__file__).resolve().parent.parent  # tasim/
 BUILD = PACKAGE.parent / "build" / "native"
 MANIFEST = BUILD / "manifest.json"
 # Compiled together, so calls between them are native calls. Other modules stay plain: pydantic
-# models (scenario, policy parameters) are not mypyc's to compile, and the processes the clock
-# runs are Python generators either way.
+# models (scenario, policy parameters) are not mypyc's to compile, and the policies hold them.
 MODULES = (
+    "host.py",
+    "sim/runner.py",
     "sim/clock.py",
     "sim/engine.py",
     "sim/kv_cache.py",

@@ -35,6 +35,7 @@ MAX_TRACE_ID = 1 << 30  # exclusive: larger ids would overlap the block index bi
 # for 10**12 output tokens would otherwise allocate terabytes.
 MAX_TRACE_TOKENS = 1 << 20
 _INDEX_STRIDE = MAX_TRACE_ID
+_INT_ONLY = frozenset({int})
 
 Record = dict[str, Any]
 
@@ -147,9 +148,9 @@ def id_list_field(record: Record, key: str, where: str, upper: int) -> list[int]
     expected = f"a list of integers in [0, 2**{upper.bit_length() - 1})"
     if not isinstance(value, list):
         raise TraceError(f"{where}: {key} must be {expected} (got {shown(value)})")
-    # Checked in bulk (a trace has hundreds of thousands of ids); only a bad list is searched
-    # for the element to report. ``type(...) is int`` also rejects JSON booleans.
-    if not all(type(item) is int for item in value) or (value and not 0 <= min(value) <= max(value) < upper):
+    # Checked in bulk, in C (a trace has hundreds of thousands of ids); only a bad list is
+    # searched for the element to report. Exact types also reject JSON booleans.
+    if not _INT_ONLY.issuperset(map(type, value)) or (value and not 0 <= min(value) <= max(value) < upper):
         bad = next(item for item in value if type(item) is not int or not 0 <= item < upper)
         raise TraceError(f"{where}: {key} must be {expected} (got element {shown(bad)})")
     return value
