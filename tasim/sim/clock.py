@@ -59,12 +59,12 @@ class Waiter:
 
 class Event(Waiter):
     """Something a process can wait for. Triggered (`succeed`, `fail`) it is queued at the
-    current time; its waiters are notified when the clock reaches it (``callbacks`` is then
+    current time; its waiters are notified when the clock reaches it (``waiters`` is then
     None: the event is processed)."""
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.callbacks: list[Waiter] | None = []
+        self.waiters: list[Waiter] | None = []
         self.value: object = PENDING
         self.ok = True
         self.defused = False  # a failure someone handled, not to be raised by the clock
@@ -118,8 +118,8 @@ class _Start(Event):
     def __init__(self, clock: Clock, process: Process) -> None:
         super().__init__(clock)
         self.value = None
-        assert self.callbacks is not None
-        self.callbacks.append(process)
+        assert self.waiters is not None
+        self.waiters.append(process)
         clock.schedule(self, URGENT, 0.0)
 
 
@@ -137,8 +137,8 @@ class _Interruption(Event):
         self.ok = False
         self.defused = True
         self.value = Interrupt()
-        assert self.callbacks is not None
-        self.callbacks.append(_Interrupter(self))
+        assert self.waiters is not None
+        self.waiters.append(_Interrupter(self))
         self.clock.schedule(self, URGENT, 0.0)
 
 
@@ -150,7 +150,7 @@ class _Interrupter(Waiter):
         process = self.interruption.process
         if process.value is not PENDING:
             return
-        waiting = process.target.callbacks
+        waiting = process.target.waiters
         assert waiting is not None  # a process waits only on events not yet processed
         waiting.remove(process)  # it stops waiting for what it waited for
         process.notify(event)
@@ -204,7 +204,7 @@ class Process(Event):
                 break
             if not isinstance(following, Event):
                 raise RuntimeError(f"process {generator!r} yielded {following!r}, not an event")
-            waiting = following.callbacks
+            waiting = following.waiters
             if waiting is not None:
                 waiting.append(self)
                 self.target = following
@@ -226,13 +226,13 @@ class Condition(Event):
             self.succeed()
             return
         for event in self.events:
-            waiting = event.callbacks
+            waiting = event.waiters
             if waiting is None:
                 self.notify(event)
             else:
                 waiting.append(self)
-        assert self.callbacks is not None
-        self.callbacks.append(_StopChecks(self))
+        assert self.waiters is not None
+        self.waiters.append(_StopChecks(self))
 
     def notify(self, event: Event) -> None:
         if self.value is not PENDING:
@@ -256,7 +256,7 @@ class _StopChecks(Waiter):
     def notify(self, event: Event) -> None:
         condition = self.condition
         for waited in condition.events:
-            waiting = waited.callbacks
+            waiting = waited.waiters
             if waiting and condition in waiting:
                 waiting.remove(condition)
 
@@ -329,8 +329,8 @@ class SlotRequest(Event):
         super().__init__(slots.clock)
         self.slots = slots
         slots.requests.append(self)
-        assert self.callbacks is not None
-        self.callbacks.append(slots.free_next)
+        assert self.waiters is not None
+        self.waiters.append(slots.free_next)
         slots.grant()
 
     def __enter__(self) -> SlotRequest:
@@ -348,8 +348,8 @@ class SlotRelease(Event):
         super().__init__(slots.clock)
         self.request = request
         slots.releases.append(self)
-        assert self.callbacks is not None
-        self.callbacks.append(slots.grant_next)
+        assert self.waiters is not None
+        self.waiters.append(slots.grant_next)
         slots.free()
 
 
@@ -396,7 +396,7 @@ class Clock:
         what it failed with, or what any other failed event nobody handled failed with."""
         self.stopped = False
         if until is not None:
-            waiting = until.callbacks
+            waiting = until.waiters
             if waiting is None:
                 return
             waiting.append(_Stop(self))
@@ -411,10 +411,10 @@ class Clock:
                 self._synced = t
                 self._before(t)
             self.now, _, _, event = heapq.heappop(queue)
-            callbacks = event.callbacks
-            assert callbacks is not None  # an event is queued once
-            event.callbacks = None
-            for waiter in callbacks:
+            waiters = event.waiters
+            assert waiters is not None  # an event is queued once
+            event.waiters = None
+            for waiter in waiters:
                 waiter.notify(event)
                 if self.stopped:
                     break
