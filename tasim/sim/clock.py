@@ -74,18 +74,16 @@ class Event(Waiter):
         return self.value is not PENDING
 
     def succeed(self, value: object = None) -> Event:
-        if self.value is not PENDING:
-            raise RuntimeError(f"{self!r} has already been triggered")
-        self.ok = True
-        self.value = value
-        self.clock.schedule(self, NORMAL, 0.0)
-        return self
+        return self._trigger(True, value)
 
     def fail(self, exception: BaseException) -> Event:
+        return self._trigger(False, exception)
+
+    def _trigger(self, ok: bool, value: object) -> Event:
         if self.value is not PENDING:
             raise RuntimeError(f"{self!r} has already been triggered")
-        self.ok = False
-        self.value = exception
+        self.ok = ok
+        self.value = value
         self.clock.schedule(self, NORMAL, 0.0)
         return self
 
