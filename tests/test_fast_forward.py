@@ -12,7 +12,6 @@ from tasim import events as ev
 from tasim.perf import make_perf_model
 from tasim.perf.base import decode_shape
 from tasim.scenario import Scenario, load_scenario
-from tasim.sim import runs
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
 from tasim.sim.runner import Simulation
 
@@ -23,24 +22,11 @@ def _log(scenario: Scenario, fast_forward: bool, mixed: list[int] | None = None)
     """The event log, and how many steps the simulation folded into runs (``mixed`` gets the
     number folded into decode-plus-prefill runs appended)."""
     log: list[ev.Event] = []
-    folded = with_prefill = 0
-    complete = runs.StepRun.complete
-
-    def counting(run: runs.StepRun, now: float) -> None:
-        nonlocal folded, with_prefill
-        folded += run.steps - 1
-        if run._prefill is not None:
-            with_prefill += run.steps - 1
-        complete(run, now)
-
-    runs.StepRun.complete = counting  # type: ignore[method-assign]
-    try:
-        Simulation(scenario, log.append, fast_forward=fast_forward).run()
-    finally:
-        runs.StepRun.complete = complete  # type: ignore[method-assign]
+    simulation = Simulation(scenario, log.append, fast_forward=fast_forward)
+    simulation.run()
     if mixed is not None:
-        mixed.append(with_prefill)
-    return log, folded
+        mixed.append(simulation.folded_prefill_steps)
+    return log, simulation.folded_steps
 
 
 def _kv_logged(scenario: Scenario) -> Scenario:

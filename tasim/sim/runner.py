@@ -102,6 +102,10 @@ class Simulation(HostCore):
         self._served_len = config.max_model_len if engine_cfg.flavour == "vllm" else None
         self._reuse_output = engine_cfg.reuse_output_blocks
         self._private_outputs = 0
+        # How much fast-forwarding saved: engine steps folded into runs, and those of them that
+        # carried a prefill chunk besides the decodes
+        self.folded_steps = 0
+        self.folded_prefill_steps = 0
 
     # --- running -------------------------------------------------------------------------------
 
@@ -164,6 +168,9 @@ class Simulation(HostCore):
                     pass  # cut short: sleep until its new end
             self._runs[worker] = None
             run.complete(env.now)
+            self.folded_steps += run.steps - 1
+            if run.folds_prefill:
+                self.folded_prefill_steps += run.steps - 1
             if self._check:
                 self._audit(engine)
 

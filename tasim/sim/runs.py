@@ -75,6 +75,11 @@ class StepRun:
         return self.ends[self.steps - 1]
 
     @property
+    def folds_prefill(self) -> bool:
+        """Whether its folded steps carry a prefill chunk besides the decodes."""
+        return self._prefill is not None
+
+    @property
     def next_due(self) -> float:
         """The earliest time at which `catch_up` has something to do."""
         if not self._first_published:
