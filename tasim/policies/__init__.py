@@ -15,13 +15,14 @@ __path__ = search_path(__name__, __path__)
 
 from tasim.policies.base import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.baselines import LeastLoaded, RandomRouting
+from tasim.policies.cache_aware import CacheAware
 from tasim.policies.continuum import Continuum
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent
 from tasim.view import ClusterView
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, ThunderAgent, Continuum)}
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, CacheAware, ThunderAgent, Continuum)}
 
 
 def policy_class(name: str) -> type[Policy]:

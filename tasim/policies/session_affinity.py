@@ -76,7 +76,7 @@ class AffinityParams(BaseModel):
     )
 
 
-AffinityParamsT = TypeVar("AffinityParamsT", bound=AffinityParams, covariant=True)
+AffinityParamsT = TypeVar("AffinityParamsT", bound=AffinityParams, covariant=True, default=AffinityParams)
 
 
 class SessionAffinityPolicy(Policy[AffinityParamsT]):
@@ -101,7 +101,7 @@ class SessionAffinityPolicy(Policy[AffinityParamsT]):
         return ()
 
 
-class ProgramBlindRouter(SessionAffinityPolicy[AffinityParams]):
+class ProgramBlindRouter(SessionAffinityPolicy[AffinityParamsT]):
     """A per-request router (`choose`) behind Dynamo's session affinity."""
 
     params_model = AffinityParams
