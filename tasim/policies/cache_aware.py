@@ -34,9 +34,9 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from tasim.model import BlockHash, RequestSpec, blocks_for
-from tasim.policies.base import ProgramDecision, TurnEnd
+from tasim.policies.base import ProgramDecision
 from tasim.policies.prefix_index import EventIndex
-from tasim.policies.session_affinity import AffinityParams, ProgramBlindRouter
+from tasim.policies.session_affinity import AffinityParams, LoadCountingRouter
 from tasim.view import ClusterView
 
 
@@ -48,7 +48,7 @@ class CacheAwareParams(AffinityParams):
     balance_rel_threshold: float = Field(1.1, ge=1, description="... and the busiest above this multiple of the least busy")
 
 
-class CacheAware(ProgramBlindRouter[CacheAwareParams]):
+class CacheAware(LoadCountingRouter[CacheAwareParams]):
     name: ClassVar[str] = "cache_aware"
     summary: ClassVar[str] = "SGLang's cache-aware routing as Dynamo 1.6.1 ships it: balance load when skewed, else the best cache hit"
     params_model = CacheAwareParams
@@ -59,8 +59,6 @@ class CacheAware(ProgramBlindRouter[CacheAwareParams]):
         workers = view.worker_ids
         self.block_size = view.workers[0].block_size
         self.index = EventIndex(workers)
-        self.active = dict.fromkeys(workers, 0)
-        self._where: dict[str, str] = {}
         # the fixed, arbitrary order in which the router lists its workers (see the module docstring)
         self._order = [workers[i] for i in rng.permutation(len(workers))]
 
@@ -84,16 +82,6 @@ class CacheAware(ProgramBlindRouter[CacheAwareParams]):
         """The first worker with the fewest active requests."""
         active = self.active
         return min(rows, key=active.__getitem__)
-
-    def dispatched(self, request: RequestSpec, worker: str) -> None:
-        self.active[worker] += 1
-        self._where[request.id] = worker
-
-    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
-        worker = self._where.pop(turn.request, None)
-        if worker is not None:
-            self.active[worker] -= 1
-        return super().on_turn_end(turn, now)
 
     def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
         super().on_worker_lost(worker, now)

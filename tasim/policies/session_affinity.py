@@ -119,3 +119,23 @@ class ProgramBlindRouter(SessionAffinityPolicy[AffinityParamsT]):
             self.sessions.bind(request.program, worker, now)
         self.dispatched(request, worker)
         return Route(worker)
+
+
+class LoadCountingRouter(ProgramBlindRouter[AffinityParamsT]):
+    """A per-request router that counts each worker's requests routed and not ended (``active``):
+    booked when a request is routed, chosen or bound, freed when its turn ends or fails."""
+
+    def __init__(self, view: ClusterView, params: AffinityParamsT, rng: np.random.Generator) -> None:
+        super().__init__(view, params, rng)
+        self.active = dict.fromkeys(view.worker_ids, 0)
+        self._where: dict[str, str] = {}
+
+    def dispatched(self, request: RequestSpec, worker: str) -> None:
+        self.active[worker] += 1
+        self._where[request.id] = worker
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        worker = self._where.pop(turn.request, None)
+        if worker is not None:
+            self.active[worker] -= 1
+        return super().on_turn_end(turn, now)
