@@ -3,9 +3,9 @@
 Every metric tasim reports is a fold over these events (see `tasim.metrics`), so a run can be
 re-reported, diffed and compared sim-vs-live. Events are immutable slotted dataclasses
 (`tasim.records.record`); their JSON form is one object per line with a ``type`` key and the
-fields in declaration order, which keeps the log byte-identical for the same scenario and seed. A field with a default is written
-only when its value differs from it, so a field added that way leaves the logs of runs that do not
-use it unchanged, and older logs still read.
+fields in declaration order, which keeps the log byte-identical for the same scenario and seed.
+A field with a default is written only when its value differs from it, so a field added that
+way leaves the logs of runs that do not use it unchanged, and older logs still read.
 """
 
 from __future__ import annotations

@@ -8,9 +8,10 @@ building the policy from the scenario, the run header, program starts and ends, 
 policy's answer to each, routing, program decisions (pause, resume, pin), first tokens, turn
 ends, KV events, ticks, and the counters that status and summaries read. A host subclass keeps
 only its own waiting mechanism (the simulator's processes, asyncio futures) and I/O, and says
-through two hooks what a decision means there: `_resume_held` routes a resumed program's held calls,
-`_pin` keeps blocks referenced where the engine can (the simulator's can, Dynamo's workers
-cannot: an unhonoured pin is counted in ``ignored_pins`` and warned about once, in either host).
+through two hooks what a decision means there: `_resume_held` routes a resumed program's held
+calls, `_pin` keeps blocks referenced where the engine can (the simulator's can, Dynamo's
+workers cannot: an unhonoured pin is counted in ``ignored_pins`` and warned about once, in
+either host).
 """
 
 from __future__ import annotations

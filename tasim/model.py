@@ -95,5 +95,6 @@ class RequestSpec:
 
     def with_block_hashes(self, block_hashes: tuple[BlockHash, ...]) -> RequestSpec:
         """The same call with other block hashes (a quarter of ``dataclasses.replace``'s cost)."""
-        s = self
-        return RequestSpec(s.id, s.program, s.turn, s.prompt_tokens, s.output_tokens, s.history_tokens, block_hashes, s.tool_call)
+        return RequestSpec(
+            self.id, self.program, self.turn, self.prompt_tokens, self.output_tokens, self.history_tokens, block_hashes, self.tool_call
+        )

@@ -51,7 +51,7 @@ class Interrupt(Exception):
 
 class Waiter:
     """Something an event notifies when its turn comes: a process to resume, a condition to
-    check, a slot pool to update."""
+    check, or the event itself (an interruption, a slot request or release acts then)."""
 
     def notify(self, event: Event) -> None:
         raise NotImplementedError
@@ -136,16 +136,11 @@ class _Interruption(Event):
         self.defused = True
         self.value = Interrupt()
         assert self.waiters is not None
-        self.waiters.append(_Interrupter(self))
+        self.waiters.append(self)  # its own waiter: processed, it interrupts
         self.clock.schedule(self, URGENT, 0.0)
 
-
-class _Interrupter(Waiter):
-    def __init__(self, interruption: _Interruption) -> None:
-        self.interruption = interruption
-
     def notify(self, event: Event) -> None:
-        process = self.interruption.process
+        process = self.process
         if process.value is not PENDING:
             return
         waiting = process.target.waiters
@@ -281,8 +276,6 @@ class Slots:
         self.users: list[SlotRequest] = []
         self.requests: list[SlotRequest] = []  # waiting for a slot
         self.releases: list[SlotRelease] = []  # handing one back
-        self.grant_next = _GrantNext(self)
-        self.free_next = _FreeNext(self)
 
     def request(self) -> SlotRequest:
         return SlotRequest(self)
@@ -306,30 +299,20 @@ class Slots:
             release.succeed()
 
 
-class _GrantNext(Waiter):
-    def __init__(self, slots: Slots) -> None:
-        self.slots = slots
-
-    def notify(self, event: Event) -> None:
-        self.slots.grant()
-
-
-class _FreeNext(Waiter):
-    def __init__(self, slots: Slots) -> None:
-        self.slots = slots
-
-    def notify(self, event: Event) -> None:
-        self.slots.free()
-
-
 class SlotRequest(Event):
+    """Triggered when it holds a slot; processed, it lets the first release proceed (simpy's
+    ``Put``, whose own waiter does the same)."""
+
     def __init__(self, slots: Slots) -> None:
         super().__init__(slots.clock)
         self.slots = slots
         slots.requests.append(self)
         assert self.waiters is not None
-        self.waiters.append(slots.free_next)
+        self.waiters.append(self)
         slots.grant()
+
+    def notify(self, event: Event) -> None:
+        self.slots.free()
 
     def __enter__(self) -> SlotRequest:
         return self
@@ -342,13 +325,19 @@ class SlotRequest(Event):
 
 
 class SlotRelease(Event):
+    """Triggered when its slot is handed back; processed, it lets the first request proceed."""
+
     def __init__(self, slots: Slots, request: SlotRequest) -> None:
         super().__init__(slots.clock)
+        self.slots = slots
         self.request = request
         slots.releases.append(self)
         assert self.waiters is not None
-        self.waiters.append(slots.grant_next)
+        self.waiters.append(self)
         slots.free()
+
+    def notify(self, event: Event) -> None:
+        self.slots.grant()
 
 
 class Clock:
