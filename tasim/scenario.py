@@ -413,6 +413,11 @@ class LiveConfig(_Strict):
     max_retries: int = Field(
         3, ge=0, le=100, description="the live router sends a call again, on another worker, at most this many times when its worker is lost"
     )
+    routing: Literal["proxy", "pin"] = Field(
+        "proxy",
+        description="proxy: calls stream through the tasim router; pin: clients ask the router for a worker and "
+        "send the call to the frontend pinned to it (tasim's drivers and verl client)",
+    )
 
 
 class Scenario(_Strict):

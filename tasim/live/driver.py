@@ -10,6 +10,10 @@ program's client releases it with one ``x-dynamo-session-final`` request (also w
 failed) as ``workload.release`` says: right after its last call, ``delay_s`` later (scaled like
 tool waits; the slot's next program starts meanwhile), or never. The run ends with the last
 program's last call, as a simulated one does: releases still due then are not sent.
+
+With ``decisions_url`` (``live.routing: pin``) each call asks the tasim router there for its
+worker and goes to the frontend pinned to it (`tasim.live.pinned`), and the session-final goes
+to the router alone.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import aiohttp
 
 from tasim.determinism import arrival_rng
 from tasim.live.errors import LiveError
+from tasim.live.pinned import CallFailed, PinnedCalls
 from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
 from tasim.scenario import AgentWorkload, Scenario
 from tasim.workloads import ProgramPlan, plan_program
@@ -84,8 +89,11 @@ class HttpAgentDriver:
         prompt_format: PromptFormat = "tokens",
         model_path: Path | None = None,
         record_calls: bool = False,
+        decisions_url: str | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/v1/completions"
+        self.decisions_url = decisions_url
+        self._pinned: PinnedCalls | None = None
         self.model_name = model_name
         self.scenario = scenario
         self.workload, self.count = live_workload(scenario, programs)
@@ -109,6 +117,7 @@ class HttpAgentDriver:
         timeout = aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S)
         async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
             self._session = session
+            self._pinned = PinnedCalls(session, self.decisions_url, self.url) if self.decisions_url else None
             try:
                 if self.workload.arrival == "closed":
                     indexes = iter(range(self.count))
@@ -168,6 +177,8 @@ class HttpAgentDriver:
         await self._final(headers)
 
     async def _call(self, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
+        if self._pinned is not None:
+            return await self._pinned_call(self._pinned, context, max_tokens, headers)
         body = {
             "model": self.model_name,
             "prompt": self._detokenize(context) if self._detokenize else context,
@@ -194,7 +205,34 @@ class HttpAgentDriver:
             self.result.errors.append(f"{headers['x-dynamo-session-id']}: {exc}")
             return None
 
+    async def _pinned_call(self, pinned: PinnedCalls, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
+        body = {
+            "model": self.model_name,
+            "prompt": self._detokenize(context) if self._detokenize else context,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        program = headers["x-dynamo-session-id"]
+        self.result.requests += 1
+        try:
+            reply = await pinned.complete(body, context, max_tokens, program, headers.get("x-dynamo-parent-session-id"))
+        except (TimeoutError, aiohttp.ClientError, CallFailed) as exc:
+            self.result.failed_requests += 1
+            self.result.errors.append(f"{program}: {exc}")
+            return None
+        if self.record_calls:
+            self.result.calls.append(CallRecord(program, context, reply.output_token_ids, reply.call, reply.worker, max_tokens, reply.usage))
+        return reply.output_token_ids
+
     async def _final(self, headers: dict[str, str]) -> None:
+        if self._pinned is not None:
+            try:
+                await self._pinned.end(headers["x-dynamo-session-id"])
+                self.result.session_finals += 1
+            except (TimeoutError, aiohttp.ClientError, CallFailed) as exc:
+                self.result.errors.append(f"{headers['x-dynamo-session-id']}: session-final failed: {exc}")
+            return
         body = {"model": self.model_name, "prompt": [FIRST_TOKEN_ID] if not self._detokenize else "end", "max_tokens": 1}
         try:
             async with self._session.post(self.url, json=body, headers={**headers, "x-dynamo-session-final": "true"}) as reply:

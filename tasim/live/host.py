@@ -117,6 +117,7 @@ class PolicyHost(HostCore):
         # Programs with no call in flight or held, oldest first, with the time they went idle.
         self._idle: OrderedDict[str, float] = OrderedDict()
         self.expired = 0  # programs ended by the idle TTL
+        self.session_finals = 0
         self.unknown_finals = 0  # session-finals for programs not in the table
         self.retried = 0  # calls sent again because their worker was lost
         self.refused = 0  # calls refused because no worker was serving
@@ -237,6 +238,7 @@ class PolicyHost(HostCore):
         """A client's session-final (``x-dynamo-session-final``). For a program not in the
         table it succeeds all the same, counted in ``unknown_finals``, logging nothing."""
         known = self.end_program(program_id)
+        self.session_finals += 1
         self.unknown_finals += not known
         return known
 

@@ -31,6 +31,7 @@ from tasim.model import BlockHash
 logger = logging.getLogger("tasim.live.membership")
 
 PROBE_TIMEOUT_S = 30.0
+CONFIRM_TIMEOUT_S = 5.0  # a worker a pinned call failed on must answer a probe within this
 WATCH_INTERVAL_S = 0.5
 REPROBE_INTERVAL_S = 3.0  # a lost worker still listed in discovery: how often to try it again
 PROBE_DIGIT_BASE = 100  # probe numbers are written in tokens 7 … 106, fine for any vocabulary
@@ -82,6 +83,7 @@ class Membership:
         self._unmapped: dict[int, float] = {}  # new instances whose probe reported no KV event, and when
         self._replaced: set[int] = set()  # instances a worker's replacement took over from: never probed again
         self._last_reprobe: dict[str, float] = {}
+        self._confirming: dict[int, asyncio.Future[None]] = {}  # instances being checked after a client's report
 
     # --- start-up ------------------------------------------------------------------------------
 
@@ -125,15 +127,15 @@ class Membership:
         finally:
             del self._probes[block]
 
-    async def _answers(self, instance: int, tokens: list[int]) -> bool:
-        """Whether ``instance`` completes a one-token call within the probe timeout."""
+    async def _answers(self, instance: int, tokens: list[int], timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+        """Whether ``instance`` completes a one-token call within ``timeout_s``."""
 
         async def call() -> None:
             async for _ in await self.client.direct(probe_request(self.model_name, tokens), instance):
                 pass
 
         try:
-            await asyncio.wait_for(call(), timeout=PROBE_TIMEOUT_S)
+            await asyncio.wait_for(call(), timeout=timeout_s)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # Dynamo raises plain exceptions for unreachable instances
@@ -151,6 +153,23 @@ class Membership:
         self.kv.forget(worker)  # a restarted worker numbers its events from the start again
         self._last_reprobe[worker] = time.monotonic()
         logger.warning("worker %s (instance %d) lost: %s", worker, instance, reason)
+
+    async def confirm(self, worker: str, instance: int, reason: str) -> None:
+        """A client reports that a call pinned to ``instance`` of ``worker`` failed: the worker
+        is lost if that instance does not answer a probe. Reports about one instance share one
+        probe; a worker already lost or replaced is not probed."""
+        if self.instance_of.get(worker) != instance or worker in self.host.lost:
+            return
+        check = self._confirming.get(instance)
+        if check is None:
+            check = self._confirming[instance] = asyncio.ensure_future(self._confirm(worker, instance, reason))
+            check.add_done_callback(lambda _: self._confirming.pop(instance, None))
+        await asyncio.shield(check)
+
+    async def _confirm(self, worker: str, instance: int, reason: str) -> None:
+        self._probe_count += 1
+        if not await self._answers(instance, probe_tokens(self._probe_count, self.block_size), CONFIRM_TIMEOUT_S):
+            self.lose(worker, instance, reason)
 
     async def watch(self) -> None:
         while True:
@@ -176,7 +195,7 @@ class Membership:
                 self._start(instance, self._join(instance))
 
     def close(self) -> None:
-        for task in self._probing.values():
+        for task in (*self._probing.values(), *self._confirming.values()):
             task.cancel()
 
     def _start(self, instance: int, probe: Coroutine[Any, Any, None]) -> None:

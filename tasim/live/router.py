@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from tasim import events as ev
 from tasim.eventlog import EventWriter
 from tasim.host import build_policy, run_header
+from tasim.live.decisions import Decisions, decision_app, serve_app
 from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost
 from tasim.live.kv_events import KvEvent, KvEventSubscriber
 from tasim.live.membership import Membership
@@ -94,9 +95,11 @@ class _Router:
         )
         self.kv = KvEventSubscriber(dict(zip(self.view.worker_ids, config.kv_event_endpoints)), self._on_kv_event)
         self.members: Membership | None = None
+        live = self.scenario.live
+        ttl = live.program_idle_ttl_s / config.time_scale if live.program_idle_ttl_s is not None else None
+        self.decisions = Decisions(self.host, lambda worker: self.instance_of.get(worker), self._confirm_lost, live.max_retries, ttl, self.begin_run)
         self._watch_task: asyncio.Task[None] | None = None
         self.client: Any = None
-        self.session_finals = 0
         self.ready = False
         self.running = False
         self.ended = False
@@ -142,6 +145,12 @@ class _Router:
     def instance_of(self) -> dict[str, int]:
         return self.members.instance_of if self.members else {}
 
+    async def _confirm_lost(self, worker: str, instance: int, reason: str) -> None:
+        """A pinned call failed on ``instance`` (its client says): lose the worker if it does
+        not answer a probe."""
+        if self.members is not None:
+            await self.members.confirm(worker, instance, reason)
+
     def begin_run(self) -> None:
         """Start the clock and the log: on ``POST /run/start``, or at the first request."""
         if self.running or self.ended:
@@ -172,6 +181,7 @@ class _Router:
         while True:
             await asyncio.sleep(interval_s / self.config.time_scale)
             self.host.tick()
+            self.decisions.expire_unreported()
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -180,7 +190,6 @@ class _Router:
         agent = request.get("agent_context") or {}
         program = agent.get("session_id") or None
         if program is not None and agent.get("session_final"):
-            self.session_finals += 1
             self.host.session_final(program)
             return
         token_ids = list(request.get("token_ids") or ())
@@ -423,7 +432,7 @@ async def _status_server(router: _Router, port: int) -> web.AppRunner:
             return web.json_response({"error": f"bad mark: {exc} (body: {{kind: {'|'.join(MARKS)}, step: int, trajectories: int}})"}, status=400)
         return web.json_response({"t": event.t})
 
-    app = web.Application()
+    app = decision_app(router.decisions)
     app.router.add_get("/status", status)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/run/start", run_start)
@@ -434,10 +443,7 @@ async def _status_server(router: _Router, port: int) -> web.AppRunner:
         return web.json_response(await router.clear_caches())
 
     app.router.add_post("/caches/clear", clear_caches)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner
+    return await serve_app(app, port)
 
 
 async def serve(config: RouterConfig) -> None:
@@ -453,6 +459,9 @@ async def serve(config: RouterConfig) -> None:
     status = await _status_server(router, config.status_port)
     try:
         await router.start()
+        if router.scenario.live.routing == "pin":  # decisions only: clients call the frontend themselves
+            await stop.wait()
+            return
         endpoint = runtime.endpoint(f"{config.namespace}.tasim_router.generate")
         await register_model(
             model_input=ModelInput.Tokens,

@@ -103,6 +103,7 @@ def run_live(
                 time_scale,
                 prompt_format=prompt_format,
                 model_path=stack.model_path,
+                decisions_url=stack.status_url if stack.pinned else None,
             )
             stack.begin_run()
             result = asyncio.run(http.run())

@@ -117,6 +117,18 @@ class LiveStack:
         return f"http://{HOST}:{self.status_port}"
 
     @property
+    def pinned(self) -> bool:
+        """Decision-only routing (``live.routing: pin``): the workers serve the public model
+        name behind a frontend in ``direct`` mode, and the router only decides."""
+        return self.scenario.live.routing == "pin"
+
+    @property
+    def worker_model_name(self) -> str:
+        """What the workers register as: the public name when pinned, else an internal one
+        that only the router calls (so no call bypasses the policy either way)."""
+        return self.model_name if self.pinned else self.model_name + INTERNAL_SUFFIX
+
+    @property
     def kv_event_endpoints(self) -> list[str]:
         return [f"tcp://{HOST}:{port}" for port in self.kv_event_ports]
 
@@ -266,8 +278,9 @@ class LiveStack:
         from tasim.live.engines import worker_commands
 
         assert self.model_path is not None
-        internal = self.model_name + INTERNAL_SUFFIX
-        for name, args, extra_env in worker_commands(self.engine, self.scenario, self.model_path, internal, self.kv_event_ports, self.time_scale):
+        for name, args, extra_env in worker_commands(
+            self.engine, self.scenario, self.model_path, self.worker_model_name, self.kv_event_ports, self.time_scale
+        ):
             self._worker_args[name] = (args, {**self._env(), **extra_env})
             self._spawn(name, *self._worker_args[name])
 
@@ -287,8 +300,7 @@ class LiveStack:
         self._spawn("router", [sys.executable, "-m", "tasim.live.router", str(path)])
 
     def _start_frontend(self) -> None:
-        args = [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(self.http_port), "--router-mode", "round-robin"]
-        self._spawn("frontend", args)
+        self._spawn("frontend", frontend_command(self.http_port, "direct" if self.pinned else "round-robin"))
 
     def _wait_http(self, url: str, name: str, ok: Callable[[str], bool]) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -315,6 +327,11 @@ class LiveStack:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.popen.wait(timeout=grace_s)
         _kill(process)  # the group may hold children of the leader (Dynamo spawns none today, vLLM does)
+
+
+def frontend_command(port: int, router_mode: str, *extra: str) -> list[str]:
+    """Dynamo's frontend on ``port`` of 127.0.0.1 with ``--router-mode router_mode``."""
+    return [sys.executable, "-m", "dynamo.frontend", "--http-host", HOST, "--http-port", str(port), "--router-mode", router_mode, *extra]
 
 
 def _kill(process: _Process) -> None:

@@ -60,8 +60,9 @@ def status_snapshot(router: _Router) -> dict[str, Any]:
             "failed": host.failed,
             "retried": host.retried,
             "refused": host.refused,
-            "session_finals": router.session_finals,
+            "session_finals": host.session_finals,
         },
+        "pinned_calls": {"unreported": len(router.decisions.calls), "expired": router.decisions.unreported},
         "pauses": host.pauses,
         "resumes": host.resumes,
         "ignored_pins": host.ignored_pins,
@@ -93,7 +94,7 @@ def prometheus_text(router: _Router) -> str:
     metric("programs_held", "gauge", "Programs whose call waits for a resume.", [("", sum(bool(p.held) for p in host.programs.values()))])
     metric("pauses_total", "counter", "Program pauses.", [("", host.pauses)])
     metric("resumes_total", "counter", "Program resumes.", [("", host.resumes)])
-    metric("session_finals_total", "counter", "Session-final requests (program ends).", [("", router.session_finals)])
+    metric("session_finals_total", "counter", "Session-final requests (program ends).", [("", host.session_finals)])
     metric("session_finals_unknown_total", "counter", "Session-finals for programs not in the table.", [("", host.unknown_finals)])
     metric("programs_expired_total", "counter", "Programs ended by the idle TTL.", [("", host.expired)])
     metric(

@@ -1,0 +1,165 @@
+"""The client side of decision-only routing (``live.routing: pin``, `tasim.live.decisions`).
+
+`PinnedCalls.complete` makes one call the way a pin-mode client must: ask the tasim router
+which worker (``/v1/route``, waiting while the policy holds the program), stream the call from
+the Dynamo frontend pinned to that worker, report the first token and then the engine's usage.
+When the pinned worker fails under the call (connection refused or cut, a 5xx, the instance
+gone, a stream that ends without a finish reason), the call goes back to the router
+(``/v1/retry``), which checks the worker and lets the policy place the call again; the client
+sees one reply. The output streamed before a failure is dropped and the call starts over on
+its new worker. ``end`` sends a program's session-final to the router; it never reaches an
+engine. The HTTP agent driver and the verl client (`tasim.live.verl.client`) both call here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from tasim.live.errors import LiveError
+
+_encode = msgspec.json.Encoder().encode
+_JSON = {"content-type": "application/json"}
+
+
+class CallFailed(LiveError):
+    """The router refused the call, or gave it up after its retries; the message says why."""
+
+
+class _WorkerFailed(Exception):
+    """The pinned worker failed the call: the router decides what comes next."""
+
+
+@dataclass(frozen=True, slots=True)
+class PinnedReply:
+    call: str  # the router's id of the routing that completed
+    worker: str
+    output_token_ids: list[int]
+    finish_reason: str
+    usage: dict[str, Any]  # the OpenAI usage of the reply
+    retries: int
+
+    @property
+    def cached_tokens(self) -> int:
+        return int((self.usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+
+class PinnedCalls:
+    """``decisions_url``: the tasim router's HTTP address; ``completions_url``: the frontend's
+    ``/v1/completions``."""
+
+    def __init__(self, session: aiohttp.ClientSession, decisions_url: str, completions_url: str) -> None:
+        self.session = session
+        self.decisions_url = decisions_url.rstrip("/")
+        self.completions_url = completions_url
+
+    async def complete(
+        self,
+        body: dict[str, Any],
+        token_ids: list[int],
+        max_tokens: int,
+        program: str | None = None,
+        parent: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PinnedReply:
+        """``body`` is the ``/v1/completions`` request (its prompt as text or ids);
+        ``token_ids`` is that prompt as token ids, which the policy hashes."""
+        decision = await self._decide("route", {"program": program, "parent": parent, "token_ids": token_ids, "max_tokens": max_tokens})
+        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        nvext = dict(body.get("nvext") or {})
+        nvext["extra_fields"] = sorted({*nvext.get("extra_fields", ()), "completion_token_ids"})
+        streamed["nvext"] = nvext
+        retries = 0
+        while True:
+            try:
+                output, finish, usage = await self._stream(streamed, {**(headers or {}), **decision["pin"]}, decision["call"])
+            except _WorkerFailed as exc:
+                retries += 1
+                retry = {"call": decision["call"], "reason": str(exc), "token_ids": token_ids, "max_tokens": max_tokens}
+                decision = await self._decide("retry", retry)
+                continue
+            except BaseException as exc:
+                await self._report_failure(decision["call"], exc)
+                raise
+            break
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        report = {"call": decision["call"], "prompt_tokens": int(usage.get("prompt_tokens", len(token_ids))), "cached_tokens": cached}
+        await self._report("done", report | {"completion_tokens": int(usage.get("completion_tokens", len(output)))})
+        return PinnedReply(decision["call"], decision["worker"], output, finish, usage, retries)
+
+    async def end(self, program: str) -> bool:
+        """The program's session-final; True if the router knew the program."""
+        known: bool = (await self._decide("end", {"program": program}))["known"]
+        return known
+
+    async def _stream(self, body: dict[str, Any], headers: dict[str, str], call: str) -> tuple[list[int], str, dict[str, Any]]:
+        output: list[int] = []
+        finish: str | None = None
+        usage: dict[str, Any] = {}
+        try:
+            async with self.session.post(self.completions_url, data=_encode(body), headers={**headers, **_JSON}) as reply:
+                if reply.status != 200:
+                    text = (await reply.text())[:300]
+                    if _worker_failure(reply.status, text):
+                        raise _WorkerFailed(f"frontend HTTP {reply.status}: {text}")
+                    raise CallFailed(f"frontend HTTP {reply.status}: {text}")
+                async for line in reply.content:
+                    if not line.startswith(b"data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == b"[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        raise _WorkerFailed(f"stream error: {str(chunk['error'])[:300]}")
+                    tokens = (chunk.get("nvext") or {}).get("completion_token_ids") or ()
+                    if tokens and not output:
+                        await self._report("first", {"call": call})
+                    output.extend(tokens)
+                    for choice in chunk.get("choices") or ():
+                        finish = choice.get("finish_reason") or finish
+                    usage = chunk.get("usage") or usage
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise _WorkerFailed(f"{type(exc).__name__}: {exc}") from None
+        if finish is None:
+            raise _WorkerFailed("the stream ended without a finish reason")
+        return output, finish, usage
+
+    async def _decide(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self.session.post(f"{self.decisions_url}/v1/{operation}", data=_encode(body), headers=_JSON) as reply:
+            payload = await reply.read()
+            if reply.status != 200:
+                raise CallFailed(f"tasim router /v1/{operation}: HTTP {reply.status}: {_error(payload)}")
+        answer: dict[str, Any] = msgspec.json.decode(payload)
+        return answer
+
+    async def _report(self, operation: str, body: dict[str, Any]) -> None:
+        async with self.session.post(f"{self.decisions_url}/v1/{operation}", data=_encode(body), headers=_JSON) as reply:
+            if reply.status != 204:
+                raise CallFailed(f"tasim router /v1/{operation}: HTTP {reply.status}: {_error(await reply.read())}")
+
+    async def _report_failure(self, call: str, exc: BaseException) -> None:
+        """Tell the router the call failed for good; best effort, also while being cancelled."""
+        reason = "cancelled" if isinstance(exc, asyncio.CancelledError) else f"{type(exc).__name__}: {exc}"[:1000]
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.shield(self._report("fail", {"call": call, "reason": reason}))
+
+
+def _worker_failure(status: int, text: str) -> bool:
+    """A frontend answer that says the pinned worker failed rather than the request was bad:
+    any 5xx, and the 4xx Dynamo gives a pin to an instance it no longer lists ("Invalid
+    request"; request validation errors say "Validation: ...")."""
+    return status >= 500 or (status in (400, 404) and "Validation" not in text)
+
+
+def _error(payload: bytes) -> str:
+    try:
+        return str(msgspec.json.decode(payload).get("error"))[:300]
+    except (msgspec.DecodeError, AttributeError):
+        return payload[:300].decode(errors="replace")
