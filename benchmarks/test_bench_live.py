@@ -1,5 +1,7 @@
-"""Live-mode speed: routing decisions with 1,000 live programs, and requests per second through
-the tasim router against the Dynamo frontend's own round-robin on the same mocker workers."""
+"""Live-mode speed: routing decisions with 1,000 live programs (in the host, and through the
+decision service's socket as a pin-mode client sees them), and requests per second through the
+tasim router (proxy mode) and around it (pin mode) against the Dynamo frontend's own round-robin
+on the same mocker workers, in the same run."""
 
 from __future__ import annotations
 
@@ -9,14 +11,17 @@ import time
 from pathlib import Path
 
 import aiohttp
+import msgspec
 import numpy as np
 import pytest
 from conftest import RESULTS
 
+from tasim.live.decisions import Decisions, decision_app, serve_app
 from tasim.live.hashing import sequence_hashes
 from tasim.live.host import Call, PolicyHost
 from tasim.live.kv_events import KvEvent
-from tasim.live.stack import INTERNAL_SUFFIX, LiveStack
+from tasim.live.pinned import DecisionSocket, PinnedCalls
+from tasim.live.stack import HOST, INTERNAL_SUFFIX, LiveStack, free_ports, frontend_command
 from tasim.policies import make_policy
 from tasim.scenario import load_scenario
 from tasim.view import ClusterView, WorkerInfo
@@ -71,26 +76,83 @@ def test_routing_decision_with_1000_live_programs(benchmark, policy: str) -> Non
     assert p99 < 1.0, f"p99 routing decision {p99:.3f} ms"
 
 
-async def _requests_per_second(url: str, model: str, requests: int, concurrency: int, prompt: int, output: int) -> float:
+@pytest.mark.parametrize("policy", ["round_robin", "kv_router", "thunderagent"])
+def test_routing_decision_through_the_service_with_1000_live_programs(benchmark, policy: str) -> None:  # type: ignore[no-untyped-def]
+    """What a pin-mode client waits for: its route frame out, the policy's decision, the answer
+    back, over the decision socket (client and service share this process and one core)."""
+    host, contexts = _programs_host(policy)
+    decisions = Decisions(host, lambda worker: 1 + int(worker[1:]), _never_lost, max_retries=3, report_timeout_s=None)
+    seconds: list[float] = []
+
+    async def rounds(count: int) -> None:
+        (port,) = free_ports(1)
+        runner = await serve_app(decision_app(decisions), port)
+        try:
+            async with aiohttp.ClientSession() as session:
+                socket = DecisionSocket(session, f"http://{HOST}:{port}/v1/socket")
+                for _ in range(count):
+                    for index, context in enumerate(contexts):
+                        started = time.perf_counter()
+                        answer = await socket.ask("route", {"program": f"p{index}", "token_ids": context, "max_tokens": 200})
+                        seconds.append(time.perf_counter() - started)
+                        await socket.tell("fail", {"call": answer["call"], "reason": "benchmark round over"})  # the table as it was
+                await socket.close()
+        finally:
+            await runner.cleanup()
+
+    benchmark.pedantic(lambda: asyncio.run(rounds(1)), rounds=3, iterations=1)
+    p50, p99 = np.percentile(np.asarray(seconds) * 1e3, [50, 99])
+    info = {"programs": len(host.programs), "decisions": len(seconds), "p50_ms": float(p50), "p99_ms": float(p99)}
+    benchmark.extra_info.update(info)
+    RESULTS.append((f"routing decision through the service socket, {policy}, {PROGRAMS} live programs", info))
+    assert len(host.programs) == PROGRAMS and not decisions.calls
+    assert p99 < 1.0, f"p99 decision through the service {p99:.3f} ms"
+
+
+async def _never_lost(worker: str, instance: int, reason: str) -> None:
+    raise AssertionError(f"no call fails in this benchmark ({worker}: {reason})")
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+async def _requests_per_second(side: str, url: str, model: str, shape: tuple[int, int, int, int], decisions_url: str) -> float:
+    """``side`` "frontend" and "proxy" post to ``url``; "pin" asks the router at ``decisions_url``
+    first and reports the end after (`PinnedCalls`, one JSON reply); "pin-stream" streams and
+    reports the first token too, as tasim's drivers do; "frontend-stream" is its peer. ``shape``:
+    (requests, concurrency, prompt tokens, output tokens)."""
+    requests, concurrency, prompt, output = shape
     gate = asyncio.Semaphore(concurrency)
+    stream = side.endswith("-stream")
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        pinned = PinnedCalls(session, decisions_url, url)
 
         async def one(i: int) -> None:
-            body = {"model": model, "prompt": [3 + i % 97] * prompt, "max_tokens": output, "min_tokens": output, "ignore_eos": True}
-            async with gate, session.post(url, json=body) as reply:
-                assert reply.status == 200, await reply.text()
-                await reply.read()
+            tokens = [3 + i % 97] * prompt
+            body = {"model": model, "prompt": tokens, "max_tokens": output, "min_tokens": output, "ignore_eos": True}
+            async with gate:
+                if side.startswith("pin"):
+                    await pinned.complete(body, tokens, output, stream=stream)
+                    return
+                async with session.post(url, data=_encode({**body, "stream": stream}), headers={"content-type": "application/json"}) as reply:
+                    assert reply.status == 200, await reply.text()
+                    await reply.read()
 
         await asyncio.gather(*(one(i) for i in range(concurrency)))  # warm connections and caches
         started = time.perf_counter()
         await asyncio.gather(*(one(i) for i in range(requests)))
-        return requests / (time.perf_counter() - started)
+        rate = requests / (time.perf_counter() - started)
+        await pinned.close()
+        return rate
 
 
 # (label, mocker time scale, requests, concurrency, prompt tokens, output tokens): first the
 # workers at the scenario's own step times (what routing is for), then at 1000x, where the
-# workers cost almost nothing and the figure is the router's own overhead.
-REGIMES = (("workers at scenario speed", 1.0, 320, 16, 96, 32), ("workers 1000x faster", 1000.0, 600, 32, 64, 8))
+# workers cost almost nothing and the figure is the routing path's own overhead. On two cores
+# the 1000x mockers and the frontends fill the machine, so short runs swing by 20 %: each side
+# gets 2,000 requests a round, and the sides alternate.
+REGIMES = (("workers at scenario speed", 1.0, 320, 16, 96, 32), ("workers 1000x faster", 1000.0, 2000, 32, 64, 8))
+SIDES = ("frontend", "pin", "proxy", "frontend-stream", "pin-stream", "dynamo_python_router")
 
 
 @pytest.mark.parametrize("regime", REGIMES, ids=[r[0] for r in REGIMES])
@@ -99,6 +161,9 @@ def test_router_throughput_against_frontend_round_robin(benchmark, regime: tuple
     scenario = load_scenario(SCENARIO, ["policy.name=round_robin", "policy.params={}"])
     with LiveStack(scenario, time_scale=time_scale, workdir=tmp_path / "stack") as stack:
         assert stack.model_path is not None
+        # Pin mode's frontend (direct: a call must name its worker) on the same workers.
+        (direct_port,) = free_ports(1)
+        stack.start_component("frontend-direct", frontend_command(direct_port, "direct"))
         # Dynamo's own Python router in the request path, for scale: its ThunderAgent router,
         # whose requests without a session go straight through its KvRouter.
         stack.start_component(
@@ -118,19 +183,37 @@ def test_router_throughput_against_frontend_round_robin(benchmark, regime: tuple
             ],
         )
         stack.wait_for_model(PEER_MODEL)
+        internal = stack.model_name + INTERNAL_SUFFIX
+        direct = f"http://{HOST}:{direct_port}/v1/completions"
+        stack._wait_http(direct.replace("completions", "models"), "direct frontend", lambda body: internal in body)
         stack.begin_run()
         url = f"{stack.base_url}/v1/completions"
-        models = {"frontend": stack.model_name + INTERNAL_SUFFIX, "tasim": stack.model_name, "dynamo_python_router": PEER_MODEL}
-        figures: dict[str, list[float]] = {side: [] for side in models}
+        targets = {
+            "frontend": (url, internal),
+            "pin": (direct, internal),
+            "proxy": (url, stack.model_name),
+            "frontend-stream": (url, internal),
+            "pin-stream": (direct, internal),
+            "dynamo_python_router": (url, PEER_MODEL),
+        }
+        figures: dict[str, list[float]] = {side: [] for side in SIDES}
 
         def all_sides() -> None:  # alternate, so drift in the machine's load hits every side alike
-            for side, model in models.items():
-                figures[side].append(asyncio.run(_requests_per_second(url, model, requests, concurrency, prompt, output)))
+            for side in SIDES:
+                side_url, model = targets[side]
+                shape = (requests, concurrency, prompt, output)
+                figures[side].append(asyncio.run(_requests_per_second(side, side_url, model, shape, stack.status_url)))
 
-        benchmark.pedantic(all_sides, rounds=2, iterations=1)
-    frontend, tasim, peer = (float(np.mean(figures[side])) for side in models)
-    info = {"frontend_rr_rps": frontend, "tasim_rr_rps": tasim, "dynamo_ta_router_rps": peer, "ratio": tasim / frontend}
+        benchmark.pedantic(all_sides, rounds=3, iterations=1)
+        assert stack.status()["pinned_calls"]["unreported"] == 0
+    rate = {side: float(np.median(figures[side])) for side in SIDES}
+    info = {f"{side}_rps": rate[side] for side in SIDES} | {
+        "pin_ratio": rate["pin"] / rate["frontend"],
+        "pin_stream_ratio": rate["pin-stream"] / rate["frontend-stream"],
+        "proxy_ratio": rate["proxy"] / rate["frontend"],
+    }
     benchmark.extra_info.update(info)
     RESULTS.append((f"requests/s, {label}", info))
     if time_scale == 1.0:
-        assert tasim >= 0.9 * frontend, f"tasim router {tasim:.1f} req/s vs frontend round-robin {frontend:.1f} req/s"
+        assert rate["proxy"] >= 0.9 * rate["frontend"], f"tasim router {rate['proxy']:.1f} req/s vs frontend round-robin {rate['frontend']:.1f} req/s"
+    assert rate["pin"] >= 0.9 * rate["frontend"], f"pin mode {rate['pin']:.1f} req/s vs frontend round-robin {rate['frontend']:.1f} req/s"

@@ -1,7 +1,8 @@
 """End to end on real Dynamo: mocker workers + the tasim router + the Dynamo frontend.
 
 Each policy runs ``scenarios/live-mocker.yaml`` (24 programs x 3-5 turns on two tiny workers)
-once; the tests below read that run. Which worker served a call is checked against what the
+once, ThunderAgent also in pin mode (``thunderagent@pin``: the router only decides, calls go to a
+``direct`` frontend pinned to its choice); the tests below read those runs. Which worker served a call is checked against what the
 *workers* publish: every worker's KV-event stream is recorded by a subscriber of the test's own,
 and the last full prompt block of each call must be cached on the worker the policy chose.
 """
@@ -99,11 +100,13 @@ class LiveRun:
 _RUNS: dict[str, LiveRun] = {}
 
 
-def live_run(policy: str, tmp_root: Path) -> LiveRun:
-    if policy in _RUNS:
-        return _RUNS[policy]
-    scenario = finite_scenario(load_scenario(SCENARIO, [f"policy.name={policy}", "policy.params={}"]), None)
-    out = tmp_root / policy
+def live_run(key: str, tmp_root: Path) -> LiveRun:
+    """``key``: a policy name, with ``@pin`` for decision-only routing."""
+    if key in _RUNS:
+        return _RUNS[key]
+    policy, _, routing = key.partition("@")
+    scenario = finite_scenario(load_scenario(SCENARIO, [f"policy.name={policy}", "policy.params={}", f"live.routing={routing or 'proxy'}"]), None)
+    out = tmp_root / key
     out.mkdir(parents=True)
     events_path = out / EVENTS_PLAIN
     stack = LiveStack(scenario, time_scale=TIME_SCALE, workdir=out / "stack", events_path=events_path)
@@ -112,7 +115,15 @@ def live_run(policy: str, tmp_root: Path) -> LiveRun:
         recorder.start_and_wait()
         time.sleep(0.5)  # let the subscriptions reach the publishers
         assert stack.model_path is not None
-        driver = HttpAgentDriver(stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), TIME_SCALE, record_calls=True)
+        driver = HttpAgentDriver(
+            stack.base_url,
+            stack.model_name,
+            scenario,
+            vocab_size(stack.model_path),
+            TIME_SCALE,
+            record_calls=True,
+            decisions_url=stack.status_url if stack.pinned else None,
+        )
         stack.begin_run()
         result = asyncio.run(driver.run())
         stack.end_run()
@@ -132,7 +143,7 @@ def live_run(policy: str, tmp_root: Path) -> LiveRun:
         metrics=metrics,
         process_groups=list(stack.started_groups),
     )
-    _RUNS[policy] = run
+    _RUNS[key] = run
     return run
 
 
@@ -141,7 +152,7 @@ def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("live")
 
 
-POLICIES = ("thunderagent", "round_robin", "kv_router")
+POLICIES = ("thunderagent", "round_robin", "kv_router", "thunderagent@pin")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -180,8 +191,9 @@ def test_each_call_ran_on_the_worker_the_policy_chose(policy: str, tmp_root: Pat
         assert first_store[block] == int(worker[1:])
 
 
-def test_thunderagent_pauses_and_resumes_every_paused_program(tmp_root: Path) -> None:
-    run = live_run("thunderagent", tmp_root)
+@pytest.mark.parametrize("key", ["thunderagent", "thunderagent@pin"])
+def test_thunderagent_pauses_and_resumes_every_paused_program(key: str, tmp_root: Path) -> None:
+    run = live_run(key, tmp_root)
     assert run.summary["pauses"] > 0
     paused: set[str] = set()
     held: set[str] = set()
@@ -223,7 +235,8 @@ def test_no_process_outlives_the_stack(policy: str, tmp_root: Path) -> None:
 def test_router_status_and_metrics_account_for_every_call(policy: str, tmp_root: Path) -> None:
     run = live_run(policy, tmp_root)
     status = run.status
-    assert status["ready"] and status["policy"] == policy
+    assert status["ready"] and status["policy"] == policy.partition("@")[0]
+    assert status["pinned_calls"] == {"unreported": 0, "expired": 0}
     assert status["programs"]["live"] == 0  # the router's own table is empty: nothing leaked
     assert status["requests"] == {"in_flight": 0, "finished": run.driver.requests, "failed": 0, "retried": 0, "refused": 0, "session_finals": 24}
     assert all(info["serving"] and info["in_flight"] == 0 for info in status["workers"].values())

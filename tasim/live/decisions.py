@@ -53,38 +53,54 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
 
 
-class RouteBody(msgspec.Struct, forbid_unknown_fields=True):
+class _Frame(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only=True):
+    """One request to the service: an HTTP body (``op`` optional there), or a socket frame,
+    where ``id`` asks for an answer carrying it."""
+
+    id: int | None = None
+
+
+class RouteBody(_Frame, tag="route"):
     token_ids: list[TokenId]
     max_tokens: Count = 0
     program: str | None = None
     parent: str | None = None
 
 
-class CallBody(msgspec.Struct, forbid_unknown_fields=True):
+class CallBody(_Frame, tag="first"):
     call: str
 
 
-class DoneBody(msgspec.Struct, forbid_unknown_fields=True):
+class DoneBody(_Frame, tag="done"):
     call: str
     prompt_tokens: Count
     completion_tokens: Count
     cached_tokens: Count = 0
 
 
-class FailBody(msgspec.Struct, forbid_unknown_fields=True):
+class FailBody(_Frame, tag="fail"):
     call: str
     reason: Reason
 
 
-class RetryBody(msgspec.Struct, forbid_unknown_fields=True):
+class RetryBody(_Frame, tag="retry"):
     call: str
     reason: Reason
     token_ids: list[TokenId]
     max_tokens: Count = 0
 
 
-class EndBody(msgspec.Struct, forbid_unknown_fields=True):
+class EndBody(_Frame, tag="end"):
     program: str
+
+
+class CancelFrame(_Frame, tag="cancel"):
+    """Socket only: the client gave up waiting for the answer to frame ``id`` (a held call
+    is rolled back, as when an HTTP client goes away)."""
+
+
+Frame = RouteBody | CallBody | DoneBody | FailBody | RetryBody | EndBody | CancelFrame
+_FIELDS = {kind: ", ".join(f for f in kind.__struct_fields__ if f != "id") for kind in Frame.__args__}
 
 
 BodyT = TypeVar("BodyT", bound=msgspec.Struct)
@@ -132,19 +148,23 @@ class Decisions:
         self.calls: OrderedDict[str, _Routed] = OrderedDict()  # oldest routing first
         self.unreported = 0  # calls failed because their client never reported their end
         self._decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {}
+        self._frame_decoder: msgspec.json.Decoder[Frame] = msgspec.json.Decoder(Frame)
 
     # --- the operations ------------------------------------------------------------------------
 
     async def route(self, body: RouteBody) -> dict[str, Any]:
+        admission = self._decide(body)
+        return self._hand_out(admission if isinstance(admission, Call) else await self._admitted(admission), 1)
+
+    def _decide(self, body: RouteBody) -> Call | Held:
         self.on_request()
         self.expire_unreported()
         try:
-            admission = self.host.decide(body.program, body.token_ids, body.max_tokens, body.parent)
+            return self.host.decide(body.program, body.token_ids, body.max_tokens, body.parent)
         except InvalidProgramId as exc:
             raise DecisionError(400, str(exc)) from None
         except NoWorkerServing as exc:
             raise DecisionError(503, str(exc)) from None
-        return self._hand_out(await self._admitted(admission), 1)
 
     def first(self, body: CallBody) -> None:
         routed = self._routed(body.call)
@@ -251,6 +271,95 @@ class Decisions:
 
         for path, handler in (("route", route), ("first", first), ("done", done), ("fail", fail), ("retry", retry), ("end", end)):
             app.router.add_post(f"/v1/{path}", _answering_errors(handler))
+        app.router.add_get("/v1/socket", self._socket)
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        """The same operations as frames over one WebSocket (``{"op": "route", "id": 1, ...}``),
+        which costs a client far less than an HTTP exchange per operation. Frames are handled
+        in order; a route or retry answers when decided (others may be answered meanwhile), and
+        only frames with an ``id`` are answered: ``{"id": ..., ...}`` or ``{"id": ..., "status":
+        4xx|5xx, "error": ...}`` (an error of a frame without an id is answered with ``id`` null).
+        Closing the socket gives up every call it is still waiting for."""
+        socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES)
+        await socket.prepare(request)
+        waiting: dict[int, asyncio.Task[None]] = {}
+        try:
+            async for message in socket:
+                if message.type in (web.WSMsgType.TEXT, web.WSMsgType.BINARY):
+                    await self._frame(socket, message.data, waiting)
+        finally:
+            for task in waiting.values():
+                task.cancel()
+        return socket
+
+    async def _frame(self, socket: web.WebSocketResponse, data: str | bytes, waiting: dict[int, asyncio.Task[None]]) -> None:
+        frame: Frame | None = None
+        try:
+            frame = self._frame_decoder.decode(data)
+            answer = self._carry_out(socket, frame, waiting)
+        except DecisionError as exc:
+            await _send(socket, {"id": frame.id if frame else None, "status": exc.status, "error": str(exc)})
+            return
+        except msgspec.ValidationError as exc:
+            await _send(socket, {"id": None, "status": 400, "error": f"bad frame: {exc} (ops: {_OPS})"})
+            return
+        except msgspec.DecodeError as exc:
+            await _send(socket, {"id": None, "status": 400, "error": f"bad frame: not JSON ({exc})"})
+            return
+        if answer is not None and frame.id is not None:
+            await _send(socket, {**answer, "id": frame.id})
+
+    def _carry_out(self, socket: web.WebSocketResponse, frame: Frame, waiting: dict[int, asyncio.Task[None]]) -> dict[str, Any] | None:
+        """The answer to a frame now, or None when there is none yet (a held call or a retry,
+        answered by a task of their own) or none at all (a cancel)."""
+        if isinstance(frame, CancelFrame):
+            task = waiting.get(frame.id) if frame.id is not None else None
+            if task is not None:
+                task.cancel()
+            return None
+        if not isinstance(frame, (RouteBody, RetryBody)):
+            return self._now(frame)
+        if frame.id is None:
+            raise DecisionError(400, f"a {frame.__struct_config__.tag} frame needs an id")
+        if isinstance(frame, RouteBody):
+            admission = self._decide(frame)
+            if isinstance(admission, Call):  # the common case: answered at once, no task
+                return self._hand_out(admission, 1)
+            deciding = self.route_held(admission)
+        else:
+            deciding = self.retry(frame)
+        waiting[frame.id] = asyncio.ensure_future(self._answer_later(socket, frame.id, deciding, waiting))
+        return None
+
+    def _now(self, frame: CallBody | DoneBody | FailBody | EndBody) -> dict[str, Any]:
+        """Carry out a report or a program end."""
+        if isinstance(frame, CallBody):
+            self.first(frame)
+        elif isinstance(frame, DoneBody):
+            self.done(frame)
+        elif isinstance(frame, FailBody):
+            self.fail(frame)
+        elif isinstance(frame, EndBody):
+            return self.end(frame)
+        return {}
+
+    async def route_held(self, held: Held) -> dict[str, Any]:
+        return self._hand_out(await self._admitted(held), 1)
+
+    async def _answer_later(
+        self, socket: web.WebSocketResponse, frame_id: int, deciding: Awaitable[dict[str, Any]], waiting: dict[int, asyncio.Task[None]]
+    ) -> None:
+        try:
+            answer = await deciding
+        except DecisionError as exc:
+            answer = {"status": exc.status, "error": str(exc)}
+        finally:
+            waiting.pop(frame_id, None)
+        if socket.closed:  # the client left after the decision: the call was never sent
+            if "call" in answer:
+                self.fail(FailBody(call=answer["call"], reason="the client's socket closed before it took the call"))
+            return
+        await _send(socket, {**answer, "id": frame_id})
 
     async def _body(self, request: web.Request, kind: type[BodyT]) -> BodyT:
         decoder = self._decoders.get(kind)
@@ -259,7 +368,7 @@ class Decisions:
         try:
             body: BodyT = decoder.decode(await request.read())
         except msgspec.ValidationError as exc:
-            raise DecisionError(400, f"bad {request.path} body: {exc} (fields: {', '.join(kind.__struct_fields__)})") from None
+            raise DecisionError(400, f"bad {request.path} body: {exc} (fields: {_FIELDS[kind]})") from None
         except msgspec.DecodeError as exc:
             raise DecisionError(400, f"bad {request.path} body: not JSON ({exc})") from None
         return body
@@ -267,6 +376,14 @@ class Decisions:
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _encode = msgspec.json.Encoder().encode
+
+
+_OPS = ", ".join(kind.__struct_config__.tag for kind in Frame.__args__)
+
+
+async def _send(socket: web.WebSocketResponse, payload: dict[str, Any]) -> None:
+    if not socket.closed:
+        await socket.send_bytes(_encode(payload))
 
 
 def _json(payload: dict[str, Any], status: int = 200) -> web.Response:

@@ -129,6 +129,8 @@ class HttpAgentDriver:
                 for task in pending:
                     task.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+                if self._pinned is not None:
+                    await self._pinned.close()
         self.result.wall_s = time.perf_counter() - started
         return self.result
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,7 @@ class PinnedCalls:
         self.session = session
         self.decisions_url = decisions_url.rstrip("/")
         self.completions_url = completions_url
+        self._decisions: DecisionSocket | None = None
 
     async def complete(
         self,
@@ -67,14 +68,15 @@ class PinnedCalls:
         program: str | None = None,
         parent: str | None = None,
         headers: dict[str, str] | None = None,
+        stream: bool = True,
     ) -> PinnedReply:
         """``body`` is the ``/v1/completions`` request (its prompt as text or ids);
-        ``token_ids`` is that prompt as token ids, which the policy hashes."""
+        ``token_ids`` is that prompt as token ids, which the policy hashes. ``stream`` False:
+        one JSON reply, cheaper for the client, and no first-token report (no TTFT in the log)."""
         decision = await self._decide("route", {"program": program, "parent": parent, "token_ids": token_ids, "max_tokens": max_tokens})
-        streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
         nvext = dict(body.get("nvext") or {})
         nvext["extra_fields"] = sorted({*nvext.get("extra_fields", ()), "completion_token_ids"})
-        streamed["nvext"] = nvext
+        streamed = {**body, "stream": stream, "nvext": nvext} | ({"stream_options": {"include_usage": True}} if stream else {})
         retries = 0
         while True:
             try:
@@ -109,13 +111,18 @@ class PinnedCalls:
                     if _worker_failure(reply.status, text):
                         raise _WorkerFailed(f"frontend HTTP {reply.status}: {text}")
                     raise CallFailed(f"frontend HTTP {reply.status}: {text}")
+                if not body["stream"]:
+                    whole = msgspec.json.decode(await reply.read())
+                    choice = (whole.get("choices") or [{}])[0]
+                    output = list((whole.get("nvext") or {}).get("completion_token_ids") or ())
+                    return output, choice.get("finish_reason") or "", whole.get("usage") or {}
                 async for line in reply.content:
                     if not line.startswith(b"data:"):
                         continue
                     data = line[5:].strip()
                     if data == b"[DONE]":
                         break
-                    chunk = json.loads(data)
+                    chunk = msgspec.json.decode(data)
                     if "error" in chunk:
                         raise _WorkerFailed(f"stream error: {str(chunk['error'])[:300]}")
                     tokens = (chunk.get("nvext") or {}).get("completion_token_ids") or ()
@@ -132,17 +139,14 @@ class PinnedCalls:
         return output, finish, usage
 
     async def _decide(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
-        async with self.session.post(f"{self.decisions_url}/v1/{operation}", data=_encode(body), headers=_JSON) as reply:
-            payload = await reply.read()
-            if reply.status != 200:
-                raise CallFailed(f"tasim router /v1/{operation}: HTTP {reply.status}: {_error(payload)}")
-        answer: dict[str, Any] = msgspec.json.decode(payload)
+        answer = await self._socket().ask(operation, body)
+        if "error" in answer:
+            raise CallFailed(f"tasim router {operation}: HTTP {answer.get('status')}: {answer['error']}")
         return answer
 
     async def _report(self, operation: str, body: dict[str, Any]) -> None:
-        async with self.session.post(f"{self.decisions_url}/v1/{operation}", data=_encode(body), headers=_JSON) as reply:
-            if reply.status != 204:
-                raise CallFailed(f"tasim router /v1/{operation}: HTTP {reply.status}: {_error(await reply.read())}")
+        """A report needs no answer: the socket keeps it in order with the call's others."""
+        await self._socket().tell(operation, body)
 
     async def _report_failure(self, call: str, exc: BaseException) -> None:
         """Tell the router the call failed for good; best effort, also while being cancelled."""
@@ -150,16 +154,85 @@ class PinnedCalls:
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.shield(self._report("fail", {"call": call, "reason": reason}))
 
+    def _socket(self) -> DecisionSocket:
+        if self._decisions is None or self._decisions.closed:
+            self._decisions = DecisionSocket(self.session, f"{self.decisions_url}/v1/socket")
+        return self._decisions
+
+    async def close(self) -> None:
+        if self._decisions is not None:
+            await self._decisions.close()
+
+
+class DecisionSocket:
+    """One WebSocket to the decision service (`tasim.live.decisions`), shared by every call
+    of a client: answers are matched to questions by id; reports go unanswered. Opened on
+    first use; a question whose asker is cancelled is cancelled at the service too."""
+
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session = session
+        self.url = url
+        self.closed = False
+        self.errors: list[str] = []  # the service's answers to reports it refused
+        self._ids = itertools.count(1)
+        self._asked: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._connected: asyncio.Task[aiohttp.ClientWebSocketResponse] | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def ask(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
+        socket = await self._open()
+        frame_id = next(self._ids)
+        answer = self._asked[frame_id] = asyncio.get_running_loop().create_future()
+        try:
+            await socket.send_bytes(_encode({"op": operation, "id": frame_id, **body}))
+            return await answer
+        except asyncio.CancelledError:
+            if not socket.closed:
+                with contextlib.suppress(Exception):
+                    await socket.send_bytes(_encode({"op": "cancel", "id": frame_id}))
+            raise
+        finally:
+            self._asked.pop(frame_id, None)
+
+    async def tell(self, operation: str, body: dict[str, Any]) -> None:
+        socket = await self._open()
+        await socket.send_bytes(_encode({"op": operation, **body}))
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._connected is not None and self._connected.done() and not self._connected.exception():
+            await self._connected.result().close()
+        if self._reader is not None:
+            await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def _open(self) -> aiohttp.ClientWebSocketResponse:
+        if self._connected is None:  # concurrent first calls share one connection attempt
+            self._connected = asyncio.ensure_future(self.session.ws_connect(self.url, max_msg_size=0, autoping=True))
+        socket = await asyncio.shield(self._connected)
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read(socket))
+        return socket
+
+    async def _read(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+        try:
+            async for message in socket:
+                if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
+                    continue
+                answer: dict[str, Any] = msgspec.json.decode(message.data)
+                waiter = self._asked.get(answer.pop("id", None) or 0)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(answer)
+                elif "error" in answer:
+                    self.errors.append(str(answer["error"]))
+        finally:
+            self.closed = True
+            for waiter in self._asked.values():
+                if not waiter.done():
+                    waiter.set_exception(CallFailed("the tasim router closed its decision socket"))
+
 
 def _worker_failure(status: int, text: str) -> bool:
     """A frontend answer that says the pinned worker failed rather than the request was bad:
     any 5xx, and the 4xx Dynamo gives a pin to an instance it no longer lists ("Invalid
     request"; request validation errors say "Validation: ...")."""
     return status >= 500 or (status in (400, 404) and "Validation" not in text)
-
-
-def _error(payload: bytes) -> str:
-    try:
-        return str(msgspec.json.decode(payload).get("error"))[:300]
-    except (msgspec.DecodeError, AttributeError):
-        return payload[:300].decode(errors="replace")

@@ -1,0 +1,263 @@
+"""Decision-only routing (``live.routing: pin``) without Dynamo: the decision service
+(`tasim.live.decisions`) served over real HTTP and WebSocket on 127.0.0.1 around the live policy
+host, with the simulator's event checks on its log. The pin-mode stack itself runs in
+tests/test_live_e2e.py (``thunderagent@pin``), test_live_load.py and test_live_faults.py."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+pytest.importorskip("aiohttp")
+pytest.importorskip("xxhash")
+
+import aiohttp  # noqa: E402
+from conftest import FakeClock  # noqa: E402
+from conftest import live_host as _host  # noqa: E402
+
+from tasim import events as ev  # noqa: E402
+from tasim.live.decisions import PIN_HEADER, Decisions, decision_app, serve_app  # noqa: E402
+from tasim.live.host import PolicyHost  # noqa: E402
+from tasim.live.pinned import DecisionSocket  # noqa: E402
+from tasim.live.stack import HOST, free_ports  # noqa: E402
+
+INSTANCES = {"w0": 100, "w1": 101}
+
+
+def _tokens(n: int, start: int = 5) -> list[int]:
+    return list(range(start, start + n))
+
+
+class Workers:
+    """What the router knows of the workers: their instances, and which ones would fail a
+    probe (a client's report of a failure is checked, never just believed)."""
+
+    def __init__(self, host: PolicyHost) -> None:
+        self.host = host
+        self.dead: set[str] = set()
+        self.probed: list[tuple[str, int]] = []
+
+    async def confirm_lost(self, worker: str, instance: int, reason: str) -> None:
+        self.probed.append((worker, instance))
+        if worker in self.dead:
+            self.host.worker_lost(worker, reason)
+
+
+@asynccontextmanager
+async def service(
+    policy: str = "round_robin", kv_blocks: int = 64, max_retries: int = 3, report_timeout_s: float | None = None
+) -> AsyncIterator[tuple[str, Decisions, Workers, FakeClock, list[ev.Event]]]:
+    host, clock, events = _host(policy, kv_blocks=kv_blocks, checked=True)
+    workers = Workers(host)
+    decisions = Decisions(host, INSTANCES.get, workers.confirm_lost, max_retries, report_timeout_s)
+    (port,) = free_ports(1)
+    runner = await serve_app(decision_app(decisions), port)
+    try:
+        yield f"http://{HOST}:{port}", decisions, workers, clock, events
+    finally:
+        await runner.cleanup()
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: Any) -> tuple[int, Any]:
+    data = body if isinstance(body, bytes) else None
+    async with session.post(url, data=data, json=None if data is not None else body) as reply:
+        text = await reply.text()
+        return reply.status, (await reply.json(content_type=None)) if text else None
+
+
+def test_route_first_and_done_log_the_call_as_proxy_mode_does() -> None:
+    async def go() -> None:
+        async with service() as (url, decisions, _, clock, events), aiohttp.ClientSession() as session:
+            status, a = await _post(session, f"{url}/v1/route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4})
+            assert status == 200
+            assert a == {"call": "A.0", "worker": "w0", "instance_id": 100, "pin": {PIN_HEADER: "100"}, "held_s": 0.0}
+            status, b = await _post(session, f"{url}/v1/route", {"program": "B", "parent": "g", "token_ids": _tokens(20, 100), "max_tokens": 4})
+            assert (status, b["worker"], b["pin"]) == (200, "w1", {PIN_HEADER: "101"})
+            clock.t = 0.5
+            assert await _post(session, f"{url}/v1/first", {"call": "A.0"}) == (204, None)
+            assert await _post(session, f"{url}/v1/first", {"call": "A.0"}) == (204, None)  # a repeat changes nothing
+            clock.t = 1.0
+            done = {"call": "A.0", "prompt_tokens": 20, "completion_tokens": 4, "cached_tokens": 16}
+            assert await _post(session, f"{url}/v1/done", done) == (204, None)
+            assert await _post(session, f"{url}/v1/end", {"program": "A"}) == (200, {"known": True})
+            assert await _post(session, f"{url}/v1/end", {"program": "never"}) == (200, {"known": False})
+            host = decisions.host
+            assert (host.finished, host.in_flight, host.session_finals, host.unknown_finals) == (1, 1, 2, 1)
+            assert list(decisions.calls) == ["B.0"]
+            a_events = [e for e in events if getattr(e, "program", None) == "A" or getattr(e, "request", "").startswith("A.")]
+            assert [type(e).__name__ for e in a_events] == [
+                "ProgramStarted",
+                "RequestArrived",
+                "RequestRouted",
+                "FirstToken",
+                "RequestFinished",
+                "ProgramFinished",
+            ]
+            assert a_events[3] == ev.FirstToken(0.5, "A.0")
+
+    asyncio.run(go())
+
+
+BAD_BODIES = [
+    ("route", {"program": "x" * 257, "token_ids": [1]}, 400, "session id of 257 characters; at most 256 are allowed"),
+    ("route", {"parent": "y" * 300, "token_ids": [1]}, 400, "parent session id of 300 characters"),
+    ("route", {"token_ids": [-1]}, 400, "Expected `int` >= 0 - at `$.token_ids[0]`"),
+    ("route", {"token_ids": [1 << 32]}, 400, "Expected `int` <= 4294967295"),
+    ("route", {"programm": "p", "token_ids": [1]}, 400, "unknown field `programm` (fields: token_ids, max_tokens, program, parent)"),
+    ("route", {"program": "p"}, 400, "missing required field `token_ids`"),
+    ("route", b"{not json", 400, "not JSON"),
+    ("done", {"call": "nope.0", "prompt_tokens": 1, "completion_tokens": 1}, 404, "no call 'nope.0' is routed and unreported"),
+    ("first", {"call": "nope.0"}, 404, "no call 'nope.0'"),
+    ("fail", {"call": "nope.0", "reason": ""}, 400, "Expected `str` of length >= 1 - at `$.reason`"),
+    ("retry", {"call": "nope.0", "reason": "x"}, 400, "missing required field `token_ids`"),
+    ("end", {}, 400, "missing required field `program`"),
+]
+
+
+@pytest.mark.parametrize(("operation", "body", "status", "message"), BAD_BODIES, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD_BODIES)])
+def test_bad_bodies_get_a_one_line_4xx_and_change_nothing(operation: str, body: Any, status: int, message: str) -> None:
+    async def go() -> None:
+        async with service() as (url, decisions, _, _clock, events), aiohttp.ClientSession() as session:
+            got, answer = await _post(session, f"{url}/v1/{operation}", body)
+            assert got == status and message in answer["error"] and "\n" not in answer["error"]
+            assert events == [] and decisions.host.programs == {} and decisions.calls == {}
+
+    asyncio.run(go())
+
+
+def test_socket_answers_by_id_and_refuses_bad_frames_in_one_line() -> None:
+    async def go() -> None:
+        async with service() as (url, decisions, _, _clock, _events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            answers = await asyncio.gather(*(socket.ask("route", {"program": p, "token_ids": _tokens(20), "max_tokens": 4}) for p in "ABC"))
+            assert [(a["call"], a["worker"], a["instance_id"]) for a in answers] == [("A.0", "w0", 100), ("B.0", "w1", 101), ("C.0", "w0", 100)]
+            for call in ("A.0", "B.0"):
+                await socket.tell("first", {"call": call})
+                await socket.tell("done", {"call": call, "prompt_tokens": 20, "completion_tokens": 4})
+            await socket.tell("fail", {"call": "C.0", "reason": "the client gave up"})
+            assert await socket.ask("end", {"program": "A"}) == {"known": True}
+            refused = await socket.ask("route", {"program": "z" * 300, "token_ids": [1]})
+            assert refused == {"status": 400, "error": "session id of 300 characters; at most 256 are allowed"}
+            await socket.tell("done", {"call": "gone.0", "prompt_tokens": 1, "completion_tokens": 1})  # no id: answered with id null
+            await socket.tell("nonsense", {})
+            assert await socket.ask("end", {"program": "B"}) == {"known": True}  # frames are handled in order
+            assert socket.errors == [
+                "no call 'gone.0' is routed and unreported (ids come from /v1/route)",
+                "bad frame: Invalid value 'nonsense' - at `$.op` (ops: route, first, done, fail, retry, end, cancel)",
+            ]
+            host = decisions.host
+            assert (host.finished, host.failed, host.in_flight, list(host.programs)) == (2, 1, 0, [])
+            await socket.close()
+
+    asyncio.run(go())
+
+
+# ThunderAgent on two workers of 8 blocks x 16 tokens: a 20-token program (plus its 100-token
+# buffer) fills a worker, so a third program is held until one ends (as in test_live_units).
+
+
+async def _two_placed_and_one_asked(socket: DecisionSocket) -> asyncio.Task[dict[str, Any]]:
+    for program, start in (("A", 5), ("B", 100)):
+        await socket.ask("route", {"program": program, "token_ids": _tokens(20, start), "max_tokens": 4})
+    asked = asyncio.ensure_future(socket.ask("route", {"program": "C", "token_ids": _tokens(20, 200), "max_tokens": 4}))
+    await asyncio.sleep(0.2)
+    assert not asked.done()
+    return asked
+
+
+def test_a_held_call_is_answered_when_the_policy_resumes_its_program() -> None:
+    async def go() -> None:
+        async with service("thunderagent", kv_blocks=8) as (url, decisions, _, clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            clock.t = 1.0
+            asked = await _two_placed_and_one_asked(socket)
+            clock.t = 3.0
+            await socket.tell("done", {"call": "A.0", "prompt_tokens": 20, "completion_tokens": 4})
+            assert await socket.ask("end", {"program": "A"}) == {"known": True}
+            clock.t = 6.0  # past the 5 s scheduler interval: C resumes on A's worker
+            decisions.host.tick()
+            answer = await asyncio.wait_for(asked, 5)
+            assert answer == {"call": "C.0", "worker": "w0", "instance_id": 100, "pin": {PIN_HEADER: "100"}, "held_s": 5.0}
+            assert [e for e in events if isinstance(e, (ev.RequestHeld, ev.ProgramResumed))] == [
+                ev.RequestHeld(1.0, "C.0", "C"),
+                ev.ProgramResumed(6.0, "C", "w0", False),
+            ]
+            await socket.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("how", ["socket cancel", "socket closed", "http client gone"])
+def test_a_client_that_leaves_while_held_rolls_its_call_back(how: str) -> None:
+    async def go() -> None:
+        async with service("thunderagent", kv_blocks=8) as (url, decisions, _, clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            clock.t = 1.0
+            asked = await _two_placed_and_one_asked(socket)
+            clock.t = 2.0
+            if how == "socket cancel":
+                asked.cancel()
+            elif how == "socket closed":
+                await socket.close()
+            else:
+                asked.cancel()  # rolled back by the cancel frame; now the same over HTTP
+                await asyncio.sleep(0.2)
+                body = {"program": "D", "token_ids": _tokens(20, 300), "max_tokens": 4}
+                with pytest.raises(TimeoutError):
+                    await session.post(f"{url}/v1/route", json=body, timeout=aiohttp.ClientTimeout(total=0.3))
+            await asyncio.gather(asked, return_exceptions=True)
+            await asyncio.sleep(0.3)
+            host = decisions.host
+            assert sorted(host.programs) == ["A", "B"] and host.in_flight == 2 and sorted(decisions.calls) == ["A.0", "B.0"]
+            dropped = [e for e in events if isinstance(e, ev.RequestDropped)]
+            assert [(e.request, e.reason) for e in dropped] == [("C.0", "cancelled while held")] + (
+                [("D.0", "cancelled while held")] if how == "http client gone" else []
+            )
+            await socket.close()
+
+    asyncio.run(go())
+
+
+def test_a_retry_checks_the_worker_and_the_policy_places_the_call_again() -> None:
+    async def go() -> None:
+        async with service(max_retries=1) as (url, decisions, workers, clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            a = await socket.ask("route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4})
+            assert a["worker"] == "w0"
+            # The worker answers its probe: not lost; the call is placed again (round robin: w1).
+            clock.t = 1.0
+            again = await socket.ask("retry", {"call": "A.0", "reason": "frontend HTTP 503", "token_ids": _tokens(20), "max_tokens": 4})
+            assert (again["call"], again["worker"], workers.probed, decisions.host.lost) == ("A.0r2", "w1", [("w0", 100)], set())
+            # One retry allowed: the next failure fails the call for good.
+            gave_up = await socket.ask("retry", {"call": "A.0r2", "reason": "frontend HTTP 503", "token_ids": _tokens(20), "max_tokens": 4})
+            assert gave_up == {"status": 503, "error": "call A.0r2 failed on 2 workers; giving up (1 retries allowed)"}
+            # A worker that does not answer its probe is lost, and the call goes elsewhere.
+            b = await socket.ask("route", {"program": "B", "token_ids": _tokens(20, 50), "max_tokens": 4})
+            workers.dead.add(b["worker"])
+            moved = await socket.ask("retry", {"call": b["call"], "reason": "connection refused", "token_ids": _tokens(20, 50), "max_tokens": 4})
+            assert moved["worker"] != b["worker"] and decisions.host.lost == {b["worker"]}
+            assert [e.reason for e in events if isinstance(e, ev.RequestRetried)] == [
+                "worker w0: client: frontend HTTP 503",
+                f"worker {b['worker']}: client: connection refused",
+            ]
+            await socket.close()
+
+    asyncio.run(go())
+
+
+def test_calls_never_reported_are_failed_after_the_timeout_and_their_programs_idle() -> None:
+    async def go() -> None:
+        async with service(report_timeout_s=0.2) as (url, decisions, _, _clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            await socket.ask("route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4})
+            await asyncio.sleep(0.3)
+            decisions.expire_unreported()
+            assert decisions.unreported == 1 and not decisions.calls and decisions.host.in_flight == 0
+            assert [e.reason for e in events if isinstance(e, ev.RequestDropped)] == ["no report from the client within 0.2 s"]
+            await socket.close()
+
+    asyncio.run(go())
