@@ -213,6 +213,12 @@ def _build_parser() -> argparse.ArgumentParser:
         default="http",
         help="how programs reach the stack: async HTTP clients (agent workloads) or verl agent loops (rl_rollout workloads)",
     )
+    live.add_argument(
+        "--routing",
+        choices=("proxy", "pin"),
+        help="proxy: calls stream through the tasim router; pin: the router only decides and calls go to the frontend "
+        "pinned to its choice (sets live.routing; default: the scenario's, proxy)",
+    )
     live.add_argument("--programs", type=_positive_int, help="programs to run (default: the scenario's workload.programs)")
     live.add_argument(
         "--time-scale",
@@ -510,6 +516,9 @@ def _live(args: argparse.Namespace) -> int:
         raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
     if args.programs is not None:
         _refuse_replacing(args.overrides, f"--programs {args.programs}", Override(("workload", "programs"), args.programs))
+    if args.routing is not None:
+        _refuse_replacing(args.overrides, f"--routing {args.routing}", Override(("live", "routing"), args.routing))
+        args.overrides = [*args.overrides, f"live.routing={args.routing}"]
     scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs)
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")

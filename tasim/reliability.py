@@ -122,31 +122,43 @@ def sim_invariants(runs: int = 200, seed: int = 0) -> Outcome:
     )
 
 
-def live_load_scenario(programs: int = 2048, concurrency: int = 512) -> Scenario:
+def live_load_scenario(programs: int = 2048, concurrency: int = 512, routing: str = "proxy") -> Scenario:
     """``programs`` agent programs, ``concurrency`` at a time, on the live-mocker preset's two
     workers (pools enlarged so that programs fit) under ThunderAgent, which pauses and resumes
     programs at tool boundaries: the race of a pause with a request's admission gets exercised
-    on every pause."""
+    on every pause. ``routing``: ``live.routing``."""
     from tasim.live.run import finite_scenario
 
     scenario = load_scenario(
         PRESET_DIR / "live-mocker.yaml",
-        [f"workload.concurrency={concurrency}", "cluster.engine.kv_blocks=4096", "policy.name=thunderagent", "policy.params={}"],
+        [
+            f"workload.concurrency={concurrency}",
+            "cluster.engine.kv_blocks=4096",
+            "policy.name=thunderagent",
+            "policy.params={}",
+            f"live.routing={routing}",
+        ],
     )
     return finite_scenario(scenario, programs)
 
 
-def live_load(out: Path, programs: int = 2048, concurrency: int = 512) -> Outcome:
+# How each routing mode's calls reach the workers, for the table.
+ROUTE = {
+    "proxy": "Dynamo's frontend, the tasim router (thunderagent)",
+    "pin": "the tasim router's decisions (thunderagent) and Dynamo's frontend pinned to them",
+}
+
+
+def live_load(out: Path, programs: int = 2048, concurrency: int = 512, routing: str = "proxy") -> Outcome:
     """`live_load_scenario` through the real stack at time scale 1 (about two minutes)."""
     from tasim.live.run import run_live
 
-    summary = run_live(live_load_scenario(programs, concurrency), out)
+    summary = run_live(live_load_scenario(programs, concurrency, routing), out)
     driver = json.loads((out / "run.json").read_text())["driver"]
     lost = driver["failed_requests"] + summary["requests_unfinished"] + summary["requests_dropped"]
     return Outcome(
-        "live router under load",
-        f"{programs:,} programs, {concurrency} concurrent, for {driver['wall_s']:.0f} s through Dynamo's frontend, "
-        "the tasim router (thunderagent) and 2 mocker workers",
+        f"live router under load ({routing})",
+        f"{programs:,} programs, {concurrency} concurrent, for {driver['wall_s']:.0f} s through {ROUTE[routing]} and 2 mocker workers",
         f"{summary['pauses']:,} pauses and {summary['resumes']:,} resumes racing requests' admission",
         driver["requests"],
         lost,
@@ -155,22 +167,23 @@ def live_load(out: Path, programs: int = 2048, concurrency: int = 512) -> Outcom
     )
 
 
-def worker_crash(out: Path) -> Outcome:
+def worker_crash(out: Path, routing: str = "proxy") -> Outcome:
     """`tasim.live.faults.kill_a_worker`: one of two mocker workers SIGKILLed mid-stream and
     restarted, then both killed (about a minute)."""
     from tasim.live.faults import kill_a_worker
 
-    run = kill_a_worker(out)
+    run = kill_a_worker(out, routing=routing)
+    # A proxied call goes on where it broke off; a pinned one starts over on its new worker.
+    retried = f"{run.retried_mid_stream} mid-stream, their output kept" if routing == "proxy" else "each started over on its new worker"
     return Outcome(
-        "live router: a worker dies",
-        f"{run.programs} programs, {run.concurrency} concurrent, for {run.wall_s:.0f} s through Dynamo's frontend, "
-        "the tasim router (thunderagent) and 2 mocker workers",
+        f"live router: a worker dies ({routing})",
+        f"{run.programs} programs, {run.concurrency} concurrent, for {run.wall_s:.0f} s through {ROUTE[routing]} and 2 mocker workers",
         f"w1 SIGKILLed with {run.streaming_at_kill} calls in flight on it, restarted at once; after the run, both workers killed",
         run.requests,
         run.lost_requests,
         run.leaked_programs,
-        f"w1 lost after {run.lost_after_s:.2f} s; {run.retried} calls retried ({run.retried_mid_stream} mid-stream, "
-        f"their output kept), {run.failed_requests} failed; {run.replaced_programs} programs re-placed on w0; w1 serving again "
+        f"w1 lost after {run.lost_after_s:.2f} s; {run.retried} calls retried ({retried}), {run.failed_requests} failed; "
+        f"{run.replaced_programs} programs re-placed on w0; w1 serving again "
         f"{run.rejoined_after_s:.1f} s after its restart and took {run.served_after_rejoin} calls; with no worker a call got "
         f"HTTP {run.refused_status}",
     )
@@ -231,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = [sim_invariants(), abandoned_sessions()]
     with tempfile.TemporaryDirectory(prefix="tasim-reliability-") as tmp:
         kept = args.out or Path(tmp)
-        outcomes.append(live_load(kept / "live-load"))
-        outcomes.append(worker_crash(kept / "worker-crash"))
+        for routing in ("proxy", "pin"):
+            outcomes.append(live_load(kept / f"live-load-{routing}", routing=routing))
+            outcomes.append(worker_crash(kept / f"worker-crash-{routing}", routing=routing))
     table = render(outcomes)
     replace_section(args.doc, BEGIN, END, table)
     print(table)

@@ -413,10 +413,12 @@ class LiveConfig(_Strict):
     max_retries: int = Field(
         3, ge=0, le=100, description="the live router sends a call again, on another worker, at most this many times when its worker is lost"
     )
-    routing: Literal["proxy", "pin"] = Field(
+    routing: Literal["proxy", "pin", "dynamo-thunderagent", "dynamo-two-tier"] = Field(
         "proxy",
         description="proxy: calls stream through the tasim router; pin: clients ask the router for a worker and "
-        "send the call to the frontend pinned to it (tasim's drivers and verl client)",
+        "send the call to the frontend pinned to it (tasim's drivers and verl client); dynamo-thunderagent, "
+        "dynamo-two-tier: Dynamo's own Rust plug-in decides in the frontend (a baseline; policy.name must be "
+        "its tasim peer, thunderagent or cache_aware)",
     )
 
 

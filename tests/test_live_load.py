@@ -1,6 +1,7 @@
 """Issue 9's load test: 512 concurrent programs for two minutes through the real live stack
 (Dynamo frontend, tasim router under ThunderAgent, two Dynamo mocker workers), with zero failed
-requests and zero leaked programs. The same function fills the load row of docs/reliability.md."""
+requests and zero leaked programs, with calls through the router (proxy) and pinned to its
+decisions (pin). The same function fills the load row of docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from tasim.sim.checks import EventChecks
 pytest.importorskip("dynamo.llm")
 
 
-def test_512_concurrent_programs_for_two_minutes_lose_nothing(tmp_path: Path) -> None:
-    outcome = live_load(tmp_path / "run")
+@pytest.mark.parametrize("routing", ["proxy", "pin"])
+def test_512_concurrent_programs_for_two_minutes_lose_nothing(routing: str, tmp_path: Path) -> None:
+    outcome = live_load(tmp_path / "run", routing=routing)
     driver = json.loads((tmp_path / "run" / "run.json").read_text())["driver"]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert driver["wall_s"] >= 120.0  # two minutes of load at time scale 1
@@ -28,6 +30,7 @@ def test_512_concurrent_programs_for_two_minutes_lose_nothing(tmp_path: Path) ->
     assert summary["requests_completed"] == driver["requests"] == outcome.requests
     assert (summary["requests_dropped"], summary["requests_unfinished"], summary["programs_leaked"]) == (0, 0, 0)
     assert (outcome.lost_requests, outcome.leaked_programs) == (0, 0)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["scenario"]["live"]["routing"] == routing
     # ThunderAgent paused programs under this load and every held call was resumed and routed: the
     # pause/request race was exercised, and it never failed a request. (A program can be paused at
     # the end of its last turn and then end, so pauses may outnumber resumes.)

@@ -22,7 +22,7 @@ from conftest import live_host as _host  # noqa: E402
 
 from tasim import events as ev  # noqa: E402
 from tasim.cli import main  # noqa: E402
-from tasim.live.hashing import chain_from, local_block_hashes, sequence_hashes  # noqa: E402
+from tasim.live.hashing import chain_from, local_block_hashes, pack_tokens, sequence_hashes  # noqa: E402
 from tasim.live.host import PolicyHost  # noqa: E402
 from tasim.live.kv_events import KvEvent, KvEventSubscriber, decode_message  # noqa: E402
 from tasim.live.status import prometheus_text, status_snapshot  # noqa: E402
@@ -477,9 +477,9 @@ def test_block_hashes_reuse_the_programs_prefix() -> None:
         a = await host.admit("p", first, 4)
         assert list(a.spec.block_hashes) == sequence_hashes(first, BS) and len(a.spec.block_hashes) == 2
         longer = first + _tokens(45, 3000)  # 85 tokens: extends the first prompt, 5 full blocks
-        b = await host.admit("p", longer, 4)
-        assert list(b.spec.block_hashes) == sequence_hashes(longer, BS) and len(b.spec.block_hashes) == 5
-        assert host.programs["p"].hash_tokens == longer[:80]
+        b = await host.admit("p", pack_tokens(longer), 4)  # packed tokens are taken as they are
+        assert b.spec.prompt_tokens == 85 and list(b.spec.block_hashes) == sequence_hashes(longer, BS) and len(b.spec.block_hashes) == 5
+        assert host.programs["p"].hashed == pack_tokens(longer[:80])
         other = _tokens(50, 9000)  # does not extend it
         c = await host.admit("p", other, 4)
         assert list(c.spec.block_hashes) == sequence_hashes(other, BS)
@@ -548,7 +548,8 @@ def test_kv_events_reach_kv_router_index_and_log() -> None:
 def _router() -> SimpleNamespace:
     host, clock, _ = _host()
     kv = KvEventSubscriber({}, host.kv_event)
-    return SimpleNamespace(host=host, instance_of={"w0": 101, "w1": 102}, kv=kv, session_finals=3, ready=True, clock=clock)
+    decisions = SimpleNamespace(calls={"q.0": None}, unreported=2)  # pin mode's calls handed out and not reported
+    return SimpleNamespace(host=host, instance_of={"w0": 101, "w1": 102}, kv=kv, decisions=decisions, ready=True, clock=clock)
 
 
 def test_prometheus_text_and_status_snapshot() -> None:
@@ -560,6 +561,8 @@ def test_prometheus_text_and_status_snapshot() -> None:
         await host.admit("p", _tokens(40), 4)
 
     asyncio.run(go())
+    for program in ("gone1", "gone2", "gone3"):
+        assert host.session_final(program) is False
     router.kv._receive("w0", _frames(1, [{"type": "BlockStored", "block_hashes": [1, 2]}]))
     router.kv._receive("w0", _frames(3, [{"type": "BlockRemoved", "block_hashes": [2]}]))
     router.kv._receive("w1", _frames(1, [{"type": "BlockStored", "block_hashes": [7, 8, 9]}]))
@@ -579,7 +582,7 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "tasim_router_pauses_total 0",
         "tasim_router_resumes_total 0",
         "tasim_router_session_finals_total 3",
-        "tasim_router_session_finals_unknown_total 0",
+        "tasim_router_session_finals_unknown_total 3",
         "tasim_router_programs_expired_total 0",
         'tasim_router_cached_blocks{worker="w0"} 1',
         'tasim_router_cached_blocks{worker="w1"} 0',  # a lost worker's cache went with it
@@ -615,10 +618,11 @@ def test_prometheus_text_and_status_snapshot() -> None:
             "live": 1,
             "held": 0,
             "expired": 0,
-            "unknown_finals": 0,
+            "unknown_finals": 3,
             "table": {"p": {"parent": None, "turn": 1, "history_tokens": 24, "in_flight": 1, "held": False}},
         },
         "requests": {"in_flight": 1, "finished": 1, "failed": 0, "retried": 0, "refused": 0, "session_finals": 3},
+        "pinned_calls": {"unreported": 1, "expired": 2},
         "pauses": 0,
         "resumes": 0,
         "ignored_pins": 0,

@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "rl-live-mocker.yaml"
 
 
-def test_verl_rollout_steps_run_through_the_tasim_router(tmp_path: Path) -> None:
+@pytest.mark.parametrize("routing", ["proxy", "pin"])
+def test_verl_rollout_steps_run_through_the_tasim_router(routing: str, tmp_path: Path) -> None:
     out = tmp_path / "run"
     command = [
         sys.executable,
@@ -44,6 +45,8 @@ def test_verl_rollout_steps_run_through_the_tasim_router(tmp_path: Path) -> None
         "2",
         "--set",
         "workload.reset_prefix_cache=true",
+        "--routing",
+        routing,
         "--out",
         str(out),
     ]

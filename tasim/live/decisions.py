@@ -10,21 +10,23 @@ the same event log.
 
 The service (JSON over HTTP on the router's status port, 127.0.0.1)::
 
-    POST /v1/route  {program?, parent?, token_ids, max_tokens}  → {call, worker, instance_id, pin, held_s}
+    POST /v1/route  {program?, parent?, token_ids | tokens, max_tokens}  → {call, worker, instance_id, pin, held_s}
     POST /v1/first  {call}                                      → 204   first token seen (optional)
     POST /v1/done   {call, prompt_tokens, completion_tokens, cached_tokens}  → 204
     POST /v1/fail   {call, reason}                              → 204   the call failed for good
-    POST /v1/retry  {call, reason, token_ids, max_tokens}       → like /v1/route
+    POST /v1/retry  {call, reason, token_ids | tokens, max_tokens}  → like /v1/route
     POST /v1/end    {program}                                   → {known}   the session-final
 
-``/v1/route`` waits while the policy holds the program, as a proxied call does; a client that
-goes away meanwhile rolls the call back. ``program`` null is a one-off call. ``pin`` holds the
-headers to send with the call. ``/v1/retry`` is for a call whose pinned worker failed under it
-(connection refused, stream cut, the instance gone): the service probes that worker itself
-(a client's word alone takes no worker out of service), then lets the policy place the call
-again, up to ``live.max_retries`` times, as proxy mode does. ``/v1/end`` is the session-final: it
-never reaches an engine. Bad bodies, unknown calls and refused ids get 4xx with a one-line
-``{"error": ...}``; with no worker serving, 503.
+The prompt comes as ``token_ids`` or, cheaper to send and to read, as ``tokens``: base64 of the
+ids packed as little-endian u32, the bytes Dynamo hashes. ``/v1/route`` waits while the policy
+holds the program, as a proxied call does; a client that goes away meanwhile rolls the call
+back. ``program`` null is a one-off call. ``pin`` holds the headers to send with the call.
+``/v1/retry`` is for a call whose pinned worker failed under it (connection refused, stream cut,
+the instance gone): the service probes that worker itself (a client's word alone takes no worker
+out of service), then lets the policy place the call again, up to ``live.max_retries`` times, as
+proxy mode does. ``/v1/end`` is the session-final: it never reaches an engine. Bad bodies,
+unknown calls and refused ids get 4xx with a one-line ``{"error": ...}``; with no worker
+serving, 503. ``GET /v1/socket`` offers the same operations as WebSocket frames (below).
 
 A call whose client never reports its end would keep its program alive for ever; calls routed
 longer ago than the program idle TTL with no report are failed, so their programs expire.
@@ -42,7 +44,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost
+from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost, Prompt
 
 # The header Dynamo's frontend pins a call with (alias of x-worker-instance-id).
 PIN_HEADER = "x-dynamo-worker-instance-id"
@@ -61,7 +63,8 @@ class _Frame(msgspec.Struct, tag_field="op", forbid_unknown_fields=True, kw_only
 
 
 class RouteBody(_Frame, tag="route"):
-    token_ids: list[TokenId]
+    token_ids: list[TokenId] | None = None
+    tokens: bytes | None = None  # the same packed as little-endian u32 (base64 in JSON): cheaper
     max_tokens: Count = 0
     program: str | None = None
     parent: str | None = None
@@ -86,7 +89,8 @@ class FailBody(_Frame, tag="fail"):
 class RetryBody(_Frame, tag="retry"):
     call: str
     reason: Reason
-    token_ids: list[TokenId]
+    token_ids: list[TokenId] | None = None
+    tokens: bytes | None = None
     max_tokens: Count = 0
 
 
@@ -160,7 +164,7 @@ class Decisions:
         self.on_request()
         self.expire_unreported()
         try:
-            return self.host.decide(body.program, body.token_ids, body.max_tokens, body.parent)
+            return self.host.decide(body.program, _prompt(body), body.max_tokens, body.parent)
         except InvalidProgramId as exc:
             raise DecisionError(400, str(exc)) from None
         except NoWorkerServing as exc:
@@ -180,6 +184,7 @@ class Decisions:
         self.host.fail(self._take(body.call).call, f"client: {body.reason}")
 
     async def retry(self, body: RetryBody) -> dict[str, Any]:
+        prompt = _prompt(body)
         routed = self._take(body.call)
         call = routed.call
         reason = f"client: {body.reason}"
@@ -192,7 +197,7 @@ class Decisions:
         finally:
             self.calls.pop(call.spec.id, None)
         try:
-            admission = self.host.retry(call, body.token_ids, body.max_tokens, f"worker {call.worker}: {reason}")
+            admission = self.host.retry(call, prompt, body.max_tokens, f"worker {call.worker}: {reason}")
         except NoWorkerServing as exc:  # the host failed the call
             raise DecisionError(503, str(exc)) from None
         return self._hand_out(await self._admitted(admission), routed.attempts + 1)
@@ -280,7 +285,7 @@ class Decisions:
         only frames with an ``id`` are answered: ``{"id": ..., ...}`` or ``{"id": ..., "status":
         4xx|5xx, "error": ...}`` (an error of a frame without an id is answered with ``id`` null).
         Closing the socket gives up every call it is still waiting for."""
-        socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES)
+        socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES, compress=False)  # small frames: deflate would cost more than it saves
         await socket.prepare(request)
         waiting: dict[int, asyncio.Task[None]] = {}
         try:
@@ -372,6 +377,14 @@ class Decisions:
         except msgspec.DecodeError as exc:
             raise DecisionError(400, f"bad {request.path} body: not JSON ({exc})") from None
         return body
+
+
+def _prompt(body: RouteBody | RetryBody) -> Prompt:
+    if (body.token_ids is None) == (body.tokens is None):
+        raise DecisionError(400, "give the prompt once: token_ids (a list of ids) or tokens (base64 of little-endian u32)")
+    if body.tokens is not None and len(body.tokens) % 4:
+        raise DecisionError(400, f"tokens: {len(body.tokens)} bytes is not a whole number of little-endian u32 token ids")
+    return body.token_ids if body.token_ids is not None else body.tokens  # type: ignore[return-value]
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -13,13 +13,15 @@ program's last call, as a simulated one does: releases still due then are not se
 
 With ``decisions_url`` (``live.routing: pin``) each call asks the tasim router there for its
 worker and goes to the frontend pinned to it (`tasim.live.pinned`), and the session-final goes
-to the router alone.
+to the router alone. With ``observed`` (``live.routing: dynamo-*``) Dynamo's own plug-in routes
+and the driver logs what it sees of each call (`tasim.live.observed`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +30,8 @@ import aiohttp
 
 from tasim.determinism import arrival_rng
 from tasim.live.errors import LiveError
-from tasim.live.pinned import CallFailed, PinnedCalls
+from tasim.live.observed import ObservedCalls
+from tasim.live.pinned import CallFailed, PinnedCalls, WorkerFailed, completion_request, stream_completion
 from tasim.live.tokens import FIRST_TOKEN_ID, PlanTokens
 from tasim.scenario import AgentWorkload, Scenario
 from tasim.workloads import ProgramPlan, plan_program
@@ -90,10 +93,14 @@ class HttpAgentDriver:
         model_path: Path | None = None,
         record_calls: bool = False,
         decisions_url: str | None = None,
+        observed: ObservedCalls | None = None,
+        worker_names: Callable[[int], str] | None = None,
     ) -> None:
         self.url = base_url.rstrip("/") + "/v1/completions"
         self.decisions_url = decisions_url
         self._pinned: PinnedCalls | None = None
+        self.observed = observed
+        self.worker_names = worker_names
         self.model_name = model_name
         self.scenario = scenario
         self.workload, self.count = live_workload(scenario, programs)
@@ -181,6 +188,8 @@ class HttpAgentDriver:
     async def _call(self, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
         if self._pinned is not None:
             return await self._pinned_call(self._pinned, context, max_tokens, headers)
+        if self.observed is not None:
+            return await self._observed_call(self.observed, context, max_tokens, headers)
         body = {
             "model": self.model_name,
             "prompt": self._detokenize(context) if self._detokenize else context,
@@ -227,6 +236,39 @@ class HttpAgentDriver:
             self.result.calls.append(CallRecord(program, context, reply.output_token_ids, reply.call, reply.worker, max_tokens, reply.usage))
         return reply.output_token_ids
 
+    async def _observed_call(self, observed: ObservedCalls, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
+        """A call Dynamo's own plug-in routes; the client logs what it sees of it."""
+        body = {
+            "model": self.model_name,
+            "prompt": self._detokenize(context) if self._detokenize else context,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        program = headers["x-dynamo-session-id"]
+        self.result.requests += 1
+        request = observed.sent(program, len(context), max_tokens)
+        worker = ""
+
+        async def routed(chunk: dict[str, Any]) -> None:
+            nonlocal worker
+            instance = ((chunk.get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
+            assert self.worker_names is not None
+            worker = self.worker_names(int(instance)) if instance is not None else "unknown"
+            observed.routed(request, worker)
+
+        try:
+            reply = await stream_completion(self._session, self.url, completion_request(body, True, ("worker_id",)), headers, routed)
+        except (TimeoutError, aiohttp.ClientError, CallFailed, WorkerFailed) as exc:
+            observed.failed(request, worker, f"{type(exc).__name__}: {exc}"[:300])
+            self.result.failed_requests += 1
+            self.result.errors.append(f"{program}: {exc}")
+            return None
+        observed.finished(request, worker, *reply.usage_counts(len(context)))
+        if self.record_calls:
+            self.result.calls.append(CallRecord(program, context, reply.output_token_ids, request, worker, max_tokens, reply.usage))
+        return reply.output_token_ids
+
     async def _final(self, headers: dict[str, str]) -> None:
         if self._pinned is not None:
             try:
@@ -240,6 +282,8 @@ class HttpAgentDriver:
             async with self._session.post(self.url, json=body, headers={**headers, "x-dynamo-session-final": "true"}) as reply:
                 await reply.read()
             self.result.session_finals += 1
+            if self.observed is not None:  # Dynamo's plug-in released it (its ThunderAgent runs the final as one token)
+                self.observed.released(headers["x-dynamo-session-id"])
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.result.errors.append(f"{headers['x-dynamo-session-id']}: session-final failed: {exc}")
 

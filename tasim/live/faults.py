@@ -1,7 +1,7 @@
 """A worker crash under load, on the real live stack (issue 9's fault test and reliability row).
 
-`kill_a_worker` drives agent programs through Dynamo's frontend, the tasim router and two mocker
-workers, SIGKILLs worker ``w1`` while its calls stream, restarts it, lets the run finish, and then
+`kill_a_worker` drives agent programs through Dynamo's frontend, the tasim router (proxy or pin
+mode) and two mocker workers, SIGKILLs worker ``w1`` while its calls stream, restarts it, lets the run finish, and then
 kills both workers to see a call refused. Everything it observed goes to ``out``: the router's
 event log (``events.jsonl``), its summary and ``run.json`` with the driver's record and the
 fault timeline; `FaultRun` carries the figures.
@@ -52,10 +52,10 @@ class FaultRun:
     wall_s: float
 
 
-def fault_scenario(programs: int = 128, concurrency: int = 32) -> Scenario:
+def fault_scenario(programs: int = 128, concurrency: int = 32, routing: str = "proxy") -> Scenario:
     """The live-mocker preset under ThunderAgent with outputs long enough that a kill lands
     mid-stream, and pools that hold both workers' programs but not all of them on one worker,
-    so the re-placed programs also meet ThunderAgent's pauses."""
+    so the re-placed programs also meet ThunderAgent's pauses. ``routing``: ``live.routing``."""
     scenario = load_scenario(
         PRESET_DIR / "live-mocker.yaml",
         [
@@ -64,19 +64,23 @@ def fault_scenario(programs: int = 128, concurrency: int = 32) -> Scenario:
             "policy.name=thunderagent",
             "policy.params={}",
             "workload.output_tokens={kind: uniform, low: 100, high: 200}",
+            f"live.routing={routing}",
         ],
     )
     return finite_scenario(scenario, programs)
 
 
-def kill_a_worker(out: Path, programs: int = 128, concurrency: int = 32, time_scale: float = 2.0) -> FaultRun:
-    scenario = fault_scenario(programs, concurrency)
+def kill_a_worker(out: Path, programs: int = 128, concurrency: int = 32, time_scale: float = 2.0, routing: str = "proxy") -> FaultRun:
+    scenario = fault_scenario(programs, concurrency, routing)
     out.mkdir(parents=True, exist_ok=True)
     events_path = out / EVENTS_PLAIN
     started = time.perf_counter()
     with LiveStack(scenario, time_scale=time_scale, workdir=out / "stack", events_path=events_path) as stack:
         assert stack.model_path is not None
-        driver = HttpAgentDriver(stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), time_scale, record_calls=True)
+        decisions = stack.status_url if stack.pinned else None
+        driver = HttpAgentDriver(
+            stack.base_url, stack.model_name, scenario, vocab_size(stack.model_path), time_scale, record_calls=True, decisions_url=decisions
+        )
         timeline, result = asyncio.run(_crash_during(stack, driver))
         stack.end_run()
         timeline["refused_status"] = _refused_status(stack)
@@ -124,7 +128,8 @@ async def _until(stack: LiveStack, ready: Callable[[dict[str, Any]], bool], driv
 
 
 def _refused_status(stack: LiveStack) -> int:
-    """Kill every worker, wait until the router has lost them, and send one call."""
+    """Kill every worker, wait until the router has lost them, and send one call (pinned:
+    ask the router for a worker)."""
     for index in range(stack.scenario.cluster.backends):
         stack.kill_worker(index)
     deadline = time.monotonic() + WAIT_S
@@ -132,8 +137,11 @@ def _refused_status(stack: LiveStack) -> int:
         if time.monotonic() > deadline:
             raise RuntimeError(f"the router still counts killed workers as serving after {WAIT_S:g} s")
         time.sleep(0.2)
-    body = json.dumps({"model": stack.model_name, "prompt": [5, 6, 7, 8], "max_tokens": 4}).encode()
-    request = urllib.request.Request(f"{stack.base_url}/v1/completions", data=body, headers={"content-type": "application/json"})
+    if stack.pinned:
+        url, body = f"{stack.status_url}/v1/route", json.dumps({"token_ids": [5, 6, 7, 8], "max_tokens": 4}).encode()
+    else:
+        url, body = f"{stack.base_url}/v1/completions", json.dumps({"model": stack.model_name, "prompt": [5, 6, 7, 8], "max_tokens": 4}).encode()
+    request = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return int(reply.status)

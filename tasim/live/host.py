@@ -39,18 +39,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tasim import events as ev
 from tasim.host import Emit, HostCore
-from tasim.live.hashing import chain_from, sequence_hashes
+from tasim.live.hashing import chain_packed, pack_tokens
 from tasim.live.kv_events import KvEvent
 from tasim.model import BlockHash, RequestSpec
 from tasim.policies import Policy, Route
 
 # Seconds since the run started, as the live router reads them (its own monotonic clock).
 WallClock = Callable[[], float]
+
+# A prompt: token ids, or the same packed as little-endian u32 (`pack_tokens`), which is what
+# gets hashed and kept, so a client that sends packed tokens saves the conversion.
+Prompt = Sequence[int] | bytes
 
 
 # Session ids are kept in the program table and written in every event of the log; real ones
@@ -79,7 +83,7 @@ class _Program:
     ending: bool = False  # a session-final came while a call was in flight
     in_flight: int = 0
     held: list[Held] = field(default_factory=list)  # calls waiting for a resume (concurrent calls: several)
-    hash_tokens: list[int] = field(default_factory=list)  # tokens behind `hashes` (full blocks)
+    hashed: bytes = b""  # the packed tokens behind `hashes` (full blocks): bytes, which the GC never scans
     hashes: list[BlockHash] = field(default_factory=list)
 
 
@@ -127,13 +131,13 @@ class PolicyHost(HostCore):
 
     # --- calls ---------------------------------------------------------------------------------
 
-    async def admit(self, program_id: str | None, token_ids: list[int], max_tokens: int, parent: str | None = None) -> Call:
+    async def admit(self, program_id: str | None, token_ids: Prompt, max_tokens: int, parent: str | None = None) -> Call:
         """Route one call; waits while the policy holds it. ``program_id`` None: a one-off
         request, a program of its own that ends with it."""
         admission = self.decide(program_id, token_ids, max_tokens, parent)
         return admission if isinstance(admission, Call) else await self.wait(admission)
 
-    def decide(self, program_id: str | None, token_ids: list[int], max_tokens: int, parent: str | None = None) -> Call | Held:
+    def decide(self, program_id: str | None, token_ids: Prompt, max_tokens: int, parent: str | None = None) -> Call | Held:
         """The policy's decision for one call, without waiting: a routed `Call`, or a `Held`
         call to `wait` for (the common case costs no task switch)."""
         for name, value in (("session", program_id), ("parent session", parent)):
@@ -146,7 +150,7 @@ class PolicyHost(HostCore):
         program, created = self._program(program_id, now, parent)
         return self._place(program, created, token_ids, max_tokens, started, now)
 
-    def retry(self, call: Call, token_ids: list[int], max_tokens: int, reason: str) -> Call | Held:
+    def retry(self, call: Call, token_ids: Prompt, max_tokens: int, reason: str) -> Call | Held:
         """Send again a call whose worker was lost: ``token_ids`` are its prompt plus the
         output already streamed, ``max_tokens`` what is still to come. The policy hears the
         lost call end (``ok=False``), then the new call arrive. With no worker left the call
@@ -169,18 +173,19 @@ class PolicyHost(HostCore):
             self.refused += 1
             raise NoWorkerServing(f"no worker is serving (lost: {', '.join(sorted(self.lost))})")
 
-    def _place(self, program: _Program, created: bool, token_ids: list[int], max_tokens: int, started: float, now: float) -> Call | Held:
+    def _place(self, program: _Program, created: bool, token_ids: Prompt, max_tokens: int, started: float, now: float) -> Call | Held:
         """Ask the policy about one call of ``program``."""
+        packed = token_ids if isinstance(token_ids, bytes) else pack_tokens(token_ids)
         base = f"{program.id}.{program.turn}"
         program.turn_calls += 1
         spec = RequestSpec(
             id=base if program.turn_calls == 1 else f"{base}r{program.turn_calls}",
             program=program.id,
             turn=program.turn,
-            prompt_tokens=len(token_ids),
+            prompt_tokens=len(packed) // 4,
             output_tokens=max_tokens,
             history_tokens=program.history_tokens,
-            block_hashes=tuple(self._hashes(program, token_ids)),
+            block_hashes=tuple(self._hashes(program, packed)),
         )
         program.context_tokens = spec.prompt_tokens
         decision = self.arrive(spec, now)
@@ -333,17 +338,17 @@ class PolicyHost(HostCore):
             self.expired += 1
             self.end_program(program_id)
 
-    def _hashes(self, program: _Program, token_ids: list[int]) -> list[BlockHash]:
+    def _hashes(self, program: _Program, packed: bytes) -> list[BlockHash]:
         """Sequence hashes of the prompt, reusing the program's earlier prefix: agent prompts
         grow turn by turn, so usually only the new blocks are hashed."""
         bs = self.block_size
-        known = len(program.hash_tokens)
-        full = len(token_ids) // bs * bs
-        if known and known <= full and token_ids[:known] == program.hash_tokens:
-            hashes = program.hashes + chain_from(program.hashes[-1], token_ids[known:full], bs)
+        known = len(program.hashed)
+        full = len(packed) // (4 * bs) * (4 * bs)
+        if known and known <= full and packed.startswith(program.hashed):
+            hashes = program.hashes + chain_packed(program.hashes[-1], packed[known:full], bs)
         else:
-            hashes = sequence_hashes(token_ids, bs)
-        program.hash_tokens = token_ids[:full]
+            hashes = chain_packed(None, packed, bs)
+        program.hashed = packed[:full]
         program.hashes = hashes
         return hashes
 

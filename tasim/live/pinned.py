@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import aiohttp
 import msgspec
 
 from tasim.live.errors import LiveError
+from tasim.live.hashing import pack_tokens
 
 _encode = msgspec.json.Encoder().encode
 _JSON = {"content-type": "application/json"}
@@ -32,8 +34,77 @@ class CallFailed(LiveError):
     """The router refused the call, or gave it up after its retries; the message says why."""
 
 
-class _WorkerFailed(Exception):
-    """The pinned worker failed the call: the router decides what comes next."""
+class WorkerFailed(Exception):
+    """The worker failed the call (not the request): for a pinned call the router decides
+    what comes next."""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamedReply:
+    output_token_ids: list[int]
+    finish_reason: str
+    usage: dict[str, Any]  # the OpenAI usage of the reply
+
+    def usage_counts(self, prompt_tokens: int) -> tuple[int, int, int]:
+        """(prompt, completion, cached) tokens as the engine reported them."""
+        usage = self.usage
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        return int(usage.get("prompt_tokens", prompt_tokens)), int(usage.get("completion_tokens", len(self.output_token_ids))), cached
+
+
+FirstChunk = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def completion_request(body: dict[str, Any], stream: bool, extra_fields: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``body`` asking for the output token ids (and ``extra_fields``), streamed with usage or
+    as one JSON reply."""
+    nvext = dict(body.get("nvext") or {})
+    nvext["extra_fields"] = sorted({*nvext.get("extra_fields", ()), "completion_token_ids", *extra_fields})
+    return {**body, "stream": stream, "nvext": nvext} | ({"stream_options": {"include_usage": True}} if stream else {})
+
+
+async def stream_completion(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str], first_chunk: FirstChunk
+) -> StreamedReply:
+    """Send one `completion_request` to the frontend and read its reply; ``first_chunk`` is
+    awaited with the first chunk that carries tokens (streamed only). Raises `WorkerFailed`
+    when the worker failed it, `CallFailed` when the frontend refused the request itself."""
+    output: list[int] = []
+    finish: str | None = None
+    usage: dict[str, Any] = {}
+    try:
+        async with session.post(url, data=_encode(body), headers={**headers, **_JSON}) as reply:
+            if reply.status != 200:
+                text = (await reply.text())[:300]
+                if _worker_failure(reply.status, text):
+                    raise WorkerFailed(f"frontend HTTP {reply.status}: {text}")
+                raise CallFailed(f"frontend HTTP {reply.status}: {text}")
+            if not body["stream"]:
+                whole = msgspec.json.decode(await reply.read())
+                choice = (whole.get("choices") or [{}])[0]
+                output = list((whole.get("nvext") or {}).get("completion_token_ids") or ())
+                return StreamedReply(output, choice.get("finish_reason") or "", whole.get("usage") or {})
+            async for line in reply.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = msgspec.json.decode(data)
+                if "error" in chunk:
+                    raise WorkerFailed(f"stream error: {str(chunk['error'])[:300]}")
+                tokens = (chunk.get("nvext") or {}).get("completion_token_ids") or ()
+                if tokens and not output:
+                    await first_chunk(chunk)
+                output.extend(tokens)
+                for choice in chunk.get("choices") or ():
+                    finish = choice.get("finish_reason") or finish
+                usage = chunk.get("usage") or usage
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise WorkerFailed(f"{type(exc).__name__}: {exc}") from None
+    if finish is None:
+        raise WorkerFailed("the stream ended without a finish reason")
+    return StreamedReply(output, finish, usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,70 +144,35 @@ class PinnedCalls:
         """``body`` is the ``/v1/completions`` request (its prompt as text or ids);
         ``token_ids`` is that prompt as token ids, which the policy hashes. ``stream`` False:
         one JSON reply, cheaper for the client, and no first-token report (no TTFT in the log)."""
-        decision = await self._decide("route", {"program": program, "parent": parent, "token_ids": token_ids, "max_tokens": max_tokens})
-        nvext = dict(body.get("nvext") or {})
-        nvext["extra_fields"] = sorted({*nvext.get("extra_fields", ()), "completion_token_ids"})
-        streamed = {**body, "stream": stream, "nvext": nvext} | ({"stream_options": {"include_usage": True}} if stream else {})
+        packed = pack_tokens(token_ids)
+        decision = await self._decide("route", {"program": program, "parent": parent, "tokens": packed, "max_tokens": max_tokens})
+        request = completion_request(body, stream)
         retries = 0
         while True:
+            call = decision["call"]
+
+            async def first_token(_: dict[str, Any], call: str = call) -> None:
+                await self._report("first", {"call": call})
+
             try:
-                output, finish, usage = await self._stream(streamed, {**(headers or {}), **decision["pin"]}, decision["call"])
-            except _WorkerFailed as exc:
+                reply = await stream_completion(self.session, self.completions_url, request, {**(headers or {}), **decision["pin"]}, first_token)
+            except WorkerFailed as exc:
                 retries += 1
-                retry = {"call": decision["call"], "reason": str(exc), "token_ids": token_ids, "max_tokens": max_tokens}
+                retry = {"call": decision["call"], "reason": str(exc), "tokens": packed, "max_tokens": max_tokens}
                 decision = await self._decide("retry", retry)
                 continue
             except BaseException as exc:
                 await self._report_failure(decision["call"], exc)
                 raise
             break
-        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
-        report = {"call": decision["call"], "prompt_tokens": int(usage.get("prompt_tokens", len(token_ids))), "cached_tokens": cached}
-        await self._report("done", report | {"completion_tokens": int(usage.get("completion_tokens", len(output)))})
-        return PinnedReply(decision["call"], decision["worker"], output, finish, usage, retries)
+        prompt, output, cached = reply.usage_counts(len(token_ids))
+        await self._report("done", {"call": decision["call"], "prompt_tokens": prompt, "completion_tokens": output, "cached_tokens": cached})
+        return PinnedReply(decision["call"], decision["worker"], reply.output_token_ids, reply.finish_reason, reply.usage, retries)
 
     async def end(self, program: str) -> bool:
         """The program's session-final; True if the router knew the program."""
         known: bool = (await self._decide("end", {"program": program}))["known"]
         return known
-
-    async def _stream(self, body: dict[str, Any], headers: dict[str, str], call: str) -> tuple[list[int], str, dict[str, Any]]:
-        output: list[int] = []
-        finish: str | None = None
-        usage: dict[str, Any] = {}
-        try:
-            async with self.session.post(self.completions_url, data=_encode(body), headers={**headers, **_JSON}) as reply:
-                if reply.status != 200:
-                    text = (await reply.text())[:300]
-                    if _worker_failure(reply.status, text):
-                        raise _WorkerFailed(f"frontend HTTP {reply.status}: {text}")
-                    raise CallFailed(f"frontend HTTP {reply.status}: {text}")
-                if not body["stream"]:
-                    whole = msgspec.json.decode(await reply.read())
-                    choice = (whole.get("choices") or [{}])[0]
-                    output = list((whole.get("nvext") or {}).get("completion_token_ids") or ())
-                    return output, choice.get("finish_reason") or "", whole.get("usage") or {}
-                async for line in reply.content:
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    chunk = msgspec.json.decode(data)
-                    if "error" in chunk:
-                        raise _WorkerFailed(f"stream error: {str(chunk['error'])[:300]}")
-                    tokens = (chunk.get("nvext") or {}).get("completion_token_ids") or ()
-                    if tokens and not output:
-                        await self._report("first", {"call": call})
-                    output.extend(tokens)
-                    for choice in chunk.get("choices") or ():
-                        finish = choice.get("finish_reason") or finish
-                    usage = chunk.get("usage") or usage
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise _WorkerFailed(f"{type(exc).__name__}: {exc}") from None
-        if finish is None:
-            raise _WorkerFailed("the stream ended without a finish reason")
-        return output, finish, usage
 
     async def _decide(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
         answer = await self._socket().ask(operation, body)
@@ -207,7 +243,7 @@ class DecisionSocket:
 
     async def _open(self) -> aiohttp.ClientWebSocketResponse:
         if self._connected is None:  # concurrent first calls share one connection attempt
-            self._connected = asyncio.ensure_future(self.session.ws_connect(self.url, max_msg_size=0, autoping=True))
+            self._connected = asyncio.ensure_future(self.session.ws_connect(self.url, max_msg_size=0, autoping=True, compress=0))
         socket = await asyncio.shield(self._connected)
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read(socket))

@@ -11,6 +11,7 @@ flavour and Dynamo's polynomial step times, which is what the mocker runs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -18,13 +19,16 @@ from typing import Any, Literal
 
 from tasim import __version__
 from tasim import events as ev
-from tasim.eventlog import EVENTS_PLAIN, EventLogError, read_events
+from tasim.eventlog import EVENTS_PLAIN, EventLogError, EventWriter, read_events
+from tasim.host import run_header
 from tasim.live.driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
+from tasim.live.observed import ObservedCalls
 from tasim.live.stack import Engine, LiveStack
 from tasim.live.tiny_model import vocab_size
 from tasim.metrics import MetricsFold
 from tasim.rundir import RUN_FILE, SUMMARY_FILE, write_json
 from tasim.scenario import Scenario, with_engine_flavour
+from tasim.view import cluster_view
 
 SIM_DIR = "sim"
 STACK_DIR = "stack"  # discovery store, generated model, router config and process logs
@@ -61,7 +65,14 @@ DRIVERS: tuple[str, ...] = ("http", "verl")
 
 def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None) -> Scenario:
     """The scenario as the driver will run it: the http driver runs a finite agent workload
-    (``workload.programs``), the verl driver an ``rl_rollout`` one."""
+    (``workload.programs``), the verl driver an ``rl_rollout`` one. Checks that Dynamo's
+    plug-in can run it (``live.routing: dynamo-*``) before anything starts."""
+    if scenario.live.routing.startswith("dynamo-"):
+        from tasim.live.dynamo_policies import plugin_config
+
+        if driver == "verl":
+            raise DriverError(f"the verl driver runs through tasim's router (live.routing proxy or pin), not {scenario.live.routing}")
+        plugin_config(scenario, 1.0)
     if driver == "verl":
         from tasim.live.verl.driver import rollout_workload
 
@@ -88,13 +99,17 @@ def run_live(
     out.mkdir(parents=True, exist_ok=True)
     partial = out / (EVENTS_PLAIN + ".partial")
     started = time.perf_counter()
-    with LiveStack(scenario, engine=engine, model_path=model_path, time_scale=time_scale, workdir=out / STACK_DIR, events_path=partial) as stack:
+    dynamo_routes = scenario.live.routing.startswith("dynamo-")
+    # With Dynamo's plug-in deciding, the run's log is the client's; the router only watches.
+    router_log = out / STACK_DIR / "router-events.jsonl" if dynamo_routes else partial
+    with LiveStack(scenario, engine=engine, model_path=model_path, time_scale=time_scale, workdir=out / STACK_DIR, events_path=router_log) as stack:
         assert stack.model_path is not None and stack.workdir is not None
         if driver == "verl":  # it starts the run's clock itself, once verl is up
             from tasim.live.verl.driver import run_verl_rollout
 
             record: dict[str, Any] = asdict(run_verl_rollout(scenario, stack, time_scale, stack.workdir))
         else:
+            observed = ObservedCalls(EventWriter(partial), observed_header(scenario), time_scale) if dynamo_routes else None
             http = HttpAgentDriver(
                 stack.base_url,
                 stack.model_name,
@@ -104,10 +119,20 @@ def run_live(
                 prompt_format=prompt_format,
                 model_path=stack.model_path,
                 decisions_url=stack.status_url if stack.pinned else None,
+                observed=observed,
+                worker_names=WorkerNames(stack) if observed is not None else None,
             )
             stack.begin_run()
-            result = asyncio.run(http.run())
+            try:
+                result = asyncio.run(http.run())
+            finally:
+                if observed is not None:
+                    observed.close()
             record = asdict(result) | {"errors": result.errors[:20], "calls": len(result.calls)}
+            if dynamo_routes:
+                from tasim.live.dynamo_policies import plugin_summary
+
+                record["dynamo_plugin"] = plugin_summary(stack.frontend_log)
         stack.end_run()
     wall = time.perf_counter() - started
     final = out / EVENTS_PLAIN
@@ -128,6 +153,27 @@ def run_live(
         },
     )
     return summary
+
+
+def observed_header(scenario: Scenario) -> ev.RunStarted:
+    """The client's log's first event: the run as the router's log would head it, with the
+    Dynamo plug-in as its policy."""
+    return dataclasses.replace(run_header(scenario, cluster_view(scenario)), policy=scenario.live.routing)
+
+
+class WorkerNames:
+    """A Dynamo instance id → the worker's name (``w0`` ...), as the stack's router mapped them
+    (asked again for an instance it does not know yet: a restarted worker)."""
+
+    def __init__(self, stack: LiveStack) -> None:
+        self.stack = stack
+        self._names: dict[int, str] = {}
+
+    def __call__(self, instance: int) -> str:
+        if instance not in self._names:
+            workers = self.stack.status()["workers"]
+            self._names.update({info["instance_id"]: worker for worker, info in workers.items() if info["instance_id"] is not None})
+        return self._names.get(instance, f"instance-{instance}")
 
 
 def simulated_twin(scenario: Scenario, engine: Engine) -> Scenario:

@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
+
 from tasim.live.errors import LiveError
 from tasim.scenario import Scenario
 
@@ -123,10 +125,22 @@ class LiveStack:
         return self.scenario.live.routing == "pin"
 
     @property
+    def dynamo_routes(self) -> bool:
+        """Dynamo's own Rust plug-in decides (``live.routing: dynamo-*``); the tasim router only
+        watches the workers."""
+        return self.scenario.live.routing.startswith("dynamo-")
+
+    @property
     def worker_model_name(self) -> str:
-        """What the workers register as: the public name when pinned, else an internal one
-        that only the router calls (so no call bypasses the policy either way)."""
-        return self.model_name if self.pinned else self.model_name + INTERNAL_SUFFIX
+        """What the workers register as: an internal name that only the router calls in proxy
+        mode (so no call bypasses the policy), else the public name, behind a frontend that
+        routes by pin (pin mode) or by its own plug-in."""
+        return self.model_name + INTERNAL_SUFFIX if self.scenario.live.routing == "proxy" else self.model_name
+
+    @property
+    def frontend_log(self) -> Path:
+        assert self.workdir is not None
+        return self.workdir / "frontend.log"
 
     @property
     def kv_event_endpoints(self) -> list[str]:
@@ -300,7 +314,17 @@ class LiveStack:
         self._spawn("router", [sys.executable, "-m", "tasim.live.router", str(path)])
 
     def _start_frontend(self) -> None:
-        self._spawn("frontend", frontend_command(self.http_port, "direct" if self.pinned else "round-robin"))
+        if not self.dynamo_routes:
+            self._spawn("frontend", frontend_command(self.http_port, "direct" if self.pinned else "round-robin"))
+            return
+        from tasim.live.dynamo_policies import plugin_config
+
+        assert self.workdir is not None
+        config = self.workdir / "router-policy.yaml"
+        config.write_text(yaml.safe_dump(plugin_config(self.scenario, self.time_scale), sort_keys=False))
+        # JSON log lines, with the Rust ThunderAgent's scheduler state changes (its only trace of pauses).
+        env = {**self._env(), "DYN_LOGGING_JSONL": "1", "DYN_LOG": "warn,thunderagent=debug"}
+        self._spawn("frontend", frontend_command(self.http_port, "kv", "--router-policy-config", str(config)), env)
 
     def _wait_http(self, url: str, name: str, ok: Callable[[str], bool]) -> None:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -12,6 +12,10 @@ Keyword arguments verl adds over time (``mm_processor_output``, ``priority``, ..
 and dropped, unlike the recipe's client, which broke on verl 0.9.1 that way. Transport errors,
 408, 429 and 5xx are retried.
 
+With ``decisions_url`` (``live.routing: pin``) every turn asks the tasim router there for its
+worker and streams from the frontend pinned to it (`tasim.live.pinned`, which also sends a turn
+again when its worker fails), and ``end_program`` tells the router alone.
+
 The client is pickled into every verl agent-loop worker (a Ray actor); its HTTP session is made
 lazily in the process and event loop that uses it.
 """
@@ -25,6 +29,8 @@ import aiohttp
 from omegaconf import DictConfig
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
+
+from tasim.live.pinned import PinnedCalls
 
 RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
 FINAL_PROMPT = [3]  # any token: the router answers a session-final without an engine
@@ -43,6 +49,7 @@ class DynamoProgramClient(LLMServerClient):
         max_attempts: int = 3,
         retry_delay_s: float = 0.1,
         timeout_s: float = 3600.0,
+        decisions_url: str | None = None,
     ) -> None:
         # No load balancer (verl's default, None): every call goes to the Dynamo frontend.
         super().__init__(config)
@@ -51,12 +58,14 @@ class DynamoProgramClient(LLMServerClient):
         self.max_attempts = max_attempts
         self.retry_delay_s = retry_delay_s
         self.timeout_s = timeout_s
+        self.decisions_url = decisions_url
         self.global_steps = 0
         self._session: aiohttp.ClientSession | None = None
+        self._pinned: PinnedCalls | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_session"] = None  # sessions belong to one process and event loop
+        state["_session"] = state["_pinned"] = None  # sessions belong to one process and event loop
         return state
 
     async def generate(
@@ -73,15 +82,18 @@ class DynamoProgramClient(LLMServerClient):
     ) -> TokenOutput:
         if image_data or video_data or audio_data:
             raise ValueError("DynamoProgramClient sends token ids only; multimodal data is not supported")
-        body = {
-            "model": self.model_name,
-            "prompt": list(prompt_ids),
-            "max_tokens": self._max_tokens(len(prompt_ids), sampling_params),
-            "nvext": {"extra_fields": ["engine_data"]},
-        }
+        max_tokens = self._max_tokens(len(prompt_ids), sampling_params)
+        body = {"model": self.model_name, "prompt": list(prompt_ids), "max_tokens": max_tokens, "nvext": {"extra_fields": ["engine_data"]}}
         for key in ("temperature", "top_p", "min_tokens", "ignore_eos", "stop_token_ids"):
             if sampling_params.get(key) is not None:
                 body[key] = sampling_params[key]
+        if self.decisions_url is not None:
+            pinned = await self._pinned_calls().complete(body, list(prompt_ids), max_tokens, program=str(request_id))
+            return TokenOutput(
+                token_ids=pinned.output_token_ids,
+                stop_reason="aborted" if pinned.finish_reason == "abort" else "completed",
+                extra_fields={"global_steps": self.global_steps, "num_cached_tokens": pinned.cached_tokens, "worker": pinned.worker},
+            )
         reply = await self._post(body, {"x-dynamo-session-id": str(request_id)})
         try:
             proof = reply["nvext"]["engine_data"]["tasim"]
@@ -98,6 +110,9 @@ class DynamoProgramClient(LLMServerClient):
 
     async def end_program(self, program_id: str) -> None:
         """Release the program at the router; call once, after its in-flight turns drained."""
+        if self.decisions_url is not None:
+            await self._pinned_calls().end(str(program_id))
+            return
         headers = {"x-dynamo-session-id": str(program_id), "x-dynamo-session-final": "true"}
         reply = await self._post({"model": self.model_name, "prompt": FINAL_PROMPT, "max_tokens": 1}, headers)
         if reply.get("choices"):
@@ -105,8 +120,22 @@ class DynamoProgramClient(LLMServerClient):
 
     async def close(self) -> None:
         """Close this process's HTTP session (verl's workers keep theirs for their lifetime)."""
+        if self._pinned is not None:
+            await self._pinned.close()
         if self._session is not None and not self._session.closed:
             await self._session.close()
+
+    def _pinned_calls(self) -> PinnedCalls:
+        assert self.decisions_url is not None
+        session = self._http()
+        if self._pinned is None or self._pinned.session is not session:
+            self._pinned = PinnedCalls(session, self.decisions_url, self.url)
+        return self._pinned
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=0))
+        return self._session
 
     def _max_tokens(self, prompt_tokens: int, sampling_params: dict[str, Any]) -> int:
         if sampling_params.get("max_tokens"):
@@ -118,11 +147,10 @@ class DynamoProgramClient(LLMServerClient):
         return max(1, min(response_length, prompt_length + response_length - prompt_tokens))
 
     async def _post(self, body: dict[str, Any], headers: dict[str, str]) -> dict[str, Any]:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s), connector=aiohttp.TCPConnector(limit=0))
+        session = self._http()
         for attempt in range(1, self.max_attempts + 1):
             try:
-                async with self._session.post(self.url, json=body, headers=headers) as response:
+                async with session.post(self.url, json=body, headers=headers) as response:
                     if response.status in RETRYABLE and attempt < self.max_attempts:
                         await response.read()
                     elif response.status != 200:

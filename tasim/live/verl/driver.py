@@ -137,7 +137,7 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
     # Ray on loopback only, like the rest of the stack.
     ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address=HOST)
     try:
-        client = DynamoProgramClient(config, stack.base_url, stack.model_name)
+        client = DynamoProgramClient(config, stack.base_url, stack.model_name, decisions_url=stack.status_url if stack.pinned else None)
         manager = AgentLoopManager.create(config, llm_client=client)
         # verl's workers set themselves up on their first batch (seconds each): do that on
         # trajectories without calls, which never reach the router, before the run's clock starts.
