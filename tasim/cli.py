@@ -215,9 +215,10 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     live.add_argument(
         "--routing",
-        choices=("proxy", "pin"),
+        choices=("proxy", "pin", "dynamo-thunderagent", "dynamo-two-tier"),
         help="proxy: calls stream through the tasim router; pin: the router only decides and calls go to the frontend "
-        "pinned to its choice (sets live.routing; default: the scenario's, proxy)",
+        "pinned to its choice; dynamo-*: Dynamo's own Rust plug-in decides, a baseline (policy thunderagent or "
+        "cache_aware) (sets live.routing; default: the scenario's, proxy)",
     )
     live.add_argument("--programs", type=_positive_int, help="programs to run (default: the scenario's workload.programs)")
     live.add_argument(

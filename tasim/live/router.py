@@ -459,7 +459,7 @@ async def serve(config: RouterConfig) -> None:
     status = await _status_server(router, config.status_port)
     try:
         await router.start()
-        if router.scenario.live.routing == "pin":  # decisions only: clients call the frontend themselves
+        if router.scenario.live.routing != "proxy":  # pin: decisions only; dynamo-*: Dynamo's plug-in decides
             await stop.wait()
             return
         endpoint = runtime.endpoint(f"{config.namespace}.tasim_router.generate")
