@@ -140,7 +140,8 @@ def test_the_clients_log_keeps_the_simulators_invariants(tmp_path: Path) -> None
 @pytest.mark.parametrize(("routing", "policy"), [("dynamo-thunderagent", "thunderagent"), ("dynamo-two-tier", "cache_aware")])
 def test_the_rust_plugin_stack_runs_the_same_programs_on_cpu(routing: str, policy: str, tmp_path: Path) -> None:
     pytest.importorskip("dynamo.llm")
-    from tasim.live.run import run_live
+    from tasim.live.run import finite_scenario, run_live, simulated_twin
+    from tasim.rundir import run_simulation
 
     scenario = load_scenario(SCENARIO, [f"live.routing={routing}", f"policy.name={policy}", "policy.params={}"])
     out = tmp_path / "run"
@@ -157,8 +158,12 @@ def test_the_rust_plugin_stack_runs_the_same_programs_on_cpu(routing: str, polic
     assert events[0].policy == routing  # type: ignore[attr-defined]
     # Every call was answered by one of the two workers, as the router mapped their instances.
     assert {e.worker for e in events if isinstance(e, ev.RequestRouted)} <= {"w0", "w1"}
-    # Both workers served, and prompts hit their caches (the plug-ins keep programs together).
-    assert len({e.worker for e in events if isinstance(e, ev.RequestRouted)}) == 2 and summary["prefix_hit_rate"] > 0.3
+    assert len({e.worker for e in events if isinstance(e, ev.RequestRouted)}) == 2
+    # Dynamo's plug-in lands where tasim simulates its peer, within the live-vs-sim tolerance of
+    # tasim's own live runs (tests/test_live_e2e.py): the same programs on the same workers.
+    simulated = run_simulation(simulated_twin(finite_scenario(scenario, None), "mocker"), tmp_path / "sim")
+    assert abs(summary["prefix_hit_rate"] - simulated["prefix_hit_rate"]) <= 0.05
+    assert abs(summary["output_tokens_per_s"] / simulated["output_tokens_per_s"] - 1) <= 0.15
     config = yaml.safe_load((out / "stack" / "router-policy.yaml").read_text())
     if routing == "dynamo-thunderagent":
         assert config["request_classifier"]["parameters"]["scheduler_interval_seconds"] == 2.5  # 5 s at time scale 2
