@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 NATIVE := build/native/manifest.json
 OUT    ?= runs/demo
 
-.PHONY: install demo test lint bench baseline validation vllm-validation reliability paper-shapes published clean
+.PHONY: install demo test lint bench baseline validation vllm-validation reliability peers paper-shapes published clean
 
 install: $(STAMP) $(NATIVE)
 
@@ -55,6 +55,14 @@ baseline: install
 # Load held, faults injected and outcomes: rewrites the table in docs/reliability.md (~4 min).
 reliability: install
 	$(BIN)/python -m tasim.reliability
+
+# tasim's ThunderAgent against Dynamo 1.6.1's Rust one, live (proxy and pin) and simulated, three
+# seeds each, on live-mocker and a four-times larger variant: rewrites docs/peers.md (~25 min).
+peers: install
+	$(BIN)/python -m tasim.live.peers scenarios/live-mocker.yaml --doc docs/peers.md --section live-mocker
+	$(BIN)/python -m tasim.live.peers scenarios/live-mocker.yaml $(PEERS_LARGER) --doc docs/peers.md --section larger
+
+PEERS_LARGER := --set workload.programs=96 --set workload.concurrency=48 --set cluster.engine.kv_blocks=320
 
 # Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
 validation: install

@@ -673,6 +673,11 @@ LIVE = str(SCENARIOS / "live-mocker.yaml")
         ([LIVE, "--engine", "vllm", "--time-scale", "2"], ["--time-scale must be 1 with --engine vllm"]),
         ([str(SCENARIOS / "swe-agent.yaml")], ["finite workload", "workload.programs", "--programs"]),
         (["/nonexistent.yaml"], ["/nonexistent.yaml"]),
+        ([LIVE, "--routing", "sideways"], ["--routing", "invalid choice", "sideways"]),
+        ([LIVE, "--routing", "pin", "--set", "live.routing=proxy"], ["--set live.routing=proxy: --routing pin sets live.routing too"]),
+        ([LIVE, "--routing", "dynamo-two-tier"], ["set policy.name=cache_aware (got thunderagent)"]),
+        ([LIVE, "--routing", "dynamo-thunderagent", "--set", "policy.params={placement: best_fit}"], ["no counterpart", "placement"]),
+        ([str(SCENARIOS / "rl-live-mocker.yaml"), "--driver", "verl", "--routing", "dynamo-thunderagent"], ["the verl driver runs through"]),
     ],
 )
 def test_live_bad_input_is_one_line_and_starts_nothing(
