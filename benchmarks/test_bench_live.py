@@ -21,7 +21,7 @@ from tasim.live.hashing import pack_tokens, sequence_hashes
 from tasim.live.host import Call, PolicyHost
 from tasim.live.kv_events import KvEvent
 from tasim.live.pinned import DecisionSocket, PinnedCalls
-from tasim.live.stack import HOST, INTERNAL_SUFFIX, LiveStack, free_ports, frontend_command
+from tasim.live.stack import HOST, INTERNAL_SUFFIX, LiveStack, free_ports
 from tasim.policies import make_policy
 from tasim.scenario import load_scenario
 from tasim.view import ClusterView, WorkerInfo
@@ -162,8 +162,7 @@ def test_router_throughput_against_frontend_round_robin(benchmark, regime: tuple
     with LiveStack(scenario, time_scale=time_scale, workdir=tmp_path / "stack") as stack:
         assert stack.model_path is not None
         # Pin mode's frontend (direct: a call must name its worker) on the same workers.
-        (direct_port,) = free_ports(1)
-        stack.start_component("frontend-direct", frontend_command(direct_port, "direct"))
+        direct = stack.add_frontend("frontend-direct", "direct") + "/v1/completions"
         # Dynamo's own Python router in the request path, for scale: its ThunderAgent router,
         # whose requests without a session go straight through its KvRouter.
         stack.start_component(
@@ -184,8 +183,6 @@ def test_router_throughput_against_frontend_round_robin(benchmark, regime: tuple
         )
         stack.wait_for_model(PEER_MODEL)
         internal = stack.model_name + INTERNAL_SUFFIX
-        direct = f"http://{HOST}:{direct_port}/v1/completions"
-        stack._wait_http(direct.replace("completions", "models"), "direct frontend", lambda body: internal in body)
         stack.begin_run()
         url = f"{stack.base_url}/v1/completions"
         targets = {

@@ -198,6 +198,15 @@ class LiveStack:
         addresses), stopped with the rest: e.g. a peer router to measure against."""
         self._spawn(name, args)
 
+    def add_frontend(self, name: str, router_mode: str) -> str:
+        """Start one more frontend on the same workers (e.g. ``direct``, for pinned calls beside
+        a proxy stack) and wait until it serves the workers' model; its base URL."""
+        (port,) = free_ports(1)
+        self._spawn(name, frontend_command(port, router_mode))
+        url = f"http://{HOST}:{port}"
+        self._wait_http(f"{url}/v1/models", name, lambda body: f'"{self.worker_model_name}"' in body)
+        return url
+
     def wait_for_model(self, model_name: str) -> None:
         """Wait until the frontend serves ``model_name``."""
         self._wait_http(f"{self.base_url}/v1/models", model_name, lambda body: f'"{model_name}"' in body)
