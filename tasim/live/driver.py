@@ -66,6 +66,10 @@ class DriverResult:
     calls: list[CallRecord] = field(default_factory=list)  # only with record_calls
 
 
+# (request id, worker, output token ids, OpenAI usage) of a completed call
+_Reply = tuple[str, str, list[int], dict[str, Any]]
+
+
 class DriverError(LiveError):
     """The scenario cannot be driven live; the message says why."""
 
@@ -186,68 +190,46 @@ class HttpAgentDriver:
         await self._final(headers)
 
     async def _call(self, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
-        if self._pinned is not None:
-            return await self._pinned_call(self._pinned, context, max_tokens, headers)
-        if self.observed is not None:
-            return await self._observed_call(self.observed, context, max_tokens, headers)
-        body = {
-            "model": self.model_name,
-            "prompt": self._detokenize(context) if self._detokenize else context,
-            "max_tokens": max_tokens,
-            "min_tokens": max_tokens,
-            "ignore_eos": True,
-            "nvext": {"extra_fields": ["engine_data"]},
-        }
-        self.result.requests += 1
-        try:
-            async with self._session.post(self.url, json=body, headers=headers) as reply:
-                payload = await reply.json(content_type=None)
-                if reply.status != 200:
-                    raise RuntimeError(f"HTTP {reply.status}: {str(payload)[:200]}")
-            proof = payload["nvext"]["engine_data"]["tasim"]
-            output = list(proof["output_token_ids"])
-            if self.record_calls:
-                program = headers["x-dynamo-session-id"]
-                usage = payload.get("usage") or {}
-                self.result.calls.append(CallRecord(program, context, output, proof["request"], proof["worker"], max_tokens, usage))
-            return output
-        except (TimeoutError, aiohttp.ClientError, RuntimeError, KeyError, TypeError, ValueError) as exc:
-            self.result.failed_requests += 1
-            self.result.errors.append(f"{headers['x-dynamo-session-id']}: {exc}")
-            return None
-
-    async def _pinned_call(self, pinned: PinnedCalls, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
-        body = {
-            "model": self.model_name,
-            "prompt": self._detokenize(context) if self._detokenize else context,
-            "max_tokens": max_tokens,
-            "min_tokens": max_tokens,
-            "ignore_eos": True,
-        }
+        """One call; its output token ids, or None if it failed (counted, with the error)."""
         program = headers["x-dynamo-session-id"]
         self.result.requests += 1
+        body = {
+            "model": self.model_name,
+            "prompt": self._detokenize(context) if self._detokenize else context,
+            "max_tokens": max_tokens,
+            "min_tokens": max_tokens,
+            "ignore_eos": True,
+        }
         try:
-            reply = await pinned.complete(body, context, max_tokens, program, headers.get("x-dynamo-parent-session-id"))
-        except (TimeoutError, aiohttp.ClientError, CallFailed) as exc:
+            if self._pinned is not None:
+                reply = await self._pinned.complete(body, context, max_tokens, program, headers.get("x-dynamo-parent-session-id"))
+                request, worker, output, usage = reply.call, reply.worker, reply.output_token_ids, reply.usage
+            elif self.observed is not None:
+                request, worker, output, usage = await self._observed_call(self.observed, body, context, max_tokens, headers)
+            else:
+                request, worker, output, usage = await self._proxied_call(body, headers)
+        except (TimeoutError, aiohttp.ClientError, CallFailed, WorkerFailed, RuntimeError, KeyError, TypeError, ValueError) as exc:
             self.result.failed_requests += 1
             self.result.errors.append(f"{program}: {exc}")
             return None
         if self.record_calls:
-            self.result.calls.append(CallRecord(program, context, reply.output_token_ids, reply.call, reply.worker, max_tokens, reply.usage))
-        return reply.output_token_ids
+            self.result.calls.append(CallRecord(program, context, output, request, worker, max_tokens, usage))
+        return output
 
-    async def _observed_call(self, observed: ObservedCalls, context: list[int], max_tokens: int, headers: dict[str, str]) -> list[int] | None:
+    async def _proxied_call(self, body: dict[str, Any], headers: dict[str, str]) -> _Reply:
+        """Through the tasim router, whose final chunk names the request and worker."""
+        async with self._session.post(self.url, json=body | {"nvext": {"extra_fields": ["engine_data"]}}, headers=headers) as reply:
+            payload = await reply.json(content_type=None)
+            if reply.status != 200:
+                raise RuntimeError(f"HTTP {reply.status}: {str(payload)[:200]}")
+        proof = payload["nvext"]["engine_data"]["tasim"]
+        return proof["request"], proof["worker"], list(proof["output_token_ids"]), payload.get("usage") or {}
+
+    async def _observed_call(
+        self, observed: ObservedCalls, body: dict[str, Any], context: list[int], max_tokens: int, headers: dict[str, str]
+    ) -> _Reply:
         """A call Dynamo's own plug-in routes; the client logs what it sees of it."""
-        body = {
-            "model": self.model_name,
-            "prompt": self._detokenize(context) if self._detokenize else context,
-            "max_tokens": max_tokens,
-            "min_tokens": max_tokens,
-            "ignore_eos": True,
-        }
-        program = headers["x-dynamo-session-id"]
-        self.result.requests += 1
-        request = observed.sent(program, len(context), max_tokens)
+        request = observed.sent(headers["x-dynamo-session-id"], len(context), max_tokens)
         worker = ""
 
         async def routed(chunk: dict[str, Any]) -> None:
@@ -259,15 +241,11 @@ class HttpAgentDriver:
 
         try:
             reply = await stream_completion(self._session, self.url, completion_request(body, True, ("worker_id",)), headers, routed)
-        except (TimeoutError, aiohttp.ClientError, CallFailed, WorkerFailed) as exc:
+        except BaseException as exc:
             observed.failed(request, worker, f"{type(exc).__name__}: {exc}"[:300])
-            self.result.failed_requests += 1
-            self.result.errors.append(f"{program}: {exc}")
-            return None
+            raise
         observed.finished(request, worker, *reply.usage_counts(len(context)))
-        if self.record_calls:
-            self.result.calls.append(CallRecord(program, context, reply.output_token_ids, request, worker, max_tokens, reply.usage))
-        return reply.output_token_ids
+        return request, worker, reply.output_token_ids, reply.usage
 
     async def _final(self, headers: dict[str, str]) -> None:
         if self._pinned is not None:
