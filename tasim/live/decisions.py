@@ -194,8 +194,12 @@ class Decisions:
         self.calls[call.spec.id] = routed  # in flight while its worker is checked
         try:
             await self.confirm_lost(call.worker, routed.instance, reason)
-        finally:
-            self.calls.pop(call.spec.id, None)
+        except BaseException:  # the client left meanwhile
+            if self.calls.pop(call.spec.id, None) is routed:
+                self.host.fail(call, f"{reason} (the retry was given up)")
+            raise
+        if self.calls.pop(call.spec.id, None) is not routed:
+            raise DecisionError(409, f"call {body.call} expired while its worker was checked")
         try:
             admission = self.host.retry(call, prompt, body.max_tokens, f"worker {call.worker}: {reason}")
         except NoWorkerServing as exc:  # the host failed the call
@@ -330,7 +334,7 @@ class Decisions:
             admission = self._decide(frame)
             if isinstance(admission, Call):  # the common case: answered at once, no task
                 return self._hand_out(admission, 1)
-            deciding = self.route_held(admission)
+            deciding = self._route_held(admission)
         else:
             deciding = self.retry(frame)
         waiting[frame.id] = asyncio.ensure_future(self._answer_later(socket, frame.id, deciding, waiting))
@@ -348,7 +352,7 @@ class Decisions:
             return self.end(frame)
         return {}
 
-    async def route_held(self, held: Held) -> dict[str, Any]:
+    async def _route_held(self, held: Held) -> dict[str, Any]:
         return self._hand_out(await self._admitted(held), 1)
 
     async def _answer_later(
