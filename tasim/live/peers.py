@@ -28,9 +28,9 @@ from typing import Any
 from tasim import events as ev
 from tasim.eventlog import EVENTS_PLAIN, read_events
 from tasim.live.run import SIM_DIR, finite_scenario, run_live, simulated_twin
-from tasim.rundir import run_simulation
+from tasim.rundir import SUMMARY_FILE, run_simulation
 from tasim.scenario import Scenario, load_scenario
-from tasim.stats import METHOD, mean_interval
+from tasim.stats import METHOD, mean_interval, paired_ratio
 from tasim.validation.doc_section import replace_section
 
 # (column, how the run is made): live routing, or None for the simulation
@@ -69,14 +69,21 @@ def _figures(summary: dict[str, Any], peak: int, pauses: int | None) -> dict[str
     return summary | {"ttft_mean": ttft["mean"], "ttft_p90": ttft["p90"], "peak_paused": peak, "pauses": pauses}
 
 
-def run_side(scenario: Scenario, routing: str | None, out: Path, time_scale: float) -> dict[str, Any]:
-    """One run's figures (the summary, with TTFT's mean and p90 and ``peak_paused``)."""
+def run_side(scenario: Scenario, routing: str | None, out: Path, time_scale: float, reuse: bool = False) -> dict[str, Any]:
+    """One run's figures (the summary, with TTFT's mean and p90 and ``peak_paused``);
+    ``reuse``: read them from a finished run already in ``out``."""
     if routing is None:
-        summary = run_simulation(simulated_twin(scenario, "mocker"), out / SIM_DIR, check=True)
+        if reuse and (out / SIM_DIR / SUMMARY_FILE).exists():
+            summary = json.loads((out / SIM_DIR / SUMMARY_FILE).read_text())
+        else:
+            summary = run_simulation(simulated_twin(scenario, "mocker"), out / SIM_DIR, check=True)
         return _figures(summary, peak_paused(read_events(out / SIM_DIR / EVENTS_PLAIN)), summary["pauses"])
-    data = scenario.model_dump(mode="json")
-    data["live"]["routing"] = routing
-    summary = run_live(Scenario.model_validate(data), out, time_scale=time_scale)
+    if reuse and (out / SUMMARY_FILE).exists():
+        summary = json.loads((out / SUMMARY_FILE).read_text())
+    else:
+        data = scenario.model_dump(mode="json")
+        data["live"]["routing"] = routing
+        summary = run_live(Scenario.model_validate(data), out, time_scale=time_scale)
     driver = json.loads((out / "run.json").read_text())["driver"]
     if driver["failed_requests"] or summary["programs_leaked"]:
         raise RuntimeError(f"{out}: {driver['failed_requests']} failed calls, {summary['programs_leaked']} leaked programs")
@@ -102,6 +109,25 @@ def table(figures: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+def against_simulation(figures: dict[str, list[dict[str, Any]]]) -> str:
+    """Markdown: each live side's figures over the simulated ones, paired per seed (the same
+    programs), mean ratio [95 % interval]; an interval that holds 1 is no significant gap."""
+    simulated = figures["tasim TA, simulated"]
+    live_sides = [name for name, routing in SIDES if routing is not None]
+    lines = ["| live / simulated | " + " | ".join(live_sides) + " |", "|---|" + "---:|" * len(live_sides)]
+    for row, key, _ in METRICS[:4]:
+        cells = []
+        for name in live_sides:
+            ratio = paired_ratio([run[key] for run in figures[name]], [run[key] for run in simulated])
+            if ratio is None:
+                cells.append("n/a")
+                continue
+            significant = "" if ratio.n < 2 or ratio.contains(1.0) else " *"
+            cells.append(f"{ratio.mean:.3f}" + (f" [{ratio.low:.3f}, {ratio.high:.3f}]{significant}" if ratio.n > 1 else ""))
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def noise(figures: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     """Per metric, the largest relative gap between tasim's live proxy runs and their simulation
     over the seeds: how far live and simulated differ with the same policy."""
@@ -112,13 +138,13 @@ def noise(figures: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     return gaps
 
 
-def compare(scenario: Scenario, seeds: Sequence[int], out: Path, time_scale: float) -> dict[str, list[dict[str, Any]]]:
+def compare(scenario: Scenario, seeds: Sequence[int], out: Path, time_scale: float, reuse: bool = False) -> dict[str, list[dict[str, Any]]]:
     figures: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in SIDES}
     for seed in seeds:
         seeded = finite_scenario(scenario.model_copy(update={"seed": seed}), None)
         for name, routing in SIDES:
             side = out / f"s{seed}" / (routing or "simulated")
-            figures[name].append(run_side(seeded, routing, side, time_scale))
+            figures[name].append(run_side(seeded, routing, side, time_scale, reuse))
             print(f"seed {seed}, {name}: " + ", ".join(f"{key}={figures[name][-1].get(key)}" for _, key, _ in METRICS), flush=True)
     return figures
 
@@ -130,16 +156,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1 added to the scenario's (default 3)")
     parser.add_argument("--time-scale", type=float, default=2.0)
     parser.add_argument("--out", type=Path, help="keep the runs here (default: a temporary directory)")
+    parser.add_argument("--reuse", action="store_true", help="take the runs already finished in --out instead of running them again")
     parser.add_argument("--doc", type=Path, help="document to write the table into, between the section's markers")
     parser.add_argument("--section", default="live-mocker", help="marker name: <!-- peers:NAME begin --> ... <!-- peers:NAME end -->")
     args = parser.parse_args(argv)
     scenario = load_scenario(args.scenario, args.overrides)
     seeds = [scenario.seed + i for i in range(args.seeds)]
     with tempfile.TemporaryDirectory(prefix="tasim-peers-") as tmp:
-        figures = compare(scenario, seeds, args.out or Path(tmp), args.time_scale)
+        figures = compare(scenario, seeds, args.out or Path(tmp), args.time_scale, args.reuse)
     gaps = noise(figures)
     text = (
         table(figures)
+        + "\n\n"
+        + against_simulation(figures)
+        + "\n\n* the interval over the seeds' paired ratios excludes 1."
         + f"\n\n{len(seeds)} seeds ({', '.join(map(str, seeds))}), mean [{METHOD} interval]; time scale {args.time_scale:g}. "
         + "Live-vs-sim noise (largest gap of tasim's proxy runs to their simulation over the seeds): "
         + ", ".join(f"{key} {gap:.1%}" for key, gap in gaps.items())

@@ -1,12 +1,12 @@
 """The client side of decision-only routing (``live.routing: pin``, `tasim.live.decisions`).
 
 `PinnedCalls.complete` makes one call the way a pin-mode client must: ask the tasim router
-which worker (``/v1/route``, waiting while the policy holds the program), stream the call from
-the Dynamo frontend pinned to that worker, report the first token and then the engine's usage.
-When the pinned worker fails under the call (connection refused or cut, a 5xx, the instance
-gone, a stream that ends without a finish reason), the call goes back to the router
-(``/v1/retry``), which checks the worker and lets the policy place the call again; the client
-sees one reply. The output streamed before a failure is dropped and the call starts over on
+which worker (a ``route`` frame on its decision socket, answered when the policy has placed the
+call, so possibly after a pause), stream the call from the Dynamo frontend pinned to that
+worker, report the first token and then the engine's usage. When the pinned worker fails under
+the call (connection refused or cut, a 5xx, the instance gone, a stream that ends without a
+finish reason), the call goes back to the router (``retry``), which checks the worker and lets
+the policy place the call again; the client sees one reply. The output streamed before a failure is dropped and the call starts over on
 its new worker. ``end`` sends a program's session-final to the router; it never reaches an
 engine. The HTTP agent driver and the verl client (`tasim.live.verl.client`) both call here.
 """
@@ -177,7 +177,7 @@ class PinnedCalls:
     async def _decide(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
         answer = await self._socket().ask(operation, body)
         if "error" in answer:
-            raise CallFailed(f"tasim router {operation}: HTTP {answer.get('status')}: {answer['error']}")
+            raise CallFailed(f"tasim router refused {operation} ({answer.get('status')}): {answer['error']}")
         return answer
 
     async def _report(self, operation: str, body: dict[str, Any]) -> None:
