@@ -421,6 +421,11 @@ class LiveConfig(_Strict):
         "its tasim peer, thunderagent or cache_aware)",
     )
 
+    @property
+    def routed_by_dynamo(self) -> bool:
+        """Dynamo's own Rust plug-in decides (``routing: dynamo-*``); no tasim code is in the path."""
+        return self.routing.startswith("dynamo-")
+
 
 class Scenario(_Strict):
     name: str = Field(

@@ -158,7 +158,7 @@ class Decisions:
 
     async def route(self, body: RouteBody) -> dict[str, Any]:
         admission = self._decide(body)
-        return self._hand_out(admission if isinstance(admission, Call) else await self._admitted(admission), 1)
+        return self._hand_out(admission, 1) if isinstance(admission, Call) else await self._route_held(admission)
 
     def _decide(self, body: RouteBody) -> Call | Held:
         self.on_request()

@@ -67,7 +67,7 @@ def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None) -
     """The scenario as the driver will run it: the http driver runs a finite agent workload
     (``workload.programs``), the verl driver an ``rl_rollout`` one. Checks that Dynamo's
     plug-in can run it (``live.routing: dynamo-*``) before anything starts."""
-    if scenario.live.routing.startswith("dynamo-"):
+    if scenario.live.routed_by_dynamo:
         from tasim.live.dynamo_policies import plugin_config
 
         if driver == "verl":
@@ -99,7 +99,7 @@ def run_live(
     out.mkdir(parents=True, exist_ok=True)
     partial = out / (EVENTS_PLAIN + ".partial")
     started = time.perf_counter()
-    dynamo_routes = scenario.live.routing.startswith("dynamo-")
+    dynamo_routes = scenario.live.routed_by_dynamo
     # With Dynamo's plug-in deciding, the run's log is the client's; the router only watches.
     router_log = out / STACK_DIR / "router-events.jsonl" if dynamo_routes else partial
     with LiveStack(scenario, engine=engine, model_path=model_path, time_scale=time_scale, workdir=out / STACK_DIR, events_path=router_log) as stack:

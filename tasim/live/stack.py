@@ -128,7 +128,7 @@ class LiveStack:
     def dynamo_routes(self) -> bool:
         """Dynamo's own Rust plug-in decides (``live.routing: dynamo-*``); the tasim router only
         watches the workers."""
-        return self.scenario.live.routing.startswith("dynamo-")
+        return self.scenario.live.routed_by_dynamo
 
     @property
     def worker_model_name(self) -> str:
