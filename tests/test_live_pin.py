@@ -6,6 +6,7 @@ tests/test_live_e2e.py (``thunderagent@pin``), test_live_load.py and test_live_f
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -155,6 +156,70 @@ def test_socket_answers_by_id_and_refuses_bad_frames_in_one_line() -> None:
             ]
             host = decisions.host
             assert (host.finished, host.failed, host.in_flight, list(host.programs)) == (2, 1, 0, [])
+            await socket.close()
+
+    asyncio.run(go())
+
+
+def test_a_message_may_carry_a_batch_of_frames_and_is_answered_in_one() -> None:
+    """Frames queued in one turn of a client's loop travel as one JSON array
+    (`tasim.live.frames`); the service handles them in order, a bad one alone refused, and
+    sends the answers of one turn as one array."""
+
+    async def go() -> None:
+        async with service() as (url, decisions, _, _clock, _events), aiohttp.ClientSession() as session:
+            async with session.ws_connect(f"{url}/v1/socket") as socket:
+                batch = [
+                    {"op": "route", "id": 1, "program": "A", "token_ids": _tokens(20), "max_tokens": 4},
+                    {"op": "route", "id": 2, "program": "B", "token_ids": _tokens(20, 50), "max_tokens": 4},
+                    {"op": "nonsense", "id": 3},
+                    {"op": "done", "call": "A.0", "prompt_tokens": 20, "completion_tokens": 4},
+                    {"op": "end", "id": 4, "program": "A"},
+                ]
+                await socket.send_json(batch)
+                answers = json.loads(await socket.receive_bytes(timeout=5))
+                assert answers == [
+                    {"call": "A.0", "worker": "w0", "instance_id": 100, "pin": {PIN_HEADER: "100"}, "held_s": 0.0, "id": 1},
+                    {"call": "B.0", "worker": "w1", "instance_id": 101, "pin": {PIN_HEADER: "101"}, "held_s": 0.0, "id": 2},
+                    {
+                        "id": None,
+                        "status": 400,
+                        "error": "bad frame: Invalid value 'nonsense' - at `$.op` (ops: route, first, done, fail, retry, end, cancel)",
+                    },
+                    {"known": True, "id": 4},
+                ]
+                await socket.send_str("[1, 2")
+                assert json.loads(await socket.receive_bytes(timeout=5)) == {
+                    "id": None,
+                    "status": 400,
+                    "error": "bad message: not JSON (Input data was truncated)",
+                }
+            assert (decisions.host.finished, sorted(decisions.calls)) == (1, ["B.0"])
+
+    asyncio.run(go())
+
+
+def test_a_call_handed_out_after_its_asker_gave_up_is_given_back() -> None:
+    """The cancel frame reaches the service after the call was placed (not held, so nothing
+    to cancel there): the client, seeing the answer of a question it abandoned, fails the call
+    at once instead of leaving it routed until the report timeout."""
+
+    async def go() -> None:
+        async with service() as (url, decisions, _, _clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            assert await socket.ask("end", {"program": "nobody"}) == {"known": False}  # opens the socket
+            asked = asyncio.ensure_future(socket.ask("route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4}))
+            await asyncio.sleep(0)  # the route frame is queued
+            asked.cancel()
+            await asyncio.gather(asked, return_exceptions=True)
+            for _ in range(50):
+                if decisions.host.failed:
+                    break
+                await asyncio.sleep(0.02)
+            assert (decisions.host.failed, decisions.calls, decisions.host.in_flight) == (1, {}, 0)
+            assert [(e.request, e.reason) for e in events if isinstance(e, ev.RequestDropped)] == [
+                ("A.0", "client: the client gave up waiting for the answer")
+            ]
             await socket.close()
 
     asyncio.run(go())

@@ -44,6 +44,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from tasim.live.frames import Outbox, split
 from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost, Prompt
 
 # The header Dynamo's frontend pins a call with (alias of x-worker-instance-id).
@@ -284,41 +285,52 @@ class Decisions:
 
     async def _socket(self, request: web.Request) -> web.WebSocketResponse:
         """The same operations as frames over one WebSocket (``{"op": "route", "id": 1, ...}``),
-        which costs a client far less than an HTTP exchange per operation. Frames are handled
-        in order; a route or retry answers when decided (others may be answered meanwhile), and
-        only frames with an ``id`` are answered: ``{"id": ..., ...}`` or ``{"id": ..., "status":
-        4xx|5xx, "error": ...}`` (an error of a frame without an id is answered with ``id`` null).
-        Closing the socket gives up every call it is still waiting for."""
+        which costs a client far less than an HTTP exchange per operation. A message holds one
+        frame or a JSON array of them (`tasim.live.frames`); answers are batched the same way.
+        Frames are handled in order; a route or retry answers when decided (others may be
+        answered meanwhile), and only frames with an ``id`` are answered: ``{"id": ..., ...}``
+        or ``{"id": ..., "status": 4xx|5xx, "error": ...}`` (an error of a frame without an id
+        is answered with ``id`` null). Closing the socket gives up every call it is still
+        waiting for."""
         socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES, compress=False)  # small frames: deflate would cost more than it saves
         await socket.prepare(request)
+        outbox = Outbox(socket)
         waiting: dict[int, asyncio.Task[None]] = {}
         try:
             async for message in socket:
-                if message.type in (web.WSMsgType.TEXT, web.WSMsgType.BINARY):
-                    await self._frame(socket, message.data, waiting)
+                if message.type not in (web.WSMsgType.TEXT, web.WSMsgType.BINARY):
+                    continue
+                try:
+                    frames = split(message.data)
+                except msgspec.DecodeError as exc:
+                    outbox.put({"id": None, "status": 400, "error": f"bad message: not JSON ({exc})"})
+                    continue
+                for data in frames:
+                    self._frame(outbox, data, waiting)
         finally:
             for task in waiting.values():
                 task.cancel()
+            await outbox.drain()
         return socket
 
-    async def _frame(self, socket: web.WebSocketResponse, data: str | bytes, waiting: dict[int, asyncio.Task[None]]) -> None:
+    def _frame(self, outbox: Outbox, data: str | bytes | msgspec.Raw, waiting: dict[int, asyncio.Task[None]]) -> None:
         frame: Frame | None = None
         try:
             frame = self._frame_decoder.decode(data)
-            answer = self._carry_out(socket, frame, waiting)
+            answer = self._carry_out(outbox, frame, waiting)
         except DecisionError as exc:
-            await _send(socket, {"id": frame.id if frame else None, "status": exc.status, "error": str(exc)})
+            outbox.put({"id": frame.id if frame else None, "status": exc.status, "error": str(exc)})
             return
         except msgspec.ValidationError as exc:
-            await _send(socket, {"id": None, "status": 400, "error": f"bad frame: {exc} (ops: {_OPS})"})
+            outbox.put({"id": None, "status": 400, "error": f"bad frame: {exc} (ops: {_OPS})"})
             return
         except msgspec.DecodeError as exc:
-            await _send(socket, {"id": None, "status": 400, "error": f"bad frame: not JSON ({exc})"})
+            outbox.put({"id": None, "status": 400, "error": f"bad frame: not JSON ({exc})"})
             return
         if answer is not None and frame.id is not None:
-            await _send(socket, {**answer, "id": frame.id})
+            outbox.put({**answer, "id": frame.id})
 
-    def _carry_out(self, socket: web.WebSocketResponse, frame: Frame, waiting: dict[int, asyncio.Task[None]]) -> dict[str, Any] | None:
+    def _carry_out(self, outbox: Outbox, frame: Frame, waiting: dict[int, asyncio.Task[None]]) -> dict[str, Any] | None:
         """The answer to a frame now, or None when there is none yet (a held call or a retry,
         answered by a task of their own) or none at all (a cancel)."""
         if isinstance(frame, CancelFrame):
@@ -337,7 +349,7 @@ class Decisions:
             deciding = self._route_held(admission)
         else:
             deciding = self.retry(frame)
-        waiting[frame.id] = asyncio.ensure_future(self._answer_later(socket, frame.id, deciding, waiting))
+        waiting[frame.id] = asyncio.ensure_future(self._answer_later(outbox, frame.id, deciding, waiting))
         return None
 
     def _now(self, frame: CallBody | DoneBody | FailBody | EndBody) -> dict[str, Any]:
@@ -355,20 +367,18 @@ class Decisions:
     async def _route_held(self, held: Held) -> dict[str, Any]:
         return self._hand_out(await self._admitted(held), 1)
 
-    async def _answer_later(
-        self, socket: web.WebSocketResponse, frame_id: int, deciding: Awaitable[dict[str, Any]], waiting: dict[int, asyncio.Task[None]]
-    ) -> None:
+    async def _answer_later(self, outbox: Outbox, frame_id: int, deciding: Awaitable[dict[str, Any]], waiting: dict[int, asyncio.Task[None]]) -> None:
         try:
             answer = await deciding
         except DecisionError as exc:
             answer = {"status": exc.status, "error": str(exc)}
         finally:
             waiting.pop(frame_id, None)
-        if socket.closed:  # the client left after the decision: the call was never sent
+        if outbox.socket.closed:  # the client left after the decision: the call was never sent
             if "call" in answer:
                 self.fail(FailBody(call=answer["call"], reason="the client's socket closed before it took the call"))
             return
-        await _send(socket, {**answer, "id": frame_id})
+        outbox.put({**answer, "id": frame_id})
 
     async def _body(self, request: web.Request, kind: type[BodyT]) -> BodyT:
         decoder = self._decoders.get(kind)
@@ -396,11 +406,6 @@ _encode = msgspec.json.Encoder().encode
 
 
 _OPS = ", ".join(kind.__struct_config__.tag for kind in Frame.__args__)
-
-
-async def _send(socket: web.WebSocketResponse, payload: dict[str, Any]) -> None:
-    if not socket.closed:
-        await socket.send_bytes(_encode(payload))
 
 
 def _json(payload: dict[str, Any], status: int = 200) -> web.Response:

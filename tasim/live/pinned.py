@@ -24,6 +24,7 @@ import aiohttp
 import msgspec
 
 from tasim.live.errors import LiveError
+from tasim.live.frames import Outbox, split
 from tasim.live.hashing import pack_tokens
 
 _encode = msgspec.json.Encoder().encode
@@ -202,8 +203,10 @@ class PinnedCalls:
 
 class DecisionSocket:
     """One WebSocket to the decision service (`tasim.live.decisions`), shared by every call
-    of a client: answers are matched to questions by id; reports go unanswered. Opened on
-    first use; a question whose asker is cancelled is cancelled at the service too."""
+    of a client: answers are matched to questions by id; reports go unanswered. Frames queued
+    in one turn of the loop go out as one message (`tasim.live.frames`). Opened on first use;
+    a question whose asker is cancelled is cancelled at the service too, and a call the service
+    handed out before it heard of that is given back."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
         self.session = session
@@ -212,59 +215,79 @@ class DecisionSocket:
         self.errors: list[str] = []  # the service's answers to reports it refused
         self._ids = itertools.count(1)
         self._asked: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._connected: asyncio.Task[aiohttp.ClientWebSocketResponse] | None = None
+        self._abandoned: set[int] = set()  # questions whose asker was cancelled
+        self._connected: asyncio.Task[Outbox] | None = None
+        self._socket: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
 
     async def ask(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
-        socket = await self._open()
+        outbox = await self._open()
+        if self.closed:  # the reader has failed every question asked before: so this one too
+            raise CallFailed("the tasim router closed its decision socket")
         frame_id = next(self._ids)
         answer = self._asked[frame_id] = asyncio.get_running_loop().create_future()
         try:
-            await socket.send_bytes(_encode({"op": operation, "id": frame_id, **body}))
+            outbox.put({"op": operation, "id": frame_id, **body})
             return await answer
         except asyncio.CancelledError:
-            if not socket.closed:
-                with contextlib.suppress(Exception):
-                    await socket.send_bytes(_encode({"op": "cancel", "id": frame_id}))
+            if not outbox.socket.closed:
+                self._abandoned.add(frame_id)
+                outbox.put({"op": "cancel", "id": frame_id})
             raise
         finally:
             self._asked.pop(frame_id, None)
 
     async def tell(self, operation: str, body: dict[str, Any]) -> None:
-        socket = await self._open()
-        await socket.send_bytes(_encode({"op": operation, **body}))
+        """Send a report; returns once it is sent (raises if it could not be)."""
+        outbox = await self._open()
+        await outbox.put({"op": operation, **body})
 
     async def close(self) -> None:
         self.closed = True
         if self._connected is not None and self._connected.done() and not self._connected.exception():
-            await self._connected.result().close()
+            await self._connected.result().drain()
+        if self._socket is not None:
+            await self._socket.close()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 
-    async def _open(self) -> aiohttp.ClientWebSocketResponse:
+    async def _open(self) -> Outbox:
         if self._connected is None:  # concurrent first calls share one connection attempt
-            self._connected = asyncio.ensure_future(self.session.ws_connect(self.url, max_msg_size=0, autoping=True, compress=0))
-        socket = await asyncio.shield(self._connected)
-        if self._reader is None:
-            self._reader = asyncio.ensure_future(self._read(socket))
-        return socket
+            self._connected = asyncio.ensure_future(self._connect())
+        return await asyncio.shield(self._connected)
+
+    async def _connect(self) -> Outbox:
+        socket = self._socket = await self.session.ws_connect(self.url, max_msg_size=0, autoping=True, compress=0)
+        self._reader = asyncio.ensure_future(self._read(socket))
+        return Outbox(socket)
 
     async def _read(self, socket: aiohttp.ClientWebSocketResponse) -> None:
         try:
             async for message in socket:
                 if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
                     continue
-                answer: dict[str, Any] = msgspec.json.decode(message.data)
-                waiter = self._asked.get(answer.pop("id", None) or 0)
-                if waiter is not None and not waiter.done():
-                    waiter.set_result(answer)
-                elif "error" in answer:
-                    self.errors.append(str(answer["error"]))
+                for frame in split(message.data):
+                    self._answered(_decode_answer(frame))
         finally:
             self.closed = True
             for waiter in self._asked.values():
                 if not waiter.done():
                     waiter.set_exception(CallFailed("the tasim router closed its decision socket"))
+
+    def _answered(self, answer: dict[str, Any]) -> None:
+        frame_id = answer.pop("id", None) or 0
+        waiter = self._asked.get(frame_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(answer)
+        elif frame_id in self._abandoned:  # answered before the cancel arrived: give the call back
+            self._abandoned.discard(frame_id)
+            if "call" in answer and self._connected is not None:
+                self._connected.result().put({"op": "fail", "call": answer["call"], "reason": "the client gave up waiting for the answer"})
+        elif "error" in answer:
+            self.errors.append(str(answer["error"]))
+
+
+_decode_answer = msgspec.json.Decoder(dict[str, Any]).decode
 
 
 def _worker_failure(status: int, text: str) -> bool:
