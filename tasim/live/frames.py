@@ -33,12 +33,13 @@ class Outbox:
         self.socket = socket
         self._frames: list[bytes] = []
         self._sent: asyncio.Future[None] | None = None  # done when the queued frames are sent
+        self._last: asyncio.Future[None] | None = None  # of the newest message (sends keep their order)
 
     def put(self, frame: dict[str, Any]) -> asyncio.Future[None]:
         """Queue ``frame``; the future is done when it is sent, with the send's error if any."""
         self._frames.append(_encode(frame))
         if self._sent is None:
-            self._sent = asyncio.get_running_loop().create_future()
+            self._sent = self._last = asyncio.get_running_loop().create_future()
             asyncio.get_running_loop().call_soon(self._flush)
         return self._sent
 
@@ -52,8 +53,8 @@ class Outbox:
 
     async def drain(self) -> None:
         """Wait until everything queued so far is sent (errors are the senders' to see)."""
-        if self._sent is not None:
-            await asyncio.gather(self._sent, return_exceptions=True)
+        if self._last is not None:
+            await asyncio.gather(self._last, return_exceptions=True)
 
 
 def _settle(sent: asyncio.Future[None], task: asyncio.Future[None]) -> None:
