@@ -68,6 +68,7 @@ def test_drain_waits_for_a_send_in_progress_and_a_failed_send_reaches_its_frames
         (b'{"op":"end","program":"A"}', [{"op": "end", "program": "A"}]),
         ('{"op":"end","program":"A"}', [{"op": "end", "program": "A"}]),
         (b' [{"op":"first","call":"A.0"}, {"op":"end","program":"A"}]', [{"op": "first", "call": "A.0"}, {"op": "end", "program": "A"}]),
+        ('\n\t[{"op":"end","program":"A"}]', [{"op": "end", "program": "A"}]),
         (b"[]", []),
     ],
 )

@@ -10,12 +10,16 @@ in one turn of the loop and sends them as one message on the next.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Any, Protocol
 
 import msgspec
 
 _encode = msgspec.json.Encoder().encode
 _batch = msgspec.json.Decoder(list[msgspec.Raw])
+# A batch: "[" after JSON's leading whitespace (matched in place: a message may hold a long prompt).
+_BATCH_BYTES = re.compile(rb"[ \t\n\r\x0b\x0c]*\[")
+_BATCH_TEXT = re.compile(r"[ \t\n\r\x0b\x0c]*\[")
 
 
 class _Socket(Protocol):  # aiohttp's client and server WebSocket alike
@@ -23,6 +27,8 @@ class _Socket(Protocol):  # aiohttp's client and server WebSocket alike
     def closed(self) -> bool: ...
 
     async def send_bytes(self, data: bytes, compress: int | None = None) -> None: ...
+
+    async def close(self) -> bool: ...
 
 
 class Outbox:
@@ -71,7 +77,5 @@ def _settle(sent: asyncio.Future[None], task: asyncio.Future[None]) -> None:
 
 def split(message: bytes | str) -> list[bytes | str | msgspec.Raw]:
     """The frames of one message (a JSON array is a batch), each still to be decoded."""
-    data = message.encode() if isinstance(message, str) else message
-    if data.lstrip()[:1] != b"[":
-        return [message]
-    return list(_batch.decode(data))
+    batch = _BATCH_TEXT.match(message) if isinstance(message, str) else _BATCH_BYTES.match(message)
+    return list(_batch.decode(message)) if batch else [message]

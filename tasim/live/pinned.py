@@ -217,7 +217,6 @@ class DecisionSocket:
         self._asked: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._abandoned: set[int] = set()  # questions whose asker was cancelled
         self._connected: asyncio.Task[Outbox] | None = None
-        self._socket: aiohttp.ClientWebSocketResponse | None = None
         self._reader: asyncio.Task[None] | None = None
 
     async def ask(self, operation: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -245,9 +244,9 @@ class DecisionSocket:
     async def close(self) -> None:
         self.closed = True
         if self._connected is not None and self._connected.done() and not self._connected.exception():
-            await self._connected.result().drain()
-        if self._socket is not None:
-            await self._socket.close()
+            outbox = self._connected.result()
+            await outbox.drain()
+            await outbox.socket.close()
         if self._reader is not None:
             await asyncio.gather(self._reader, return_exceptions=True)
 
@@ -257,32 +256,33 @@ class DecisionSocket:
         return await asyncio.shield(self._connected)
 
     async def _connect(self) -> Outbox:
-        socket = self._socket = await self.session.ws_connect(self.url, max_msg_size=0, autoping=True, compress=0)
-        self._reader = asyncio.ensure_future(self._read(socket))
-        return Outbox(socket)
+        socket = await self.session.ws_connect(self.url, max_msg_size=0, autoping=True, compress=0)
+        outbox = Outbox(socket)
+        self._reader = asyncio.ensure_future(self._read(socket, outbox))
+        return outbox
 
-    async def _read(self, socket: aiohttp.ClientWebSocketResponse) -> None:
+    async def _read(self, socket: aiohttp.ClientWebSocketResponse, outbox: Outbox) -> None:
         try:
             async for message in socket:
                 if message.type not in (aiohttp.WSMsgType.BINARY, aiohttp.WSMsgType.TEXT):
                     continue
                 for frame in split(message.data):
-                    self._answered(_decode_answer(frame))
+                    self._answered(_decode_answer(frame), outbox)
         finally:
             self.closed = True
             for waiter in self._asked.values():
                 if not waiter.done():
                     waiter.set_exception(CallFailed("the tasim router closed its decision socket"))
 
-    def _answered(self, answer: dict[str, Any]) -> None:
+    def _answered(self, answer: dict[str, Any], outbox: Outbox) -> None:
         frame_id = answer.pop("id", None) or 0
         waiter = self._asked.get(frame_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(answer)
         elif frame_id in self._abandoned:  # answered before the cancel arrived: give the call back
             self._abandoned.discard(frame_id)
-            if "call" in answer and self._connected is not None:
-                self._connected.result().put({"op": "fail", "call": answer["call"], "reason": "the client gave up waiting for the answer"})
+            if "call" in answer:
+                outbox.put({"op": "fail", "call": answer["call"], "reason": "the client gave up waiting for the answer"})
         elif "error" in answer:
             self.errors.append(str(answer["error"]))
 
