@@ -220,6 +220,7 @@ def test_a_call_handed_out_after_its_asker_gave_up_is_given_back() -> None:
             assert [(e.request, e.reason) for e in events if isinstance(e, ev.RequestDropped)] == [
                 ("A.0", "client: the client gave up waiting for the answer")
             ]
+            assert (socket._abandoned, socket.errors) == (set(), [])  # the late cancel got no answer of its own
             await socket.close()
 
     asyncio.run(go())
@@ -227,6 +228,28 @@ def test_a_call_handed_out_after_its_asker_gave_up_is_given_back() -> None:
 
 # ThunderAgent on two workers of 8 blocks x 16 tokens: a 20-token program (plus its 100-token
 # buffer) fills a worker, so a third program is held until one ends (as in test_live_units).
+
+
+def test_a_cancel_is_the_last_word_on_a_question_still_waiting_and_nothing_after_an_answer() -> None:
+    async def go() -> None:
+        async with (
+            service("thunderagent", kv_blocks=8) as (url, decisions, _, clock, events),
+            aiohttp.ClientSession() as session,
+            session.ws_connect(f"{url}/v1/socket") as socket,
+        ):
+            clock.t = 1.0
+            routes = [{"op": "route", "id": i, "program": p, "token_ids": _tokens(20, 100 * i), "max_tokens": 4} for i, p in enumerate("ABC", 1)]
+            await socket.send_json(routes)  # C is held: A and B fill both workers
+            answered = json.loads(await socket.receive_bytes(timeout=5))
+            assert [(a["id"], a["call"]) for a in answered] == [(1, "A.0"), (2, "B.0")]
+            await socket.send_json([{"op": "cancel", "id": 3}, {"op": "cancel", "id": 1}, {"op": "cancel", "id": 99}])
+            assert json.loads(await socket.receive_bytes(timeout=5)) == {"cancelled": True, "id": 3}
+            await socket.send_json({"op": "end", "id": 4, "program": "C"})  # no answer came for 1 or 99 meanwhile
+            assert json.loads(await socket.receive_bytes(timeout=5)) == {"known": False, "id": 4}
+            assert sorted(decisions.calls) == ["A.0", "B.0"]
+            assert [(e.request, e.reason) for e in events if isinstance(e, ev.RequestDropped)] == [("C.0", "cancelled while held")]
+
+    asyncio.run(go())
 
 
 async def _two_placed_and_one_asked(socket: DecisionSocket) -> asyncio.Task[dict[str, Any]]:
@@ -270,6 +293,11 @@ def test_a_client_that_leaves_while_held_rolls_its_call_back(how: str) -> None:
             clock.t = 2.0
             if how == "socket cancel":
                 asked.cancel()
+                for _ in range(50):  # until the service's acknowledgment of the cancel arrives
+                    if not socket._abandoned:
+                        break
+                    await asyncio.sleep(0.02)
+                assert (socket._abandoned, socket.errors) == (set(), [])
             elif how == "socket closed":
                 await socket.close()
             else:

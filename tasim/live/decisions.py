@@ -101,7 +101,8 @@ class EndBody(_Frame, tag="end"):
 
 class CancelFrame(_Frame, tag="cancel"):
     """Socket only: the client gave up waiting for the answer to frame ``id`` (a held call
-    is rolled back, as when an HTTP client goes away)."""
+    is rolled back, as when an HTTP client goes away); answered ``{"cancelled": true}`` in
+    place of the question's answer if that was still to come."""
 
 
 Frame = RouteBody | CallBody | DoneBody | FailBody | RetryBody | EndBody | CancelFrame
@@ -290,7 +291,9 @@ class Decisions:
         Frames are handled in order; a route or retry answers when decided (others may be
         answered meanwhile), and only frames with an ``id`` are answered: ``{"id": ..., ...}``
         or ``{"id": ..., "status": 4xx|5xx, "error": ...}`` (an error of a frame without an id
-        is answered with ``id`` null). Closing the socket gives up every call it is still
+        is answered with ``id`` null). A question gets exactly one answer: a ``cancel`` of one
+        still waiting is answered ``{"id": ..., "cancelled": true}`` in its place, one already
+        answered gets nothing more. Closing the socket gives up every call it is still
         waiting for."""
         socket = web.WebSocketResponse(max_msg_size=MAX_BODY_BYTES, compress=False)  # small frames: deflate would cost more than it saves
         await socket.prepare(request)
@@ -335,9 +338,10 @@ class Decisions:
         answered by a task of their own) or none at all (a cancel)."""
         if isinstance(frame, CancelFrame):
             task = waiting.get(frame.id) if frame.id is not None else None
-            if task is not None:
-                task.cancel()
-            return None
+            if task is None:  # answered already (or never asked): that answer was the last word
+                return None
+            task.cancel()  # it has not answered, and now never will: this answer is the last word
+            return {"cancelled": True}
         if not isinstance(frame, (RouteBody, RetryBody)):
             return self._now(frame)
         if frame.id is None:

@@ -206,7 +206,8 @@ class DecisionSocket:
     of a client: answers are matched to questions by id; reports go unanswered. Frames queued
     in one turn of the loop go out as one message (`tasim.live.frames`). Opened on first use;
     a question whose asker is cancelled is cancelled at the service too, and a call the service
-    handed out before it heard of that is given back."""
+    handed out before it heard of that is given back. Every question gets one answer (the
+    service acknowledges a cancel it acted on), so none is remembered past it."""
 
     def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
         self.session = session
@@ -279,9 +280,9 @@ class DecisionSocket:
         waiter = self._asked.get(frame_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(answer)
-        elif frame_id in self._abandoned:  # answered before the cancel arrived: give the call back
+        elif frame_id in self._abandoned:  # the one answer to a question given up
             self._abandoned.discard(frame_id)
-            if "call" in answer:
+            if "call" in answer:  # answered before the cancel arrived: give the call back
                 outbox.put({"op": "fail", "call": answer["call"], "reason": "the client gave up waiting for the answer"})
         elif "error" in answer:
             self.errors.append(str(answer["error"]))
