@@ -49,6 +49,13 @@ class Case:
 def _cases() -> tuple[Case, ...]:
     cases = []
     for policy in POLICIES:
+        if REGISTERED[policy].sets_priorities:  # vLLM's priority scheduling: none on the mocker-flavoured presets
+            priority = ("cluster.engine.scheduling_policy=priority",)
+            cases += [
+                Case("swe-agent.yaml", policy, ("duration_s=600", "metrics.warmup_s=300", "workload.concurrency=96", *priority), small=True),
+                Case("toolorchestra.yaml", policy, ("duration_s=1200", *priority)),
+            ]
+            continue
         cases += [
             Case("live-mocker.yaml", policy, small=True),  # pauses, thrashing, two tiny workers
             Case("swe-agent.yaml", policy, ("duration_s=600", "metrics.warmup_s=300", "workload.concurrency=96")),  # past the thrashing cliff

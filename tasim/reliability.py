@@ -68,10 +68,14 @@ def random_scenario(pick: Callable[[Sequence[Any]], Any]) -> tuple[str, list[str
     sequence it is given: from a seeded generator here (`picker`), a hypothesis draw in the tests."""
     preset = pick(sorted(SMALL_RUNS))
     block_size = pick([16, 64])
-    flavour = pick(["vllm", "mocker"])
+    policy = pick(sorted(POLICIES))
+    # priority scheduling is vLLM's; a policy that sets priorities needs it
+    flavour = "vllm" if POLICIES[policy].sets_priorities else pick(["vllm", "mocker"])
+    scheduling = "priority" if POLICIES[policy].sets_priorities else pick(["fcfs", "priority"]) if flavour == "vllm" else "fcfs"
     evictions = ["lru"] if flavour == "vllm" else ["lru", "lineage"]  # vLLM evicts lru only
+    preemption = [f"cluster.engine.preemption={pick(['newest_first', 'oldest_first'])}"] if scheduling == "fcfs" else []
     overrides = SMALL_RUNS[preset] + [
-        f"policy.name={pick(sorted(POLICIES))}",
+        f"policy.name={policy}",
         "policy.params={}",
         f"seed={pick(range(1000))}",
         f"cluster.backends={pick(range(1, 4))}",
@@ -81,7 +85,8 @@ def random_scenario(pick: Callable[[Sequence[Any]], Any]) -> tuple[str, list[str
         f"cluster.engine.max_num_batched_tokens={pick([512, 2048, 8192])}",
         f"cluster.engine.flavour={flavour}",
         f"cluster.engine.eviction={pick(evictions)}",
-        f"cluster.engine.preemption={pick(['newest_first', 'oldest_first'])}",
+        f"cluster.engine.scheduling_policy={scheduling}",
+        *preemption,
         f"cluster.engine.enable_chunked_prefill={pick([False, True])}",
         f"cluster.engine.enable_prefix_caching={pick([False, True])}",
         f"cluster.engine.reuse_output_blocks={pick([False, True])}",

@@ -73,7 +73,12 @@ class EngineConfig(_Strict):
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     preemption: Literal["newest_first", "oldest_first"] = Field(
-        "newest_first", description="which running request is preempted (recompute) when blocks run out"
+        "newest_first", description="which running request is preempted (recompute) when blocks run out (fcfs scheduling)"
+    )
+    scheduling_policy: Literal["fcfs", "priority"] = Field(
+        "fcfs",
+        description="vLLM's --scheduling-policy: fcfs, or priority (the queue in order of each call's priority as its "
+        "policy routed it, then arrival; preemption takes the lowest-priority running call)",
     )
     eviction: Literal["lru", "lineage"] = Field(
         "lru", description="order of evicting unreferenced cached blocks: vLLM's LRU, or Dynamo mocker's leaves-first"
@@ -102,6 +107,14 @@ class EngineConfig(_Strict):
                 raise ValueError("kv_blocks must be at least 2 with flavour vllm (one block is vLLM's null block)")
             if self.eviction == "lineage":
                 raise ValueError("eviction lineage is Dynamo mocker's order; flavour vllm evicts lru (or set flavour: mocker)")
+        if self.scheduling_policy == "priority":
+            if self.flavour != "vllm":
+                raise ValueError("scheduling_policy priority is vLLM's; Dynamo 1.6.1's mocker schedules fcfs (set flavour: vllm)")
+            if "preemption" in self.model_fields_set and self.preemption != "newest_first":
+                raise ValueError(
+                    f"preemption {self.preemption} applies to fcfs scheduling; with scheduling_policy priority vLLM "
+                    "preempts the lowest-priority running call (leave preemption unset)"
+                )
         return self
 
 
@@ -447,6 +460,17 @@ class Scenario(_Strict):
     def _window(self) -> Scenario:
         if self.metrics.warmup_s >= self.duration_s:
             raise ValueError(f"metrics.warmup_s ({self.metrics.warmup_s}) must be < duration_s ({self.duration_s})")
+        return self
+
+    @model_validator(mode="after")
+    def _priorities_scheduled(self) -> Scenario:
+        from tasim.policies import policy_class
+
+        if policy_class(self.policy.name).sets_priorities and self.cluster.engine.scheduling_policy != "priority":
+            raise ValueError(
+                f"policy {self.policy.name} orders calls by priority, which only vLLM's priority scheduling honours: "
+                "set cluster.engine.scheduling_policy: priority (flavour vllm)"
+            )
         return self
 
     @model_validator(mode="after")

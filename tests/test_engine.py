@@ -154,6 +154,53 @@ def test_preemption_oldest_first_preempts_self(recorder: Recorder) -> None:
     assert recorder.removed == [11, 10, 22, 21, 20]
 
 
+def test_priority_scheduling_queues_by_priority_and_preempts_the_lowest(recorder: Recorder) -> None:
+    """vLLM's ``--scheduling-policy priority``: the queue in (priority, arrival) order, the
+    running request with the highest (priority, arrival) preempted, and a preempted request
+    back in its place in the queue (behind a waiting call of higher priority), not at the front."""
+    cfg = EngineSetup(block_size=2, num_blocks=6, scheduling_policy="priority")
+    engine = Engine("w0", cfg, UnitStep(), recorder)
+    for rid, base, priority in (("A", 10, 1), ("B", 20, 2), ("C", 30, 0)):
+        engine.submit(spec(rid, 3, 4, [base, base + 1, base + 2], block_size=2), priority)
+    first = engine.begin_step(0.0)
+    engine.end_step(first, 1.0)
+    engine.submit(spec("D", 3, 4, [40, 41, 42], block_size=2), 1)  # arrives with the pool full
+    end, steps = run_until_idle(engine, 1.0)
+    # C, A, B fill the 6-block pool, in priority order; D waits. At t=2 C needs a third block
+    # and B, the lowest priority running, is preempted; at t=4 D (priority 1) goes before B (2).
+    assert [[(req.spec.id, n) for req, n in first.scheduled], *steps] == [
+        [("C", 3), ("A", 3), ("B", 3)],
+        [("C", 1), ("A", 1), ("B", 1)],
+        [("C", 1), ("A", 1)],
+        [("C", 1), ("A", 1)],
+        [("D", 3), ("B", 5)],
+        [("D", 1), ("B", 1)],
+        [("D", 1)],
+        [("D", 1)],
+    ]
+    assert [e[:2] for e in recorder.log if e[0] in ("admitted", "preempted", "readmitted")] == [
+        ("admitted", "C"),
+        ("admitted", "A"),
+        ("admitted", "B"),
+        ("preempted", "B"),
+        ("admitted", "D"),
+        ("readmitted", "B"),
+    ]
+    assert end == 8.0
+
+
+def test_equal_priorities_schedule_as_fcfs(recorder: Recorder) -> None:
+    """With every call at one priority, priority scheduling is first come, first served: the
+    newest running request is preempted and goes back ahead of everything still queued."""
+    fcfs, by_priority = Recorder(), Recorder()
+    for log, policy in ((fcfs, "fcfs"), (by_priority, "priority")):
+        engine = Engine("w0", EngineSetup(block_size=2, num_blocks=6, scheduling_policy=policy), UnitStep(), log)  # type: ignore[arg-type]
+        for rid, base in (("A", 10), ("B", 20), ("C", 30), ("D", 40)):
+            engine.submit(spec(rid, 3, 4, [base, base + 1, base + 2], block_size=2))
+        run_until_idle(engine)
+    assert by_priority.log == fcfs.log and ("preempted", "C", 4, 2.0) in fcfs.log
+
+
 def test_request_larger_than_pool_is_dropped(recorder: Recorder) -> None:
     engine = Engine("w0", EngineSetup(block_size=4, num_blocks=4), UnitStep(), recorder)
     engine.submit(spec("big", 17, 1))  # needs 5 blocks

@@ -678,6 +678,20 @@ LIVE = str(SCENARIOS / "live-mocker.yaml")
         ([LIVE, "--routing", "dynamo-two-tier"], ["set policy.name=cache_aware (got thunderagent)"]),
         ([LIVE, "--routing", "dynamo-thunderagent", "--set", "policy.params={placement: best_fit}"], ["no counterpart", "placement"]),
         ([str(SCENARIOS / "rl-live-mocker.yaml"), "--driver", "verl", "--routing", "dynamo-thunderagent"], ["the verl driver runs through"]),
+        (
+            [
+                str(SCENARIOS / "swe-agent.yaml"),
+                "--programs",
+                "4",
+                "--set",
+                "policy.name=autellix",
+                "--set",
+                "policy.params={}",
+                "--set",
+                "cluster.engine.scheduling_policy=priority",
+            ],
+            ["scheduling_policy priority (policy autellix)", "passes no call priorities"],
+        ),
     ],
 )
 def test_live_bad_input_is_one_line_and_starts_nothing(

@@ -84,7 +84,7 @@ def test_specs_with_the_same_params_in_another_order_are_equal() -> None:
         (
             "thunderagnet[variant=dynamo]",
             "thunderagnet[variant=dynamo]: unknown policy 'thunderagnet' "
-            "(allowed: cache_aware, continuum, kv_router, least_loaded, random, round_robin, thunderagent)",
+            "(allowed: autellix, cache_aware, continuum, kv_router, least_loaded, random, round_robin, thunderagent)",
         ),
     ],
 )

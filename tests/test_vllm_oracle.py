@@ -46,7 +46,8 @@ def _validate(scenario: Scenario, tmp_path: Path) -> None:
 @st.composite
 def workloads(draw: st.DrawFn) -> Scenario:
     """Small random engines and agent programs with tool gaps: thrashing or not, chunked prefill
-    on or off, prefix caching on or off, one or two workers under four policies."""
+    on or off, prefix caching on or off, fcfs or priority scheduling, one or two workers under
+    four policies, or Autellix's priorities."""
     block = draw(st.sampled_from([4, 8, 16]))
     chunked = draw(st.booleans())
     budget = draw(st.sampled_from([64, 128, 256, 1024]))
@@ -84,8 +85,12 @@ def workloads(draw: st.DrawFn) -> Scenario:
             "tool_latency_s": {"kind": "uniform", "low": 0.0, "high": 0.2},
             "max_context_tokens": longest,
         },
-        "policy": {"name": draw(st.sampled_from(["round_robin", "least_loaded", "kv_router", "thunderagent"]))},
+        "policy": {"name": draw(st.sampled_from(["round_robin", "least_loaded", "kv_router", "thunderagent", "autellix"]))},
     }
+    scheduling = "priority" if raw["policy"]["name"] == "autellix" else draw(st.sampled_from(["fcfs", "priority"]))
+    raw["cluster"]["engine"]["scheduling_policy"] = scheduling  # type: ignore[index]
+    if raw["policy"]["name"] == "autellix":  # service of a few steps: calls spread over the queues
+        raw["policy"]["params"] = {"queue_boundaries_s": [0.05, 0.1, 0.2, 0.4], "long_call_tokens": draw(st.sampled_from([0, 64, 2048]))}  # type: ignore[index]
     return parse_scenario(raw, "random")
 
 

@@ -67,6 +67,12 @@ def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None) -
     """The scenario as the driver will run it: the http driver runs a finite agent workload
     (``workload.programs``), the verl driver an ``rl_rollout`` one. Checks that Dynamo's
     plug-in can run it (``live.routing: dynamo-*``) before anything starts."""
+    if scenario.cluster.engine.scheduling_policy == "priority":
+        raise DriverError(
+            f"cluster.engine.scheduling_policy priority (policy {scenario.policy.name}): the live stack passes no call "
+            "priorities to its workers yet (Dynamo's mocker has no priority scheduling; vLLM workers would need "
+            "--scheduling-policy priority and each call's nvext.agent_hints.priority); simulate it instead"
+        )
     if scenario.live.routed_by_dynamo:
         from tasim.live.dynamo_policies import plugin_config
 

@@ -13,6 +13,7 @@ from tasim.native import search_path
 
 __path__ = search_path(__name__, __path__)
 
+from tasim.policies.autellix import Autellix
 from tasim.policies.base import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.baselines import LeastLoaded, RandomRouting
 from tasim.policies.cache_aware import CacheAware
@@ -22,7 +23,9 @@ from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent
 from tasim.view import ClusterView
 
-POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, CacheAware, ThunderAgent, Continuum)}
+POLICIES: dict[str, type[Policy]] = {
+    cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, CacheAware, ThunderAgent, Continuum, Autellix)
+}
 
 
 def policy_class(name: str) -> type[Policy]:

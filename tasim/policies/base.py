@@ -23,9 +23,13 @@ from tasim.view import ClusterView
 
 @record
 class Route:
-    """Send the request to ``worker`` now."""
+    """Send the request to ``worker`` now. ``priority``: its place in the engine's queue under
+    vLLM's priority scheduling (``cluster.engine.scheduling_policy: priority``), lower first,
+    ties by arrival; a policy that sets it declares ``sets_priorities``. A held call resumed
+    later goes in with priority 0."""
 
     worker: str
+    priority: int = 0
 
 
 @record
@@ -117,6 +121,8 @@ class Policy(Generic[ParamsT]):
     holds_requests: ClassVar[bool] = False
     tick_interval_s: float | None = None
     wants_kv_events: bool = False
+    # whether its routes carry priorities, which only engines with priority scheduling honour
+    sets_priorities: ClassVar[bool] = False
 
     def __init__(self, view: ClusterView, params: ParamsT, rng: np.random.Generator) -> None:
         self.view = view

@@ -8,8 +8,11 @@ applies its outcome at the step's end. Per step:
    ``min(known tokens - computed, budget)``: 1 for a decode, the next chunk for a prefill. If the
    KV blocks for those tokens cannot be had, the newest (or oldest) running request is preempted
    (recompute: its blocks are released, it goes back to the front of the waiting queue) until
-   they can; the request may preempt itself.
-2. If nothing was preempted, waiting requests are admitted FCFS while fewer than
+   they can; the request may preempt itself. Under priority scheduling the victim is the
+   running request with the highest (priority, arrival), as vLLM's ``--scheduling-policy
+   priority`` picks it, and the queue is kept in (priority, arrival) order, so a preempted
+   request goes back to its place there rather than to the front.
+2. If nothing was preempted, waiting requests are admitted in queue order while fewer than
    ``max_num_seqs`` run and budget remains: the longest cached prefix of full blocks is reused
    (at least one token is always computed); the whole sequence must fit in the blocks that are
    free or evictable, else admission stops (head-of-line); blocks are taken only for the
@@ -45,6 +48,7 @@ class EngineSetup:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     preemption: Literal["newest_first", "oldest_first"] = "newest_first"
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     eviction: Eviction = "lru"
     max_model_len: int = 1 << 40  # the longest request (prompt + output) the engine serves
     cache_duplicates: bool = False  # vLLM: a recomputed cached block is a second cached copy (see kv_cache)
@@ -97,7 +101,7 @@ class StepEngine(Protocol):
     @property
     def has_work(self) -> bool: ...
 
-    def submit(self, spec: RequestSpec) -> None: ...
+    def submit(self, spec: RequestSpec, priority: int = 0) -> None: ...
 
     def begin_step(self, now: float) -> Step: ...
 
@@ -134,10 +138,14 @@ class EngineRequest:
         "cached_tokens",
         "admissions",
         "lost",
+        "priority",
+        "arrival",
     )
 
-    def __init__(self, spec: RequestSpec) -> None:
+    def __init__(self, spec: RequestSpec, priority: int = 0, arrival: int = 0) -> None:
         self.spec = spec
+        self.priority = priority  # priority scheduling: lower goes first
+        self.arrival = arrival  # the engine's submission count: vLLM's arrival order
         self.prompt = spec.prompt_tokens
         self.target = spec.output_tokens
         self.generated = 0
@@ -153,6 +161,10 @@ class EngineRequest:
     def length(self) -> int:
         """Known tokens: prompt plus generated (the newest generated token is not yet computed)."""
         return self.prompt + self.generated
+
+
+def _priority_order(req: EngineRequest) -> tuple[int, int]:
+    return req.priority, req.arrival
 
 
 class Step:
@@ -186,19 +198,34 @@ class Engine:
         self.running: list[EngineRequest] = []
         self.iterations = 0
         self._lifo = config.preemption == "newest_first"
+        self._by_priority = config.scheduling_policy == "priority"
+        self._arrivals = 0
         self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
 
     # --- public API ------------------------------------------------------------------------
 
-    def submit(self, spec: RequestSpec) -> None:
-        """Queue a request; one whose program holds a pin here goes to the front (Continuum's
-        priority for returning turns)."""
+    def submit(self, spec: RequestSpec, priority: int = 0) -> None:
+        """Queue a request: in (priority, arrival) order under priority scheduling; else at
+        the back, or at the front when its program holds a pin here (Continuum's priority for
+        returning turns)."""
         if spec.output_tokens < 1:
             raise ValueError(f"request {spec.id}: output_tokens must be >= 1")
-        if spec.program in self._pins:
-            self.waiting.appendleft(EngineRequest(spec))
+        self._arrivals += 1
+        req = EngineRequest(spec, priority, self._arrivals)
+        if self._by_priority:
+            self._queue_in_order(req)
+        elif spec.program in self._pins:
+            self.waiting.appendleft(req)
         else:
-            self.waiting.append(EngineRequest(spec))
+            self.waiting.append(req)
+
+    def _queue_in_order(self, req: EngineRequest) -> None:
+        """Insert by (priority, arrival): vLLM's priority queue pops that minimum."""
+        waiting = self.waiting
+        at = len(waiting)
+        while at and (waiting[at - 1].priority, waiting[at - 1].arrival) > (req.priority, req.arrival):
+            at -= 1
+        waiting.insert(at, req)
 
     def pin(self, program: str, hashes: tuple[BlockHash, ...]) -> int:
         """Reference the resident leading blocks of ``hashes`` so they cannot be evicted;
@@ -352,7 +379,7 @@ class Engine:
             if upto > req.phys * bs or upto // bs > req.full_done:  # a block to take or fill
                 victim_was_self = False
                 while not self.reserve(req, upto):
-                    victim = running[-1] if self._lifo else running[0]
+                    victim = self._victim()
                     budget += self._preempt(victim, step, now)
                     step.preempted = True
                     if victim is req:
@@ -361,6 +388,8 @@ class Engine:
                     if running.index(req) < i:  # an earlier request was removed
                         i -= 1
                 if victim_was_self:
+                    if self._by_priority:  # vLLM schedules no later running request (fcfs: it was the last)
+                        break
                     continue
             scheduled.append((req, n))
             if pending == 1 and generated:  # its one pending token: a decode (see `decode_shape`)
@@ -433,6 +462,12 @@ class Engine:
         req.full_done = max(req.full_done, full)
         return True
 
+    def _victim(self) -> EngineRequest:
+        running = self.running
+        if self._by_priority:
+            return max(running, key=_priority_order)
+        return running[-1] if self._lifo else running[0]
+
     def _preempt(self, victim: EngineRequest, step: Step, now: float) -> int:
         """Recompute preemption; returns the budget refunded if the victim was already scheduled.
 
@@ -449,7 +484,10 @@ class Engine:
         self.running.remove(victim)
         self._release(victim)
         victim.computed = 0
-        self.waiting.appendleft(victim)
+        if self._by_priority:
+            self._queue_in_order(victim)
+        else:
+            self.waiting.appendleft(victim)
         self.listener.on_preempted(self.worker, victim.spec, lost, now)
         return refund
 

@@ -43,6 +43,7 @@ def engine_setup(scenario: Scenario) -> EngineSetup:
         enable_prefix_caching=engine.enable_prefix_caching,
         enable_chunked_prefill=engine.enable_chunked_prefill,
         preemption=engine.preemption,
+        scheduling_policy=engine.scheduling_policy,
         eviction=engine.eviction,
         max_model_len=served_len(scenario),
         cache_duplicates=engine.flavour == "vllm",
@@ -213,7 +214,7 @@ class Simulation(HostCore):
             self._last_request[spec.program] = spec
             decision = self.arrive(spec, env.now)
             if isinstance(decision, Route):
-                self._submit(spec, decision.worker)
+                self._submit(spec, decision.worker, decision.priority)
             else:
                 self._held[spec.program] = spec
             ok = yield done  # the policy has already heard the turn end (see `on_finished`)
@@ -270,7 +271,7 @@ class Simulation(HostCore):
 
     # --- what a decision does here -----------------------------------------------------------
 
-    def _submit(self, spec: RequestSpec, worker: str) -> None:
+    def _submit(self, spec: RequestSpec, worker: str, priority: int = 0) -> None:
         """Hand a routed request to its worker's engine."""
         served = self._served_len
         if served is not None and spec.prompt_tokens + spec.output_tokens > served:
@@ -280,7 +281,7 @@ class Simulation(HostCore):
                 return
             spec = replace(spec, output_tokens=served - spec.prompt_tokens, block_hashes=spec.block_hashes[: served // self.block_size])
         self._changing(worker)
-        self.engines[worker].submit(spec if self._reuse_output else self._private_output(spec))
+        self.engines[worker].submit(spec if self._reuse_output else self._private_output(spec), priority)
         self._wake_worker(worker)
 
     def _resume_held(self, program: str, worker: str, now: float) -> None:

@@ -122,6 +122,7 @@ def build_scheduler(config: EngineSetup) -> Scheduler:
         enable_chunked_prefill=config.enable_chunked_prefill,
         async_scheduling=False,
         is_encoder_decoder=False,
+        policy=config.scheduling_policy,
     )
     cache = CacheConfig(block_size=bs, enable_prefix_caching=config.enable_prefix_caching)
     cache.num_gpu_blocks = config.num_blocks + 1  # tasim counts the blocks that hold KV; vLLM adds its null block
@@ -202,7 +203,7 @@ class VllmEngine:
 
     # --- requests --------------------------------------------------------------------------
 
-    def submit(self, spec: RequestSpec) -> None:
+    def submit(self, spec: RequestSpec, priority: int = 0) -> None:
         if spec.prompt_tokens + spec.output_tokens > self._longest:
             raise ValidationUnavailable(
                 f"request {spec.id}: {spec.prompt_tokens} + {spec.output_tokens} tokens exceed vLLM's max_model_len "
@@ -215,10 +216,11 @@ class VllmEngine:
             pooling_params=None,
             block_hasher=self._hasher,
             arrival_time=float(self._arrivals),
+            priority=priority,
         )
-        self._arrivals += 1  # vLLM orders nothing by arrival time under FCFS; keep it distinct anyway
+        self._arrivals += 1  # the engine's arrival order: what priority scheduling breaks ties by
         self._requests[spec.id] = request
-        self._records[spec.id] = EngineRequest(spec)
+        self._records[spec.id] = EngineRequest(spec, priority, self._arrivals)
         self.scheduler.add_request(request)
 
     def pin(self, program: str, hashes: tuple[BlockHash, ...]) -> int:
