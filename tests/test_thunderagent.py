@@ -267,13 +267,13 @@ def test_resume_on_origin_when_blocks_survive() -> None:
     blocks = tuple(range(100, 120))
     rooms = {"w0": 800.0, "w1": 1500.0}
     q = ProgramState("P", tokens=320, origin="w0", blocks=blocks)
-    assert _ta(workers=2)._placement(q, 420, rooms) == "w1"  # upstream: most room
+    assert _ta(workers=2)._placement(q, ["w0", "w1"], rooms) == "w1"  # upstream: most room
     ta = _ta(workers=2, resume_on_origin=True)
     assert ta.wants_kv_events
     ta.on_kv_stored("w0", blocks[:12], 0.0)
-    assert ta._placement(q, 420, rooms) == "w0"  # 12 of 20 blocks >= 50 % survive
+    assert ta._placement(q, ["w0", "w1"], rooms) == "w0"  # 12 of 20 blocks >= 50 % survive
     ta.on_kv_removed("w0", blocks[:4], 1.0)
-    assert ta._placement(q, 420, rooms) == "w1"  # 8 of 20 < 50 %
+    assert ta._placement(q, ["w0", "w1"], rooms) == "w1"  # 8 of 20 < 50 %
 
 
 def test_host_kv_tier_adds_capacity() -> None:
@@ -345,3 +345,61 @@ def test_payload_estimate_is_upstream_only() -> None:
     for bad in (0, 101):
         with pytest.raises(ValidationError):
             ThunderAgentParams(payload_chars_per_token=bad)
+
+
+def _shared_req(ta: ThunderAgent, program: str, shared_blocks: int, own_blocks: int, now: float, base: int):
+    """A call whose prompt is ``shared_blocks`` blocks every program has (a GRPO group's task
+    prompt) and then ``own_blocks`` of its own."""
+    turn = _turns[program] = _turns.get(program, -1) + 1
+    hashes = tuple(range(shared_blocks)) + tuple(range(base, base + own_blocks))
+    return ta.on_request(RequestSpec(f"{program}.{turn}", program, turn, 16 * len(hashes), 10, 0, hashes), now)
+
+
+def test_shared_prefix_counts_a_block_several_programs_hold_once() -> None:
+    """Three programs of one 3,008-token backend share a 640-token prompt and end their turns
+    at 1,000 tokens: upstream counts the prompt three times (3 x 1,000 + 300 = 3,300: pause the
+    smallest ACTING one), the fix once (3,300 - 2 x 640 = 2,020: no pause)."""
+    for fixed, expected_used in ((False, 3300.0), (True, 2020.0)):
+        _turns.clear()
+        ta = _ta(workers=1, kv_blocks=188, shared_prefix=fixed)
+        for i, program in enumerate("abc"):
+            assert _shared_req(ta, program, 40, 10, 0.0, 1000 * (i + 1)) == Route("w0")
+        for program in "abc":
+            end(ta, program, 800, 200, 1.0)
+        assert ta.used("w0") == expected_used
+        assert ta.shared_tokens["w0"] == (1280 if fixed else 0)
+        paused = [d for d in ta.on_tick(5.0) if isinstance(d, Pause)]
+        assert paused == ([] if fixed else [Pause("a")])
+
+
+def test_shared_prefix_admits_a_program_by_what_it_adds() -> None:
+    """On a 1,600-token backend holding a (800 tokens + 100 buffer), b with the same 640-token
+    prompt needs 900 tokens upstream (held) but only 160 + 100 with the fix (admitted)."""
+    for fixed, decision in ((False, Hold(pause=True)), (True, Route("w0"))):
+        _turns.clear()
+        ta = _ta(workers=1, shared_prefix=fixed)
+        assert _shared_req(ta, "a", 40, 10, 0.0, 1000) == Route("w0")
+        assert _shared_req(ta, "b", 40, 10, 0.0, 2000) == decision
+
+
+def test_shared_prefix_follows_programs_through_pause_resume_and_end() -> None:
+    ta = _ta(workers=2, kv_blocks=200, shared_prefix=True)  # 3,200 tokens a backend
+    for i, program in enumerate("abc"):
+        _shared_req(ta, program, 40, 10, 0.0, 1000 * (i + 1))
+    # a -> w0, b -> w1 (fewest tokens), c -> w0 (w0 800 - 0 shared vs w1 800: tie, first)
+    assert {p: q.backend for p, q in ta.programs.items()} == {"a": "w0", "b": "w1", "c": "w0"}
+    assert ta.shared_tokens == {"w0": 640, "w1": 0}
+    assert ta.used("w0") == 800 + 800 + 200 - 640
+    ta.on_program_end("a", 1.0)
+    assert ta.shared_tokens == {"w0": 0, "w1": 0} and ta._holders["w0"] == {b: 1 for b in (*range(40), *range(3000, 3010))}
+    _shared_req(ta, "c", 45, 10, 2.0, 3000)  # c's next call: a longer shared part, same backend
+    _shared_req(ta, "d", 45, 0, 2.0, 0)
+    assert ta.programs["d"].backend == "w1" and ta.shared_tokens == {"w0": 0, "w1": 640}
+    ta.on_worker_lost("w1", 3.0)
+    assert ta.shared_tokens["w1"] == 0 and ta._holders["w1"] == {}
+
+
+def test_a_variant_of_the_wrong_type_is_a_validation_error() -> None:
+    """Not a TypeError from looking an unhashable value up among the variants' defaults."""
+    with pytest.raises(ValidationError, match="variant"):
+        ThunderAgentParams.model_validate({"variant": []})

@@ -23,8 +23,10 @@ idle that long, for clients that never release.
 Known upstream defects are switchable fixes, all off in ``upstream``: a turn that ends without
 usage (a failed request) still moves the program to ACTING; FIFO or aged admission of new
 programs instead of smallest first (ThunderAgent issues #45/#46); best-fit placement; resuming on
-the origin backend while enough of the program's blocks survive there. ``host_kv_tokens`` adds a
-host KV tier to each backend's capacity (Dynamo PR #11185).
+the origin backend while enough of the program's blocks survive there; counting context blocks
+that several programs on a backend share once (``shared_prefix``: upstream's ``shared_tokens``,
+which it never updates, ThunderAgent #36 and Dynamo #15105). ``host_kv_tokens`` adds a host KV
+tier to each backend's capacity (Dynamo PR #11185).
 
 Both variants re-place the programs of a worker that was lost (live mode), as Dynamo's port does
 since its PR #12783: a program whose backend is gone is placed at its next request on a backend
@@ -106,6 +108,7 @@ class ThunderAgentParams(BaseModel):
     placement: Literal["most_room", "best_fit"] = Field("most_room", description="backend for a resumed program")
     resume_on_origin: bool = Field(False, description="fix: resume on the origin backend if its cached blocks survive")
     origin_min_cached_fraction: float = Field(0.5, gt=0, le=1, description="resume_on_origin: share of blocks that must survive")
+    shared_prefix: bool = Field(False, description="fix: a context block shared by programs on a backend counts once there (#36, Dynamo #15105)")
     # At most 100: text runs at 1-10 characters per token, and a huge value overflows the counts.
     payload_chars_per_token: float | None = Field(
         None,
@@ -121,7 +124,7 @@ class ThunderAgentParams(BaseModel):
     def _variant_defaults(cls, data: Any) -> Any:
         if isinstance(data, dict):
             variant = data.get("variant", "upstream")
-            if variant in _VARIANT_DEFAULTS:
+            if isinstance(variant, str) and variant in _VARIANT_DEFAULTS:  # anything else: the field's own error
                 return {**_VARIANT_DEFAULTS[variant], **data}
         return data
 
@@ -160,6 +163,7 @@ class ProgramState:
     held_since: float | None = None  # a request of this program waits at the router
     displaced: bool = False  # its backend was lost: re-place it without waiting behind new programs
     blocks: tuple[BlockHash, ...] = ()  # the last prompt's blocks (for resume_on_origin)
+    context: tuple[BlockHash, ...] = ()  # the last call's prompt and output blocks (for shared_prefix)
     payload_chars: int = 0  # upstream's context_len: the last request's payload length
 
 
@@ -180,6 +184,10 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self.soft_demoted_until: dict[str, float] = {}
         self.wants_kv_events = p.resume_on_origin
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in self.capacity}
+        # shared_prefix: per backend, how many of its programs' contexts hold each block, and the
+        # tokens counted more than once because of that (what `used` gives back)
+        self._holders: dict[str, dict[BlockHash, int]] = {w: {} for w in self.capacity}
+        self.shared_tokens: dict[str, int] = dict.fromkeys(self.capacity, 0)
         self._chars_per_token = LearnedCharsPerToken()  # read only with payload_chars_per_token
 
     # --- accounting ------------------------------------------------------------------------
@@ -203,7 +211,40 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         is given and a decay is configured."""
         programs = self._on(backend)
         tokens = sum(self._weighted(q) if now is None else self._decayed(q, now) for q in programs)
-        return tokens + self.params.buffer_per_program * len(programs)
+        return tokens + self.params.buffer_per_program * len(programs) - self.shared_tokens[backend]
+
+    def _need(self, q: ProgramState, backend: str) -> int:
+        """The room ``q`` takes on ``backend``: its tokens and buffer, less (``shared_prefix``)
+        the blocks of its context that programs there already hold."""
+        need = q.tokens + self.params.buffer_per_program
+        if self.params.shared_prefix:
+            holders = self._holders[backend]
+            need -= self.view.workers[0].block_size * sum(1 for block in q.context if block in holders)
+        return need
+
+    def _settle(self, q: ProgramState, backend: str | None) -> None:
+        """Move ``q`` to ``backend`` (None: off every backend), its context blocks with it."""
+        if self.params.shared_prefix and q.backend is not None:
+            self._hold(q.backend, q.context, -1)
+        q.backend = backend
+        if self.params.shared_prefix and backend is not None:
+            self._hold(backend, q.context, 1)
+
+    def _hold(self, backend: str, blocks: Sequence[BlockHash], change: int) -> None:
+        """Count ``blocks`` in (1) or out (-1) of ``backend``'s programs' contexts; a block held
+        by n programs was counted n times in their tokens, n - 1 too many."""
+        holders = self._holders[backend]
+        block_size = self.view.workers[0].block_size
+        shared = 0
+        for block in blocks:
+            before = holders.get(block, 0)
+            after = before + change
+            if after:
+                holders[block] = after
+            else:
+                del holders[block]
+            shared += block_size * (max(after - 1, 0) - max(before - 1, 0))
+        self.shared_tokens[backend] += shared
 
     # --- requests --------------------------------------------------------------------------
 
@@ -221,6 +262,11 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         q.phase = Phase.REASONING
         if self.params.resume_on_origin:  # the only reader of q.blocks
             q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
+        if self.params.shared_prefix:
+            backend = q.backend
+            self._settle(q, None)
+            q.context = request.block_hashes
+            self._settle(q, backend)
         if q.paused:
             q.held_since = now
             return Hold()
@@ -228,22 +274,21 @@ class ThunderAgent(Policy[ThunderAgentParams]):
             return Route(q.backend)
         # Only a new or a displaced program reaches this point: a placed one returned above, a
         # paused one waits. New programs never jump the queue; displaced ones were admitted once.
-        backend = None if self.queue and not q.displaced else self._admission_backend(q.tokens)
+        backend = None if self.queue and not q.displaced else self._admission_backend(q)
         q.displaced = False
         if backend is not None:
-            q.backend = backend
+            self._settle(q, backend)
             return Route(backend)
         self._enqueue(q, now, origin=None)
         q.held_since = now
         return Hold(pause=True)
 
-    def _admission_backend(self, tokens: int) -> str | None:
-        need = tokens + self.params.buffer_per_program
-        fits = [b for b in self.capacity if self.capacity[b] - self.used(b) >= need]
+    def _admission_backend(self, q: ProgramState) -> str | None:
+        fits = [b for b in self.capacity if self.capacity[b] - self.used(b) >= self._need(q, b)]
         if not fits:
             return None
         if self.params.variant == "upstream":  # fewest active program tokens, buffers excluded
-            return min(fits, key=lambda b: sum(self._weighted(q) for q in self._on(b)))
+            return min(fits, key=lambda b: sum(self._weighted(q) for q in self._on(b)) - self.shared_tokens[b])
         return min(fits, key=lambda b: self.used(b))
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
@@ -263,7 +308,9 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         return ()
 
     def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
-        self.programs.pop(program, None)
+        q = self.programs.pop(program, None)
+        if q is not None:
+            self._settle(q, None)
         self.queue.pop(program, None)
         self.soft_demoted_until.pop(program, None)
         return ()
@@ -274,7 +321,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self._cached[worker].clear()
         for q in self.programs.values():
             if q.backend == worker:
-                q.backend, q.displaced, q.marked = None, True, False
+                self._settle(q, None)
+                q.displaced, q.marked = True, False
             if q.origin == worker:
                 q.origin = None  # nothing of it survives there
         return ()
@@ -379,7 +427,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         selected: list[ProgramState] = []
         cumulative = 0
         for q in self._resume_order(now):
-            need = q.tokens + buffer
+            need = min(self._need(q, b) for b in rooms)  # q.tokens + buffer unless shared_prefix
             if cumulative + need <= total:
                 selected.append(q)
                 cumulative += need
@@ -391,21 +439,21 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         for q in selected:
             if not rooms:
                 break
-            need = q.tokens + buffer
+            needs = {b: self._need(q, b) for b in rooms}  # the same everywhere unless shared_prefix
             largest = max(rooms.values())
-            if smallest > largest:
+            if smallest > largest and not self.params.shared_prefix:
                 break
-            if need > largest:
+            fits = [b for b, r in rooms.items() if r >= needs[b]]
+            if not fits:
                 continue
-            backend = self._placement(q, need, rooms)
+            backend = self._placement(q, fits, rooms)
             decisions.append(self._resume(q, backend, now))
-            rooms[backend] -= need
+            rooms[backend] -= needs[backend]
             if rooms[backend] <= buffer:
                 del rooms[backend]
         return decisions
 
-    def _placement(self, q: ProgramState, need: float, rooms: dict[str, float]) -> str:
-        fits = [b for b, r in rooms.items() if r >= need]
+    def _placement(self, q: ProgramState, fits: list[str], rooms: dict[str, float]) -> str:
         if self.params.resume_on_origin and q.origin in fits and self._survives_on(q, q.origin):
             return q.origin
         if self.params.placement == "best_fit":
@@ -434,8 +482,9 @@ class ThunderAgent(Policy[ThunderAgentParams]):
                     break
                 if q.marked:
                     continue
-                used -= self._weighted(q) + self.params.buffer_per_program
                 decisions.append(self._pause(q, now))
+                # what the pause frees: the program's tokens, but not blocks others still hold
+                used = self.used(backend) if self.params.shared_prefix else used - self._weighted(q) - self.params.buffer_per_program
             if used > target:
                 # Marking frees nothing now, so this marks every REASONING program on the
                 # backend, smallest first, as upstream does.
@@ -448,7 +497,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
     def _enqueue(self, q: ProgramState, now: float, origin: str | None) -> None:
         q.paused = True
         q.origin = origin
-        q.backend = None
+        self._settle(q, None)
         q.paused_tokens = q.tokens
         q.queued_at = now
         self.queue[q.id] = q
@@ -460,7 +509,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
     def _resume(self, q: ProgramState, backend: str, now: float, forced: bool = False) -> Resume:
         del self.queue[q.id]
         q.paused = False
-        q.backend = backend
+        self._settle(q, backend)
         q.origin = None
         q.held_since = None
         return Resume(q.id, backend, forced=forced)
