@@ -77,6 +77,26 @@ def test_pause_smallest_acting_first_until_it_fits() -> None:
     assert req(ta, "B", 350, 6.0) == Hold()  # a paused program's next request waits
 
 
+def test_pause_order_longest_idle_and_longest_tool() -> None:
+    """The same backend as above (2,200 of 1,600 used): longest_idle pauses the program whose
+    tool has run longest so far; longest_tool the one whose past tools averaged longest."""
+    for order, expected in (("longest_idle", [Pause("C")]), ("longest_tool", [Pause("A"), Pause("B")])):
+        _turns.clear()
+        ta = _ta(pause_order=order)
+        for program, prompt in (("A", 100), ("B", 100), ("C", 100), ("D", 150), ("E", 250)):
+            assert req(ta, program, prompt, 0.0) == Route("w0")
+        end(ta, "A", 100, 100, 0.5)
+        end(ta, "B", 100, 100, 0.5)
+        req(ta, "A", 200, 4.5)  # A's tool took 4 s
+        req(ta, "B", 200, 1.5)  # B's 1 s
+        end(ta, "A", 200, 200, 4.6)  # ACTING 400, idle since 4.6
+        end(ta, "B", 200, 100, 1.6)  # ACTING 300, idle since 1.6
+        end(ta, "C", 100, 500, 1.0)  # ACTING 600, idle since 1.0, no tool history yet
+        assert ta.used("w0") == 2200
+        # longest_idle: C (idle 4 s) frees 700 -> 1500; longest_tool: A (4 s), then B (1 s)
+        assert list(ta.on_tick(5.0)) == expected
+
+
 def test_marking_every_reasoning_program_and_pause_at_turn_end() -> None:
     ta = _ta()
     for program in ("A", "B", "C"):

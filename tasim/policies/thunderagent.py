@@ -46,7 +46,7 @@ adds upstream's streamed +20 tokens per 20 events during a turn.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, Literal
@@ -108,6 +108,11 @@ class ThunderAgentParams(BaseModel):
     placement: Literal["most_room", "best_fit"] = Field("most_room", description="backend for a resumed program")
     resume_on_origin: bool = Field(False, description="fix: resume on the origin backend if its cached blocks survive")
     origin_min_cached_fraction: float = Field(0.5, gt=0, le=1, description="resume_on_origin: share of blocks that must survive")
+    pause_order: Literal["smallest", "longest_idle", "longest_tool"] = Field(
+        "smallest",
+        description="which ACTING programs a full backend pauses first: the smallest (both sources), the longest in its "
+        "tool so far, or the one whose tools have run longest on average (its own history; unknown: last)",
+    )
     shared_prefix: bool = Field(False, description="fix: a context block shared by programs on a backend counts once there (#36, Dynamo #15105)")
     # At most 100: text runs at 1-10 characters per token, and a huge value overflows the counts.
     payload_chars_per_token: float | None = Field(
@@ -164,6 +169,8 @@ class ProgramState:
     displaced: bool = False  # its backend was lost: re-place it without waiting behind new programs
     blocks: tuple[BlockHash, ...] = ()  # the last prompt's blocks (for resume_on_origin)
     context: tuple[BlockHash, ...] = ()  # the last call's prompt and output blocks (for shared_prefix)
+    tool_s: float = 0.0  # its tool calls' total time (the gaps between a turn's end and its next call)
+    tools: int = 0
     payload_chars: int = 0  # upstream's context_len: the last request's payload length
 
 
@@ -253,6 +260,9 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
         q.steps += 1
+        if q.phase is Phase.ACTING:
+            q.tool_s += now - q.acting_since
+            q.tools += 1
         payload_chars_per_token = self.params.payload_chars_per_token
         if payload_chars_per_token is None:
             q.tokens = request.prompt_tokens
@@ -477,7 +487,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
                 continue
             target = capacity * min(self.params.pause_target, self.params.pause_threshold)
             programs = self._on(backend)
-            for q in sorted((q for q in programs if q.phase is Phase.ACTING), key=lambda q: q.tokens):
+            for q in sorted((q for q in programs if q.phase is Phase.ACTING), key=self._pause_key(now)):
                 if used <= target:
                     break
                 if q.marked:
@@ -491,6 +501,16 @@ class ThunderAgent(Policy[ThunderAgentParams]):
                 for q in sorted((q for q in programs if q.phase is Phase.REASONING), key=lambda q: q.tokens):
                     q.marked = True
         return decisions
+
+    def _pause_key(self, now: float) -> Callable[[ProgramState], tuple[float, int]]:
+        """The order ACTING programs are paused in: smallest first, or by the idle time the
+        pause is expected to save (then smallest first among equals)."""
+        order = self.params.pause_order
+        if order == "longest_idle":
+            return lambda q: (-(now - q.acting_since), q.tokens)
+        if order == "longest_tool":
+            return lambda q: (-(q.tool_s / q.tools) if q.tools else 0.0, q.tokens)
+        return lambda q: (0.0, q.tokens)
 
     # --- transitions -----------------------------------------------------------------------
 
