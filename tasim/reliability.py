@@ -69,9 +69,11 @@ def random_scenario(pick: Callable[[Sequence[Any]], Any]) -> tuple[str, list[str
     preset = pick(sorted(SMALL_RUNS))
     block_size = pick([16, 64])
     policy = pick(sorted(POLICIES))
-    # priority scheduling is vLLM's; a policy that sets priorities needs it
-    flavour = "vllm" if POLICIES[policy].sets_priorities else pick(["vllm", "mocker"])
-    scheduling = "priority" if POLICIES[policy].sets_priorities else pick(["fcfs", "priority"]) if flavour == "vllm" else "fcfs"
+    if POLICIES[policy].sets_priorities:  # it needs priority scheduling, which is vLLM's
+        flavour, scheduling = "vllm", "priority"
+    else:
+        flavour = pick(["vllm", "mocker"])
+        scheduling = pick(["fcfs", "priority"]) if flavour == "vllm" else "fcfs"
     evictions = ["lru"] if flavour == "vllm" else ["lru", "lineage"]  # vLLM evicts lru only
     preemption = [f"cluster.engine.preemption={pick(['newest_first', 'oldest_first'])}"] if scheduling == "fcfs" else []
     overrides = SMALL_RUNS[preset] + [

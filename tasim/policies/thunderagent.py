@@ -196,6 +196,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self._holders: dict[str, dict[BlockHash, int]] = {w: {} for w in self.capacity}
         self.shared_tokens: dict[str, int] = dict.fromkeys(self.capacity, 0)
         self._chars_per_token = LearnedCharsPerToken()  # read only with payload_chars_per_token
+        self._block_size = view.workers[0].block_size
 
     # --- accounting ------------------------------------------------------------------------
 
@@ -226,7 +227,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         need = q.tokens + self.params.buffer_per_program
         if self.params.shared_prefix:
             holders = self._holders[backend]
-            need -= self.view.workers[0].block_size * sum(1 for block in q.context if block in holders)
+            need -= self._block_size * sum(1 for block in q.context if block in holders)
         return need
 
     def _settle(self, q: ProgramState, backend: str | None) -> None:
@@ -241,7 +242,6 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         """Count ``blocks`` in (1) or out (-1) of ``backend``'s programs' contexts; a block held
         by n programs was counted n times in their tokens, n - 1 too many."""
         holders = self._holders[backend]
-        block_size = self.view.workers[0].block_size
         shared = 0
         for block in blocks:
             before = holders.get(block, 0)
@@ -250,7 +250,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
                 holders[block] = after
             else:
                 del holders[block]
-            shared += block_size * (max(after - 1, 0) - max(before - 1, 0))
+            shared += self._block_size * (max(after - 1, 0) - max(before - 1, 0))
         self.shared_tokens[backend] += shared
 
     # --- requests --------------------------------------------------------------------------
@@ -271,7 +271,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
             q.tokens = self._chars_per_token.tokens(q.payload_chars)
         q.phase = Phase.REASONING
         if self.params.resume_on_origin:  # the only reader of q.blocks
-            q.blocks = request.prompt_block_hashes(self.view.workers[0].block_size)
+            q.blocks = request.prompt_block_hashes(self._block_size)
         if self.params.shared_prefix:
             backend = q.backend
             self._settle(q, None)

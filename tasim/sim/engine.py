@@ -223,7 +223,8 @@ class Engine:
         """Insert by (priority, arrival): vLLM's priority queue pops that minimum."""
         waiting = self.waiting
         at = len(waiting)
-        while at and (waiting[at - 1].priority, waiting[at - 1].arrival) > (req.priority, req.arrival):
+        key = _priority_order(req)
+        while at and _priority_order(waiting[at - 1]) > key:
             at -= 1
         waiting.insert(at, req)
 
