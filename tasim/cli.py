@@ -520,7 +520,7 @@ def _live(args: argparse.Namespace) -> int:
     if args.routing is not None:
         _refuse_replacing(args.overrides, f"--routing {args.routing}", Override(("live", "routing"), args.routing))
         args.overrides = [*args.overrides, f"live.routing={args.routing}"]
-    scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs)
+    scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs, args.engine)
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")
     out = _output_dir(args.out or Path("runs") / f"live-{scenario.name}-{scenario.policy.name}-s{scenario.seed}")

@@ -21,7 +21,7 @@ from conftest import FakeClock  # noqa: E402
 from conftest import live_host as _host  # noqa: E402
 
 from tasim import events as ev  # noqa: E402
-from tasim.live.decisions import PIN_HEADER, Decisions, decision_app, serve_app  # noqa: E402
+from tasim.live.decisions import PIN_HEADER, PRIORITY_HEADER, Decisions, decision_app, serve_app  # noqa: E402
 from tasim.live.host import PolicyHost  # noqa: E402
 from tasim.live.pinned import DecisionSocket  # noqa: E402
 from tasim.live.stack import HOST, free_ports  # noqa: E402
@@ -99,6 +99,24 @@ def test_route_first_and_done_log_the_call_as_proxy_mode_does() -> None:
                 "ProgramFinished",
             ]
             assert a_events[3] == ev.FirstToken(0.5, "A.0")
+
+    asyncio.run(go())
+
+
+def test_a_calls_priority_travels_in_the_headers_the_client_sends() -> None:
+    # Autellix: a program's second call queues by the service its first received, 2.5 s from
+    # first token to end, which is PLAS queue 1 (boundaries 2, 4, ... s); Dynamo's frontend
+    # copies x-dynamo-request-priority into routing.priority, which its vLLM worker negates.
+    async def go() -> None:
+        async with service("autellix") as (url, _, _, clock, _), aiohttp.ClientSession() as session:
+            status, first = await _post(session, f"{url}/v1/route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4})
+            assert (status, first["pin"]) == (200, {PIN_HEADER: "100"})  # queue 0: nothing to send
+            clock.t = 0.5
+            await _post(session, f"{url}/v1/first", {"call": "A.0"})
+            clock.t = 3.0
+            await _post(session, f"{url}/v1/done", {"call": "A.0", "prompt_tokens": 20, "completion_tokens": 4})
+            status, second = await _post(session, f"{url}/v1/route", {"program": "A", "token_ids": _tokens(30), "max_tokens": 4})
+            assert (status, second["pin"]) == (200, {PIN_HEADER: "100", PRIORITY_HEADER: "-1"})
 
     asyncio.run(go())
 

@@ -642,6 +642,34 @@ def test_prometheus_counters_are_exact_above_a_million() -> None:
     assert 'tasim_router_requests_routed_total{worker="w0"} 1234567' in prometheus_text(router).splitlines()
 
 
+# --- call priorities (policies that set them, on priority-scheduling engines) -----------------------
+
+
+def test_priority_scheduling_goes_live_on_vllm_workers_started_to_schedule_by_priority() -> None:
+    from tasim.live.engines import worker_commands
+    from tasim.live.run import prepare_scenario
+    from tasim.scenario import load_scenario
+
+    overrides = ["policy.name=autellix", "policy.params={}", "cluster.engine.scheduling_policy=priority"]
+    scenario = prepare_scenario(load_scenario(SCENARIOS / "swe-agent.yaml", overrides), "http", 4, "vllm")
+    ((_, args, _),) = worker_commands("vllm", scenario, Path("/model"), "m", [5557], 1.0)
+    assert args[-2:] == ["--scheduling-policy", "priority"]
+    fcfs = prepare_scenario(load_scenario(SCENARIOS / "swe-agent.yaml"), "http", 4, "vllm")
+    ((_, args, _),) = worker_commands("vllm", fcfs, Path("/model"), "m", [5557], 1.0)
+    assert "--scheduling-policy" not in args  # vLLM's default, fcfs
+
+
+def test_a_proxied_call_carries_its_priority_where_dynamos_vllm_worker_reads_it() -> None:
+    from tasim.live.router import prioritized
+
+    request = {"token_ids": [1, 2], "routing": {"priority_jump": 0.0}}
+    # queue 3 of a priority policy (lower first) -> routing.priority -3 -> vLLM priority 3
+    assert prioritized(request, 3) == {"token_ids": [1, 2], "routing": {"priority_jump": 0.0, "priority": -3}}
+    assert prioritized({"token_ids": [1]}, 1) == {"token_ids": [1], "routing": {"priority": -1}}
+    assert prioritized(request, 0) is request  # no priority: the request as the frontend sent it
+    assert request == {"token_ids": [1, 2], "routing": {"priority_jump": 0.0}}  # never changed in place
+
+
 # --- CLI: bad input fails before any process starts ------------------------------------------------
 
 
@@ -690,7 +718,11 @@ LIVE = str(SCENARIOS / "live-mocker.yaml")
                 "--set",
                 "cluster.engine.scheduling_policy=priority",
             ],
-            ["scheduling_policy priority (policy autellix)", "passes no call priorities"],
+            ["scheduling_policy priority (policy autellix) runs live on --engine vllm only, not mocker", "simulate it instead"],
+        ),
+        (
+            [str(SCENARIOS / "swe-agent.yaml"), "--programs", "4", "--engine", "sglang", "--set", "cluster.engine.scheduling_policy=priority"],
+            ["scheduling_policy priority (policy round_robin) runs live on --engine vllm only, not sglang"],
         ),
     ],
 )

@@ -105,6 +105,8 @@ def _vllm(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, i
     ]
     if engine.kv_blocks != "auto":
         args += ["--num-gpu-blocks-override", str(engine.kv_blocks)]
+    if engine.scheduling_policy == "priority":  # the calls' priorities travel as routing.priority
+        args += ["--scheduling-policy", "priority"]
     return f"worker{index}", args, _own_gpus(scenario, index)
 
 

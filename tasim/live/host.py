@@ -95,6 +95,7 @@ class Call:
     worker: str
     held_s: float
     created: bool  # this call created its program
+    priority: int = 0  # its place in a priority-scheduling engine's queue, lower first (`Route.priority`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +193,7 @@ class PolicyHost(HostCore):
         self.decision_seconds.append(time.perf_counter() - started)
         if isinstance(decision, Route):
             program.in_flight += 1
-            return Call(spec, decision.worker, 0.0, created)
+            return Call(spec, decision.worker, 0.0, created, decision.priority)
         held = Held(spec, asyncio.get_running_loop().create_future(), created, now)
         program.held.append(held)
         return held

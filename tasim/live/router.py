@@ -243,7 +243,7 @@ class _Router:
     async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: _Reply) -> AsyncGenerator[dict[str, Any], None]:
         """One attempt: the worker's chunks, recorded in ``reply``."""
         first = True
-        async for chunk in await self.client.direct(request, instance, annotated=False):
+        async for chunk in await self.client.direct(prioritized(request, call.priority), instance, annotated=False):
             if isinstance(chunk, dict):
                 tokens = chunk.get("token_ids") or ()
                 if tokens and first:
@@ -407,6 +407,15 @@ def _dynamo_error(kind: str, message: str) -> Exception:
 
 def _proof(call: Call, output: list[int]) -> dict[str, Any]:
     return {"request": call.spec.id, "worker": call.worker, "held_s": call.held_s, "output_token_ids": output}
+
+
+def prioritized(request: dict[str, Any], priority: int) -> dict[str, Any]:
+    """``request`` as a worker must get it to queue the call at ``priority`` (lower first, a
+    policy's `Route.priority`): Dynamo's vLLM worker runs a call at vLLM priority
+    ``-routing.priority``, the field its frontend fills from ``nvext.agent_hints.priority``."""
+    if not priority:
+        return request
+    return {**request, "routing": {**(request.get("routing") or {}), "priority": -priority}}
 
 
 async def _status_server(router: _Router, port: int) -> web.AppRunner:

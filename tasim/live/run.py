@@ -63,15 +63,15 @@ Driver = Literal["http", "verl"]
 DRIVERS: tuple[str, ...] = ("http", "verl")
 
 
-def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None) -> Scenario:
+def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None, engine: Engine) -> Scenario:
     """The scenario as the driver will run it: the http driver runs a finite agent workload
-    (``workload.programs``), the verl driver an ``rl_rollout`` one. Checks that Dynamo's
-    plug-in can run it (``live.routing: dynamo-*``) before anything starts."""
-    if scenario.cluster.engine.scheduling_policy == "priority":
+    (``workload.programs``), the verl driver an ``rl_rollout`` one. Checks that the engines
+    can schedule it and that Dynamo's plug-in can run it (``live.routing: dynamo-*``) before
+    anything starts."""
+    if scenario.cluster.engine.scheduling_policy == "priority" and engine != "vllm":
         raise DriverError(
-            f"cluster.engine.scheduling_policy priority (policy {scenario.policy.name}): the live stack passes no call "
-            "priorities to its workers yet (Dynamo's mocker has no priority scheduling; vLLM workers would need "
-            "--scheduling-policy priority and each call's nvext.agent_hints.priority); simulate it instead"
+            f"cluster.engine.scheduling_policy priority (policy {scenario.policy.name}) runs live on --engine vllm only, "
+            f"not {engine}: tasim's priority scheduling is vLLM's, and Dynamo 1.6.1's mocker has none; simulate it instead"
         )
     if scenario.live.routed_by_dynamo:
         from tasim.live.dynamo_policies import plugin_config
@@ -99,7 +99,7 @@ def run_live(
     model_path: Path | None = None,
     driver: Driver = "http",
 ) -> dict[str, Any]:
-    scenario = prepare_scenario(scenario, driver, programs)
+    scenario = prepare_scenario(scenario, driver, programs, engine)
     if engine == "mocker":  # the router sizes its workers as the mocker does: no null block
         scenario = with_engine_flavour(scenario, "mocker")
     out.mkdir(parents=True, exist_ok=True)
