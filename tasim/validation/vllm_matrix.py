@@ -6,9 +6,10 @@ markdown table between the document's markers.
 
 The configurations cover closed-loop agents with tool gaps (the cache holds every program, or
 programs evict each other during their tools, or the pool is so small that running requests
-preempt each other), chunked prefill off, a small token budget, prefix caching off, GRPO groups
-whose samples share a block-aligned prompt (vLLM's duplicate blocks), several workers under the
-KV router and ThunderAgent, and both Mooncake traces cut to a few hundred requests.
+preempt each other), chunked prefill off, a small token budget, prefix caching off, vLLM's
+priority scheduling under Autellix's program-level priorities, GRPO groups whose samples share a
+block-aligned prompt (vLLM's duplicate blocks), several workers under the KV router and
+ThunderAgent, and both Mooncake traces cut to a few hundred requests.
 """
 
 from __future__ import annotations
@@ -91,6 +92,29 @@ CONFIGS: tuple[Config, ...] = (
         "agents, 2 workers, thunderagent",
         "multiturn-validation.yaml",
         (*_AGENTS, "cluster.backends=2", "cluster.engine.kv_blocks=1500", "policy.name=thunderagent", "policy.params={scheduler_interval_s: 1}"),
+    ),
+    Config(
+        "agents, thrashing, priority scheduling, 2 workers, autellix",
+        "multiturn-validation.yaml",
+        (
+            *_AGENTS,
+            "cluster.backends=2",
+            "cluster.engine.kv_blocks=1250",
+            "cluster.engine.flavour=vllm",
+            "cluster.engine.scheduling_policy=priority",
+            "policy.name=autellix",
+        ),
+    ),
+    Config(
+        "agents, preemption-heavy, priority scheduling, autellix",
+        "multiturn-validation.yaml",
+        (
+            *_AGENTS,
+            "cluster.engine.kv_blocks=900",
+            "cluster.engine.flavour=vllm",
+            "cluster.engine.scheduling_policy=priority",
+            "policy.name=autellix",
+        ),
     ),
     Config("GRPO groups, 2 workers, least_loaded", "rl-rollout.yaml", (*_GROUPS, "cluster.engine.kv_blocks=1200", "policy.name=least_loaded")),
     Config(
