@@ -50,11 +50,19 @@ from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, Polic
 # The header Dynamo's frontend pins a call with (alias of x-worker-instance-id).
 PIN_HEADER = "x-dynamo-worker-instance-id"
 # Dynamo's frontend copies this header into the request's routing.priority (as it does
-# nvext.agent_hints.priority), and its vLLM worker runs the call at vLLM priority -routing.priority.
+# nvext.agent_hints.priority), unchanged.
 PRIORITY_HEADER = "x-dynamo-request-priority"
 MAX_BODY_BYTES = 64 << 20  # a 1M-token prompt as JSON fits
 
 TokenId = Annotated[int, msgspec.Meta(ge=0, lt=1 << 32)]  # Dynamo hashes tokens as u32
+
+
+def routing_priority(priority: int) -> int:
+    """The ``routing.priority`` that queues a call at ``priority`` (a policy's `Route.priority`,
+    lower first): Dynamo 1.6.1's vLLM worker runs a call at vLLM priority ``-routing.priority``."""
+    return -priority
+
+
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Reason = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
 
@@ -246,7 +254,7 @@ class Decisions:
             self.host.fail(call, f"worker {call.worker} has no instance")
             raise DecisionError(503, f"worker {call.worker} has no Dynamo instance")
         self.calls[call.spec.id] = _Routed(call, instance, time.monotonic(), attempts)
-        pin = {PIN_HEADER: str(instance)} | ({PRIORITY_HEADER: str(-call.priority)} if call.priority else {})
+        pin = {PIN_HEADER: str(instance)} | ({PRIORITY_HEADER: str(routing_priority(call.priority))} if call.priority else {})
         return {"call": call.spec.id, "worker": call.worker, "instance_id": instance, "pin": pin, "held_s": call.held_s}
 
     def _routed(self, call_id: str) -> _Routed:

@@ -48,7 +48,7 @@ from pydantic import BaseModel, ConfigDict
 from tasim import events as ev
 from tasim.eventlog import EventWriter
 from tasim.host import build_policy, run_header
-from tasim.live.decisions import Decisions, decision_app, serve_app
+from tasim.live.decisions import Decisions, decision_app, routing_priority, serve_app
 from tasim.live.host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost
 from tasim.live.kv_events import KvEvent, KvEventSubscriber
 from tasim.live.membership import Membership
@@ -410,12 +410,11 @@ def _proof(call: Call, output: list[int]) -> dict[str, Any]:
 
 
 def prioritized(request: dict[str, Any], priority: int) -> dict[str, Any]:
-    """``request`` as a worker must get it to queue the call at ``priority`` (lower first, a
-    policy's `Route.priority`): Dynamo's vLLM worker runs a call at vLLM priority
-    ``-routing.priority``, the field its frontend fills from ``nvext.agent_hints.priority``."""
+    """``request`` as a worker must get it to queue the call at ``priority``: with its
+    `routing_priority`, the field Dynamo's frontend fills from ``nvext.agent_hints.priority``."""
     if not priority:
         return request
-    return {**request, "routing": {**(request.get("routing") or {}), "priority": -priority}}
+    return {**request, "routing": {**(request.get("routing") or {}), "priority": routing_priority(priority)}}
 
 
 async def _status_server(router: _Router, port: int) -> web.AppRunner:

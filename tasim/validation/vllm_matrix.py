@@ -41,6 +41,8 @@ _AGENTS = [
     "workload.turns={kind: uniform, low: 4, high: 12}",
     "duration_s=100000",
 ]
+# Autellix's program-level priorities on vLLM's priority scheduling (the mocker flavour has none)
+_AUTELLIX = ["cluster.engine.flavour=vllm", "cluster.engine.scheduling_policy=priority", "policy.name=autellix"]
 _MOONCAKE = ["workload.max_requests=200", "cluster.backends=2", "cluster.engine.block_size=64"]
 _GROUPS = [
     "workload.prompts_per_step=6",
@@ -96,25 +98,12 @@ CONFIGS: tuple[Config, ...] = (
     Config(
         "agents, thrashing, priority scheduling, 2 workers, autellix",
         "multiturn-validation.yaml",
-        (
-            *_AGENTS,
-            "cluster.backends=2",
-            "cluster.engine.kv_blocks=1250",
-            "cluster.engine.flavour=vllm",
-            "cluster.engine.scheduling_policy=priority",
-            "policy.name=autellix",
-        ),
+        (*_AGENTS, "cluster.backends=2", "cluster.engine.kv_blocks=1250", *_AUTELLIX),
     ),
     Config(
         "agents, preemption-heavy, priority scheduling, autellix",
         "multiturn-validation.yaml",
-        (
-            *_AGENTS,
-            "cluster.engine.kv_blocks=900",
-            "cluster.engine.flavour=vllm",
-            "cluster.engine.scheduling_policy=priority",
-            "policy.name=autellix",
-        ),
+        (*_AGENTS, "cluster.engine.kv_blocks=900", *_AUTELLIX),
     ),
     Config("GRPO groups, 2 workers, least_loaded", "rl-rollout.yaml", (*_GROUPS, "cluster.engine.kv_blocks=1200", "policy.name=least_loaded")),
     Config(
