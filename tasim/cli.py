@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,6 +24,7 @@ from tasim import __version__
 from tasim.calibration import CalibrationError
 from tasim.errors import UsageError
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN, EventLogError
+from tasim.lifecycle import exit_on_termination
 from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
 from tasim.measurements.schema import MeasurementError
 from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe
@@ -357,10 +359,17 @@ def _default_out(scenario: Scenario) -> Path:
     return Path("runs") / f"{scenario.name}-{scenario.policy.name}-s{scenario.seed}"
 
 
-def _output_dir(out: Path) -> Path:
-    for path in (out, *out.parents):  # a file anywhere on the way would fail mid-run
+def _output_dir(out: Path, flag: str = "--out") -> Path:
+    """``out``, made now and written to once: a folder that cannot be written fails here, in one
+    line, rather than after the runs (or in a pool worker, mid-run)."""
+    for path in (out, *out.parents):
         if path.exists() and not path.is_dir():
-            raise UsageError(f"--out {out}: {path} exists and is not a directory")
+            raise UsageError(f"{flag} {out}: {path} exists and is not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out).close()
+    except OSError as exc:
+        raise UsageError(f"{flag} {out}: cannot write there ({exc.strerror or exc})") from None
     return out
 
 
@@ -530,7 +539,9 @@ def _live(args: argparse.Namespace) -> int:
             "keeps one average over every tool gap here; simulation (and --compare-sim's twin) gives it workload.tools' names",
             file=sys.stderr,
         )
-    summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model, driver=args.driver)
+    # The stack's processes run in its own folder, so every path they are handed is absolute.
+    model = args.model.resolve() if args.model is not None else None
+    summary = run_live(scenario, out.resolve(), args.engine, args.time_scale, prompt_format=args.prompt, model_path=model, driver=args.driver)
     if args.compare_sim:
         simulated = run_simulation(simulated_twin(scenario, args.engine), out / SIM_DIR)
         print_unsquashed(side_by_side({"live": summary, "simulated": simulated}))
@@ -552,7 +563,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     knobs = parse_space(args.fit, scenario)
     out = _output_dir(args.out or Path("runs") / f"calibrate-{scenario.name}")
     if args.write is not None:
-        _output_dir(args.write.parent)
+        _output_dir(args.write.parent, "--write")
     fitted = tuple(part.strip() for part in args.points.split(",") if part.strip())
     loo_trials = args.trials if args.loo_trials is None else args.loo_trials
     if loo_trials < 0:
@@ -682,12 +693,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "scenarios": _scenarios,
             "schema": _schema,
         }[args.command]
-        return handler(args)
+        with exit_on_termination():  # SIGTERM unwinds, so pools, clusters and stacks are stopped
+            return handler(args)
     except (UsageError, ScenarioError, MeasurementError, CalibrationError, EventLogError, TraceError, ValidationUnavailable, LiveError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except WorkloadError as exc:  # raised mid-run, by code that does not know the scenario's file
         print(f"error: {args.scenario}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:
+        if exc.filename is None:  # not the file system's: a bug, shown whole
+            raise
+        print(f"error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     except InvariantViolation as exc:
         print(f"invariant violated (a bug in tasim; the log so far is kept as .partial): {exc}", file=sys.stderr)

@@ -11,12 +11,16 @@ Each item is a deterministic simulation, so the results do not depend on the bac
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
+import signal
 import socket
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
+
+from tasim.lifecycle import TERMINATION_SIGNALS, terminate_with
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -42,7 +46,8 @@ def map_in_processes(
                 on_done(item, results[-1])
         return results
     done: dict[int, Result] = {}
-    pool = ProcessPoolExecutor(max_workers=min(jobs, len(items)))
+    others = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=min(jobs, len(items)), initializer=_pool_worker, initargs=(os.getpid(),))
     try:
         futures: dict[Future[Result], int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
         for future in as_completed(futures):
@@ -50,9 +55,34 @@ def map_in_processes(
             done[index] = future.result()
             if on_done:
                 on_done(items[index], done[index])
+    except BaseException:  # a failed run, Ctrl-C, or SIGTERM unwinding (tasim.lifecycle)
+        # shutdown() waits for the running items, which may take minutes: end them now.
+        _end_processes(set(multiprocessing.active_children()) - others)
+        raise
     finally:
-        pool.shutdown(cancel_futures=True)  # a failed run should not wait for the queued ones
+        pool.shutdown(cancel_futures=True)
     return [done[i] for i in range(len(items))]
+
+
+def _pool_worker(launcher: int) -> None:
+    """A pool process dies with its launcher, at once on SIGTERM (a forked worker inherits the
+    launcher's unwinding handler, and the pool would catch its SystemExit as a run's failure),
+    and leaves Ctrl-C, which the terminal sends its whole process group, to the launcher: the
+    launcher ends the pool, without a traceback from every worker."""
+    terminate_with(launcher)()
+    for sig in TERMINATION_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _end_processes(processes: set[multiprocessing.process.BaseProcess], grace_s: float = 5.0) -> None:
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(grace_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 class Backend(Protocol):

@@ -764,10 +764,10 @@ def test_a_child_whose_launcher_died_before_it_asked_to_die_with_it_leaves_befor
     import subprocess
     import sys
 
-    from tasim.live.stack import _terminate_with
+    from tasim.lifecycle import terminate_with
 
     if not sys.platform.startswith("linux"):
         pytest.skip("parent-death signals are Linux's")
-    ours = subprocess.Popen(["true"], preexec_fn=_terminate_with(os.getpid()))
-    orphaned = subprocess.Popen(["sleep", "30"], preexec_fn=_terminate_with(os.getpid() + 1_000_000))
+    ours = subprocess.Popen(["true"], preexec_fn=terminate_with(os.getpid()))
+    orphaned = subprocess.Popen(["sleep", "30"], preexec_fn=terminate_with(os.getpid() + 1_000_000))
     assert ours.wait(10) == 0 and orphaned.wait(10) == 143

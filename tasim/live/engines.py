@@ -12,10 +12,12 @@ so ``time_scale`` must be 1.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
 
+from tasim.live.errors import LiveError
 from tasim.scenario import Scenario
 
 # tasim's preemption order → the mocker's flag (vLLM v1 itself always preempts the newest).
@@ -36,6 +38,25 @@ def worker_commands(
     if engine == "sglang":
         return [_sglang(scenario, model_path, model_name, port, index) for index, port in enumerate(kv_ports)]
     raise ValueError(f"unknown engine {engine!r} (allowed: mocker, vllm, sglang)")
+
+
+def check_engine(engine: str, scenario: Scenario) -> None:
+    """Refuse, before anything starts, an engine this machine cannot run: a real engine needs its
+    Python package and ``cluster.backends`` x ``cluster.tp`` CUDA GPUs. Without the check a worker
+    fails tens of seconds later with an import error deep in its log."""
+    if engine == "mocker":
+        return
+    needed = scenario.cluster.backends * scenario.cluster.tp
+    import torch  # the live extra's; a CPU build sees no GPU
+
+    visible = torch.cuda.device_count()
+    if visible < needed:
+        raise LiveError(
+            f"--engine {engine} needs {needed} CUDA GPUs (cluster.backends {scenario.cluster.backends} x cluster.tp {scenario.cluster.tp}), "
+            f"torch {torch.__version__} sees {visible} here; on a CPU machine use --engine mocker"
+        )
+    if importlib.util.find_spec(engine) is None:
+        raise LiveError(f"--engine {engine} needs the {engine} package installed (Dynamo's [{engine}] extra); it is not importable here")
 
 
 def _mocker(scenario: Scenario, model_path: Path, model_name: str, kv_port: int, index: int, time_scale: float) -> WorkerCommand:

@@ -22,6 +22,7 @@ from tasim import events as ev
 from tasim.eventlog import EVENTS_PLAIN, EventLogError, EventWriter, read_events
 from tasim.host import run_header
 from tasim.live.driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
+from tasim.live.engines import check_engine
 from tasim.live.observed import ObservedCalls
 from tasim.live.stack import Engine, LiveStack
 from tasim.live.tiny_model import vocab_size
@@ -100,6 +101,7 @@ def run_live(
     driver: Driver = "http",
 ) -> dict[str, Any]:
     scenario = prepare_scenario(scenario, driver, programs, engine)
+    check_engine(engine, scenario)
     if engine == "mocker":  # the router sizes its workers as the mocker does: no null block
         scenario = with_engine_flavour(scenario, "mocker")
     out.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ system port) is set to 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import random
@@ -27,7 +26,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -38,6 +36,7 @@ from typing import Any, Literal
 
 import yaml
 
+from tasim.lifecycle import exit_on_termination, terminate_with
 from tasim.live.errors import LiveError
 from tasim.scenario import Scenario
 
@@ -102,7 +101,7 @@ class LiveStack:
     startup_timeout_s: float = 180.0
     processes: list[_Process] = field(default_factory=list)
     started_groups: list[int] = field(default_factory=list)  # every process group ever started
-    _previous_handlers: dict[int, Any] = field(default_factory=dict)
+    _termination: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)  # SIGTERM/SIGHUP handlers while running
     http_port: int = 0
     status_port: int = 0
     kv_event_ports: list[int] = field(default_factory=list)
@@ -154,10 +153,14 @@ class LiveStack:
         self.stop()
 
     def start(self) -> None:
-        self._catch_termination()
+        self._termination.enter_context(exit_on_termination())
         if self.workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="tasim-live-")
             self.workdir = Path(self._tmp.name)
+        # Children start in the work folder: a relative path handed to them would name another file.
+        self.workdir = self.workdir.absolute()
+        self.model_path = self.model_path and self.model_path.absolute()
+        self.events_path = self.events_path and self.events_path.absolute()
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self.model_path is None:
             from tasim.live.tiny_model import write_tiny_model
@@ -181,17 +184,7 @@ class LiveStack:
         for process in reversed(self.processes):
             self._terminate(process, grace_s)
         self.processes.clear()
-        for sig, handler in self._previous_handlers.items():
-            signal.signal(sig, handler)
-        self._previous_handlers.clear()
-
-    def _catch_termination(self) -> None:
-        """SIGTERM and SIGHUP unwind like Ctrl-C, so the ``with`` block stops the stack; only
-        the main thread may set handlers (elsewhere the caller must stop the stack)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._previous_handlers[sig] = signal.signal(sig, _exit_on_signal)
+        self._termination.close()
 
     def start_component(self, name: str, args: list[str]) -> None:
         """Start one more process in this stack's environment (same discovery store and
@@ -290,7 +283,7 @@ class LiveStack:
                 env=env or self._env(),
                 cwd=self.workdir,
                 start_new_session=True,
-                preexec_fn=_terminate_with(os.getpid()),
+                preexec_fn=terminate_with(os.getpid()),
             )
         process = _Process(name, popen, log)
         self.processes.append(process)
@@ -372,31 +365,6 @@ def _kill(process: _Process) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.popen.pid, signal.SIGKILL)
     process.popen.wait()
-
-
-def _exit_on_signal(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _terminate_with(launcher: int) -> Callable[[], None]:
-    """What a child runs before exec: ask for SIGTERM when the launcher dies, even by SIGKILL, so
-    no stack outlives it (Linux; elsewhere only the launcher's own clean-up applies)."""
-
-    def in_child() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-        except (OSError, AttributeError):
-            return
-        # The request only covers a parent that dies after it; a launcher killed between fork and
-        # here has already handed the child to init, which never dies: leave as if told.
-        if os.getppid() != launcher:
-            os._exit(128 + signal.SIGTERM)
-
-    return in_child
 
 
 def _post(url: str, body: dict[str, Any] | None = None) -> Any:
