@@ -1,10 +1,11 @@
-# Two commands matter: `make demo` and `make test`. Both install into .venv first if needed.
+# Two commands matter: `make demo` and `make test`. Both install into .venv first if needed:
+# the demo only the simulator and tune (CORE, about a minute with its compiled core), the tests everything.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+CORE   := $(VENV)/.core-installed
 STAMP  := $(VENV)/.installed
 NATIVE := build/native/manifest.json
-OUT    ?= runs/demo
 
 .PHONY: install demo test lint bench baseline validation vllm-validation reliability peers paper-shapes published clean
 
@@ -13,7 +14,7 @@ install: $(STAMP) $(NATIVE)
 # The policy host, the simulation, its clock, the engine, its block pool, folded runs, perf
 # models and the KV router's indexes and cost compiled with mypyc (tasim/native: MODULES),
 # rebuilt when they change; without a C compiler the build records why and the plain modules run.
-$(NATIVE): $(STAMP) $(wildcard tasim/native/*.py) tasim/host.py $(wildcard tasim/sim/*.py) $(wildcard tasim/perf/*.py) tasim/policies/prefix_index.py tasim/policies/booked_blocks.py tasim/policies/worker_cost.py
+$(NATIVE): $(CORE) $(wildcard tasim/native/*.py) tasim/host.py $(wildcard tasim/sim/*.py) $(wildcard tasim/perf/*.py) tasim/policies/prefix_index.py tasim/policies/booked_blocks.py tasim/policies/worker_cost.py
 	$(BIN)/python -m tasim.native
 
 # ai-dynamo 1.6.1 declares a dependency on `aisimulate`, a placeholder wheel that downloads from a
@@ -24,16 +25,22 @@ $(NATIVE): $(STAMP) $(wildcard tasim/native/*.py) tasim/host.py $(wildcard tasim
 # scheduler runs, so it goes in with --no-deps (its own dependencies would pull CUDA torch and
 # triton), with the three grammar wheels its imports need at the versions it pins, and the rest
 # of what its scheduler imports comes from the `oracle` extra.
-$(STAMP): pyproject.toml Makefile
+$(CORE): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "tasim needs Python >= 3.11")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[native,calibrate]'
+	touch $@
+
+$(STAMP): $(CORE)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps vllm==0.31.0 xgrammar==0.2.7 llguidance==1.7.6 apache-tvm-ffi==0.1.11
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test,lint,native]'
 	touch $@
 
-demo: install
-	$(BIN)/python -m tasim simulate scenarios/swe-agent.yaml --out $(OUT)
+# The README's first quickstart command (tests/test_readme.py holds them to each other).
+demo: $(CORE) $(NATIVE)
+	$(BIN)/python -m tasim compare swe-agent-2x --policies round_robin,kv_router,thunderagent --seeds 3 --set workload.concurrency=96
+	@echo "next, its knobs: python -m tasim tune swe-agent-2x --policy thunderagent --set workload.concurrency=96 --space policy.params.scheduler_interval_s=1:20:log --space 'policy.params.admission_order=smallest_first|fifo' --objective calls_per_min --trials 8 (then live: README.md, Quickstart)"
 
 test: install
 	$(BIN)/python -m pytest

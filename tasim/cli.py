@@ -519,19 +519,22 @@ def _validate_published(args: argparse.Namespace) -> int:
 
 def _live(args: argparse.Namespace) -> int:
     try:
+        from tasim.live.engines import check_engine
         from tasim.live.run import SIM_DIR, prepare_scenario, run_live, simulated_twin
     except ImportError as exc:
         raise UsageError(f"live mode needs the live extra (pip install -e '.[live]' or make install): {exc}") from None
-    if args.model is not None and not (args.model / "config.json").is_file():
-        raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
     if args.programs is not None:
         _refuse_replacing(args.overrides, f"--programs {args.programs}", Override(("workload", "programs"), args.programs))
     if args.routing is not None:
         _refuse_replacing(args.overrides, f"--routing {args.routing}", Override(("live", "routing"), args.routing))
         args.overrides = [*args.overrides, f"live.routing={args.routing}"]
-    scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs, args.engine)
+    scenario = _scenario_from_args(args)
+    check_engine(args.engine, scenario)  # first: on a machine without the GPUs nothing else matters
+    scenario = prepare_scenario(scenario, args.driver, args.programs, args.engine)
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
     out = _output_dir(args.out or Path("runs") / f"live-{scenario.name}-{scenario.policy.name}-s{scenario.seed}")
     if scenario.policy.name == "continuum" and getattr(scenario.workload, "tools", None):
         print(

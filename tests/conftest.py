@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
+import uuid
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +95,37 @@ async def serve_completions(handler: Any) -> tuple[Any, str]:
 def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``python -m tasim`` in a subprocess, as a user would."""
     return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=cwd or REPO)
+
+
+class ProcessMark:
+    """A variable put in the environment of a command: every process it starts inherits it, so
+    those still alive afterwards can be found (`alive`), whichever session or parent they have."""
+
+    def __init__(self) -> None:
+        self.name = "TASIM_TEST_MARK"
+        self.value = uuid.uuid4().hex
+
+    def env(self, **more: str) -> dict[str, str]:
+        return {**os.environ, **more, self.name: self.value}
+
+    def alive(self) -> list[int]:
+        entry = f"{self.name}={self.value}".encode()
+        found = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if entry in (proc / "environ").read_bytes().split(b"\0"):
+                        found.append(int(proc.name))
+                except OSError:  # gone meanwhile, or not ours to read
+                    continue
+        return found
+
+    def wait_gone(self, within_s: float) -> list[int]:
+        """The marked processes still alive after up to ``within_s`` seconds."""
+        deadline = time.monotonic() + within_s
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return self.alive()
 
 
 def assert_usage_error(result: subprocess.CompletedProcess[str], *fragments: str) -> None:

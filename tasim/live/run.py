@@ -22,7 +22,6 @@ from tasim import events as ev
 from tasim.eventlog import EVENTS_PLAIN, EventLogError, EventWriter, read_events
 from tasim.host import run_header
 from tasim.live.driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
-from tasim.live.engines import check_engine
 from tasim.live.observed import ObservedCalls
 from tasim.live.stack import Engine, LiveStack
 from tasim.live.tiny_model import vocab_size
@@ -101,7 +100,6 @@ def run_live(
     driver: Driver = "http",
 ) -> dict[str, Any]:
     scenario = prepare_scenario(scenario, driver, programs, engine)
-    check_engine(engine, scenario)
     if engine == "mocker":  # the router sizes its workers as the mocker does: no null block
         scenario = with_engine_flavour(scenario, "mocker")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,195 @@
+"""Every command in the README's ``sh`` blocks runs exactly as written, from a repository root.
+
+A user copies a command into a shell at the root of a fresh clone: relative paths, default output
+folders and all. So each command runs here as a subprocess of a shell, from a copy of the
+repository root (its entries linked, with a ``runs/`` of its own), with the one addition the
+README's Quickstart names: ``--set duration_s=1200`` on the simulations. Each then leaves no
+process behind: every process started carries a marker in its environment, looked for after.
+
+A new command in a ``sh`` block fails `test_every_shown_command_has_a_check` until a check of what
+it must do is written below.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ProcessMark
+
+README = REPO / "README.md"
+SHORTER = " --set duration_s=1200"  # the addition the README's Quickstart names
+
+pytestmark = pytest.mark.slow
+
+
+def shown_commands(text: str) -> list[str]:
+    """The commands of the ``sh`` blocks, a backslash-continued line joined, comments dropped."""
+    commands: list[str] = []
+    for block in re.findall(r"^ *```sh\n(.*?)^ *```", text, flags=re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = line.split(" #")[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(re.sub(r"\s+", " ", command))
+    return commands
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    left_behind: list[int]
+
+
+def run_shown(command: str, root: Path, timeout_s: float = 600) -> Outcome:
+    """``command`` through a shell in ``root``, with the virtual environment's python first on
+    PATH (as an activated .venv puts it); then up to 10 s for its processes to be gone."""
+    mark = ProcessMark()
+    env = mark.env(PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}", COLUMNS="200")
+    started = time.monotonic()
+    done = subprocess.run(["bash", "-c", command], cwd=root, env=env, capture_output=True, text=True, timeout=timeout_s)
+    seconds = time.monotonic() - started
+    return Outcome(done.returncode, done.stdout, done.stderr, seconds, mark.wait_gone(10))
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repository root as a user's clone has it, with its own (empty) ``runs/``."""
+    clone = tmp_path_factory.mktemp("clone")
+    for entry in REPO.iterdir():
+        if entry.name not in ("runs", ".git"):
+            (clone / entry.name).symlink_to(entry)
+    return clone
+
+
+def _ok(outcome: Outcome) -> None:
+    assert outcome.returncode == 0, outcome.stderr[-3000:]
+    assert "Traceback" not in outcome.stderr
+    assert outcome.left_behind == []
+
+
+def check_compare(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    out = root / "runs" / "compare-swe-agent-2x"
+    record = json.loads((out / "compare.json").read_text())
+    assert record["seeds"] == [0, 1, 2] and record["baseline"] == "round_robin"
+    ratio = next(cell["ratio_to_baseline"] for cell in record["cells"] if cell["spec"] == "thunderagent")
+    assert ratio["low"] > 2.0 and ratio["significant"] is True  # the Quickstart's claim, at 1,200 s
+    assert re.search(r"thunderagent .* \d\.\d{3}× \[\d\.\d{3}, \d\.\d{3}\]", outcome.stdout)
+    assert (out / "throughput.png").is_file() and len(list((out / "runs").iterdir())) == 9
+
+
+def check_tune(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    out = root / "runs" / "tune-swe-agent-2x-thunderagent"
+    record = json.loads((out / "tune.json").read_text())
+    assert len(record["trials"]) == 8
+    assert (out / "swe-agent-2x-tuned.yaml").is_file()
+
+
+def check_simulate(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    summary = json.loads((root / "runs" / "swe-agent-thunderagent-s0" / "summary.json").read_text())
+    assert summary["calls_per_min"] > 0
+    assert "wrote runs/swe-agent-thunderagent-s0/summary.json" in outcome.stdout
+
+
+def check_report(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    summary = json.loads((root / "runs" / "swe-agent-thunderagent-s0" / "summary.json").read_text())
+    assert f"{summary['prefix_hit_rate']:.4f}" in outcome.stdout  # the summary again, from the log
+
+
+def check_live(run_dir: str, calls: int) -> Callable[[Outcome, Path], None]:
+    def check(outcome: Outcome, root: Path) -> None:
+        _ok(outcome)
+        summary = json.loads((root / "runs" / run_dir / "summary.json").read_text())
+        assert summary["programs_leaked"] == 0
+        assert summary["requests_completed"] == calls
+        assert f"wrote runs/{run_dir}/summary.json" in outcome.stdout
+
+    return check
+
+
+def check_refused_without_gpus(outcome: Outcome, root: Path) -> None:
+    """On a machine without the GPUs the command asks for: one line, exit 2, at once, nothing
+    started or written."""
+    assert outcome.returncode == 2 and outcome.stdout == ""
+    assert outcome.stderr.startswith("error: --engine vllm needs 8 CUDA GPUs") and outcome.stderr.count("\n") == 1
+    assert outcome.seconds < 30 and outcome.left_behind == []
+    assert not (root / "runs" / "rl-gpu").exists()
+
+
+def _gpus() -> int:
+    import torch
+
+    return int(torch.cuda.device_count())
+
+
+# Each shown command, in the README's order, with what it must do. `make` commands are checked
+# for what they run (the demo is the Quickstart's first command); `make test` and `make install`
+# are what runs this file.
+COMPARE = "python -m tasim compare swe-agent-2x --policies round_robin,kv_router,thunderagent --seeds 3 --set workload.concurrency=96"
+TUNE = (
+    "python -m tasim tune swe-agent-2x --policy thunderagent --set workload.concurrency=96 --space policy.params.scheduler_interval_s=1:20:log "
+    "--space 'policy.params.admission_order=smallest_first|fifo' --objective calls_per_min --trials 8"
+)
+GPU_ROLLOUT = (
+    "python -m tasim live scenarios/rl-rollout.yaml --driver verl --engine vllm "
+    "--model /models/Qwen3-Coder-30B-A3B --set policy.name=thunderagent --out runs/rl-gpu"
+)
+CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
+    "make demo": None,
+    "make test": None,
+    COMPARE: (SHORTER, check_compare),
+    TUNE: (SHORTER, check_tune),
+    "python -m tasim simulate swe-agent --policy thunderagent": (SHORTER, check_simulate),
+    "python -m tasim report runs/swe-agent-thunderagent-s0": ("", check_report),
+    "python -m tasim live scenarios/live-mocker.yaml --compare-sim": ("", check_live("live-live-mocker-thunderagent-s5", 98)),
+    "python -m tasim live scenarios/rl-live-mocker.yaml --driver verl --engine mocker": ("", check_live("live-rl-live-mocker-thunderagent-s3", 101)),
+    "make install": None,
+    GPU_ROLLOUT: ("", check_refused_without_gpus),
+}
+RUNNABLE = [command for command, check in CHECKS.items() if check is not None]
+
+
+def test_every_shown_command_has_a_check() -> None:
+    assert shown_commands(README.read_text()) == list(CHECKS)
+
+
+def test_make_demo_runs_the_quickstarts_first_command() -> None:
+    recipe = subprocess.run(["make", "-n", "demo"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert f".venv/bin/python -m tasim {COMPARE.removeprefix('python -m tasim ')}\n" in recipe
+    assert f'echo "next, its knobs: {TUNE} (then live: README.md, Quickstart)"' in recipe  # the next command, shown
+
+
+_DONE: dict[str, Outcome] = {}
+
+
+def _outcome(command: str, root: Path) -> Outcome:
+    """``command``'s outcome, after every command shown before it (a report reads a run)."""
+    for earlier in RUNNABLE[: RUNNABLE.index(command) + 1]:
+        if earlier not in _DONE:
+            addition, _ = CHECKS[earlier] or ("", None)
+            _DONE[earlier] = run_shown(earlier + addition, root)
+    return _DONE[command]
+
+
+@pytest.mark.parametrize("command", RUNNABLE, ids=[" ".join(shlex.split(c)[3:5]) for c in RUNNABLE])
+def test_shown_command_runs_as_written(command: str, root: Path) -> None:
+    if command == GPU_ROLLOUT and _gpus() >= 8:
+        pytest.skip("this machine has the GPUs: the command would start a real rollout of a model not here")
+    _, check = CHECKS[command] or ("", None)
+    assert check is not None
+    check(_outcome(command, root), root)
