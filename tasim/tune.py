@@ -153,7 +153,8 @@ def check(request: Request) -> Request:
     """Before anything runs: the scenario loads, every field of the space is one it has, and some
     corner of the space is valid. Fields that constrain each other (a pause threshold and a
     target below it) may refuse other combinations; those trials are refused one by one.
-    Returns the request with each range in integers exactly when its field holds one."""
+    Returns the request with each range typed by its field: in integers exactly when the field
+    is declared an integer."""
     try:
         scenario = load_scenario(request.scenario, _base(request))
     except ScenarioError as error:
@@ -342,8 +343,8 @@ def report(request: Request, study: optuna.Study) -> Report:
     default_values: list[float] = study.user_attrs["default"]["objective"]
     best = None
     if feasible:
-        pick = max if request.objective.maximize else min
-        best = pick(feasible, key=lambda t: (t.value, -t.number))
+        # ties go to the earliest trial: the scenario's own values, where the space holds them
+        best = max(feasible, key=lambda t: (t.value, -t.number)) if request.objective.maximize else min(feasible, key=lambda t: (t.value, t.number))
     importances: dict[str, float] | str
     try:
         importances = dict(optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()))

@@ -94,6 +94,25 @@ def test_a_constraint_no_trial_meets_is_reported(tmp_path: Path) -> None:
     assert "no trial met the constraints" in stdout
 
 
+def test_a_range_follows_the_fields_declared_type_not_its_bounds(tmp_path: Path) -> None:
+    import optuna
+
+    from tasim import tune
+
+    space = tune.parse_space(["policy.params.scheduler_interval_s=1:20:log", "workload.concurrency=8:64", "workload.output_tokens.median=50:200"])
+    objective = tune.parse_objective("calls_per_min")
+    # tiny's own policy is round_robin: the float knob is typed by thunderagent's params model
+    request = tune.check(tune.Request(TINY, "thunderagent", space, objective, (), 1, (1,), (), 0, "sqlite://", tmp_path))
+    trial = optuna.create_study().ask()
+    for dimension in request.space:
+        dimension.suggest(trial)
+    assert trial.distributions == {
+        "policy.params.scheduler_interval_s": optuna.distributions.FloatDistribution(1.0, 20.0, log=True),
+        "workload.concurrency": optuna.distributions.IntDistribution(8, 64),
+        "workload.output_tokens.median": optuna.distributions.FloatDistribution(50.0, 200.0),
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -101,6 +120,8 @@ def test_a_constraint_no_trial_meets_is_reported(tmp_path: Path) -> None:
         (["--space", "workload.concurrency=4:4"], "--space workload.concurrency=4:4: an empty range (LOW must be below HIGH)"),
         (["--space", "workload.concurrency=a:b"], "--space workload.concurrency=a:b: 'a' is not a number"),
         (["--space", "seed=1:3"], "--space seed: the policy comes from --policy and seeds from --seeds"),
+        (["--space", "cluster.gpu=1:2"], "--space cluster.gpu=1:2: cluster.gpu holds str, not a number (a range needs an int or float; give choices"),
+        (["--space", "workload.concurrency=8.5:64"], "--space workload.concurrency=8.5:64: workload.concurrency is an integer; give integer bounds"),
         (["--space", "policy.params.router_temperature=0|0"], "needs two or more distinct, non-empty choices"),
         (["--objective", "throughput"], "--objective throughput: not a summary metric (allowed: "),
         (["--objective", "calls_per_min:up"], "--objective calls_per_min:up: the direction is max or min"),
