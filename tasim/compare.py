@@ -465,7 +465,8 @@ def interval_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
     for header, *_ in columns:
         table.add_column(header, justify="right", overflow="fold")
     name = " ".join(headline(plan)[-1].split("_"))
-    table.add_column(f"{name}\nvs {plan.baseline.label}", justify="right", overflow="fold")
+    # Text, not markup: a spec's brackets ("thunderagent[variant=dynamo]") would be read as a style
+    table.add_column(Text(f"{name}\nvs {plan.baseline.label}"), justify="right", overflow="fold")
     for cell in cell_stats(plan, summaries):
         point = [Text(plan.sweep.texts[cell.point])] if plan.sweep else []
         cells = [_plus_minus(cell.intervals[path], spec) for _, path, spec in columns]
