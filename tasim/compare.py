@@ -37,6 +37,8 @@ from tasim.stats import METHOD, Interval, complete_interval, paired_ratio
 RUNS_DIR = "runs"
 COMPARE_FILE = "compare.json"
 MAX_DIRNAME = 255  # bytes: a file system's limit on one name
+_NO_VALUE = "a seed has no value"  # no call completed in its window
+_NO_RATIO = "a seed has no value, or the baseline's is zero"
 
 # (header, path into the summary, format): short two-line headers and fixed precision keep the
 # table inside an 80-column terminal; compare.json has exact values
@@ -398,10 +400,10 @@ def cell_stats(plan: Plan, summaries: Sequence[dict[str, Any]]) -> list[CellStat
     return stats
 
 
-def _interval_record(interval: Interval | None, values: Sequence[float | None]) -> dict[str, Any]:
+def _interval_record(interval: Interval | None, values: Sequence[float | None], missing: str) -> dict[str, Any]:
     if interval is None:
-        return {"mean": None, "low": None, "high": None, "values": list(values)}
-    return {"mean": interval.mean, "low": interval.low, "high": interval.high, "values": list(values)}
+        return {"mean": None, "low": None, "high": None, "no_interval": missing, "values": list(values)}
+    return {**interval.record(), "values": list(values)}
 
 
 def seeded_records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -416,13 +418,13 @@ def seeded_records(plan: Plan, summaries: Sequence[dict[str, Any]]) -> dict[str,
         entry: dict[str, Any] = {
             "spec": cell.spec.label,
             "overrides": {plan.sweep.key: plan.sweep.values[cell.point]} if plan.sweep else {},
-            "metrics": {".".join(path): _interval_record(cell.intervals[path], cell.values[path]) for path in cell.values},
+            "metrics": {".".join(path): _interval_record(cell.intervals[path], cell.values[path], _NO_VALUE) for path in cell.values},
         }
         if cell.spec != plan.baseline:
             ratio = cell.ratio
             entry["ratio_to_baseline"] = {
-                **_interval_record(ratio, cell.ratio_values or []),
-                "significant": None if ratio is None else not ratio.contains(1.0),
+                **_interval_record(ratio, cell.ratio_values or [], _NO_RATIO),
+                "significant": None if ratio is None else ratio.significant(),
             }
         cells.append(entry)
     return {
@@ -439,6 +441,8 @@ def _plus_minus(interval: Interval | None, spec: str) -> str:
     if interval is None:
         return "-"
     spec = ",.1f" if spec == "," else spec  # a mean of counts is no count
+    if interval.no_interval:  # the same at every seed: a "±0" would read as a measured certainty
+        return format(interval.mean, spec)
     return f"{format(interval.mean, spec)} ±{format(interval.half_width, spec)}"
 
 
@@ -448,16 +452,32 @@ def ratio_text(cell: CellStats, baseline: PolicySpec) -> str:
     ratio = cell.ratio
     if ratio is None:
         return "-"
-    significant = "" if not ratio.contains(1.0) else " n.s."
+    if ratio.no_interval:
+        return f"{ratio.mean:.3f}× (no spread)"
+    significant = "" if ratio.significant() else " n.s."
     return f"{ratio.mean:.3f}× [{ratio.low:.3f}, {ratio.high:.3f}]{significant}"
+
+
+def _caption(cells: Sequence[CellStats]) -> str | None:
+    """The table's note on its means without ± and ratios with "no spread", if it has any."""
+    judged = [i.no_interval is None for cell in cells for i in (*cell.intervals.values(), cell.ratio) if i is not None]
+    if judged and not any(judged):
+        return "the seeds did not change the run: every seed gave the same numbers, so there are no intervals and no significance verdicts"
+    if all(judged):
+        return None
+    ratios_without = any(cell.ratio is not None and cell.ratio.no_interval for cell in cells)
+    what = 'a mean without ± or a ratio with "no spread"' if ratios_without else "a mean without ±"
+    return f"{what} was the same at every seed: no interval, and no significance verdict"
 
 
 def interval_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
     """One row per cell: each column's mean ± the half-width of its interval, and the
-    headline's ratio to the baseline with its interval; "n.s.": the interval holds 1."""
+    headline's ratio to the baseline with its interval; "n.s.": the interval holds 1. A value
+    the seeds did not change has no interval (`Interval.no_interval`); the caption says so."""
     assert plan.baseline is not None
     title = f"{_title(plan)} · {len(plan.seeds)} paired seeds ({plan.seeds[0]}-{plan.seeds[-1]}) · mean ± {METHOD} half-width"
-    table = Table(title=title, box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False)
+    stats = cell_stats(plan, summaries)
+    table = Table(title=title, caption=_caption(stats), box=box.SIMPLE_HEAD, collapse_padding=True, show_edge=False)
     if plan.sweep:
         table.add_column(plan.sweep.key.rsplit(".", 1)[-1].replace("_", " "), justify="right", overflow="ellipsis")
     table.add_column("policy", style="bold", no_wrap=True)
@@ -465,8 +485,9 @@ def interval_table(plan: Plan, summaries: Sequence[dict[str, Any]]) -> Table:
     for header, *_ in columns:
         table.add_column(header, justify="right", overflow="fold")
     name = " ".join(headline(plan)[-1].split("_"))
-    table.add_column(f"{name}\nvs {plan.baseline.label}", justify="right", overflow="fold")
-    for cell in cell_stats(plan, summaries):
+    # Text, not markup: a spec's brackets ("thunderagent[variant=dynamo]") would be read as a style
+    table.add_column(Text(f"{name}\nvs {plan.baseline.label}"), justify="right", overflow="fold")
+    for cell in stats:
         point = [Text(plan.sweep.texts[cell.point])] if plan.sweep else []
         cells = [_plus_minus(cell.intervals[path], spec) for _, path, spec in columns]
         last_of_point = len(plan.specs) > 1 and cell.spec == plan.specs[-1]

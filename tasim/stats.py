@@ -6,6 +6,12 @@ and each policy against a baseline as the mean of its per-seed ratios with the i
 those ratios. A ratio whose interval contains 1 is not a significant difference. The t
 interval assumes roughly normal per-seed values; with the handful of seeds a sweep affords,
 it is wider, and more honest, than a bootstrap, which understates spread at n = 3..10.
+
+Not every mean has an interval to judge by: one seed has no spread to estimate one from, and
+seeds that all give the same value (a scenario the seed does not change) make the t interval
+a point, which would call every other value significantly different. `Interval.no_interval`
+says which, and `Interval.significant` then gives no verdict: this is the one place that rule
+lives, for every command that reports intervals.
 """
 
 from __future__ import annotations
@@ -13,9 +19,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 LEVEL = 0.95
 METHOD = "Student t, 95 %"
+ONE_SEED = "1 seed: no interval"
+NO_SPREAD = "the seeds did not change it: no interval"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +40,26 @@ class Interval:
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
+
+    @property
+    def no_interval(self) -> str | None:
+        """Why this mean has no interval to judge by, or None when it has one."""
+        if self.n < 2:
+            return ONE_SEED
+        if self.low == self.high:  # `mean_interval` makes equal values an exact point
+            return NO_SPREAD
+        return None
+
+    def significant(self, null: float = 1.0) -> bool | None:
+        """Whether ``null`` (1 for a ratio) lies outside the interval: a significant difference;
+        None where there is no interval, so no verdict either way."""
+        return None if self.no_interval else not self.contains(null)
+
+    def record(self) -> dict[str, Any]:
+        """The interval as a JSON record: ``low`` and ``high`` are null where there is none, and
+        ``no_interval`` says why."""
+        reason = self.no_interval
+        return {"mean": self.mean, "low": None if reason else self.low, "high": None if reason else self.high, "no_interval": reason}
 
 
 def _betacf(a: float, b: float, x: float) -> float:
@@ -83,13 +112,14 @@ def t_quantile(p: float, df: int) -> float:
 
 
 def mean_interval(values: Sequence[float]) -> Interval:
-    """The mean of ``values`` with its 95 % t interval (a single value: a point)."""
+    """The mean of ``values`` with its 95 % t interval (a single value, or values all equal: a
+    point, exactly, which `Interval.no_interval` tells apart)."""
     n = len(values)
     if n == 0:
         raise ValueError("no values")
+    if all(v == values[0] for v in values):  # exactly: the rounding of a mean could widen the point by an ulp
+        return Interval(values[0], values[0], values[0], n)
     mean = math.fsum(values) / n
-    if n == 1:
-        return Interval(mean, mean, mean, 1)
     sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
     half = t_quantile(0.5 + LEVEL / 2, n - 1) * sd / math.sqrt(n)
     return Interval(mean, mean - half, mean + half, n)

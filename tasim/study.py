@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import math
 import re
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from tasim.distributions import Fixed
 from tasim.errors import UsageError
+from tasim.policies import policy_class
 from tasim.policy_spec import split_outside_brackets
 from tasim.scenario import Scenario, parse_value, shown
 
@@ -68,8 +74,8 @@ def parse_number(text: str) -> float:
 
 
 def parse_dimension(text: str, flag: str) -> Dimension:
-    """``key=LOW:HIGH[:log]`` or ``key=A|B|C``. Integer bounds make an integer range; `bound`
-    corrects that for a field that holds a float."""
+    """``key=LOW:HIGH[:log]`` or ``key=A|B|C``. Integer bounds make an integer range until
+    `bound` types it by the field it sets."""
     key, sep, rest = text.partition("=")
     key = key.strip()
     if not sep or not _KEY.match(key) or not rest.strip():
@@ -116,7 +122,11 @@ def field_value(scenario: Scenario, key: str) -> Any:
     (a file writes it as a plain number, and a number is what a dimension sets); a policy's
     param is its effective value (its default when the scenario does not set it)."""
     if key.startswith("policy.params."):
-        return scenario.policy.effective_params.get(key.split(".", 2)[2])
+        name = key.split(".", 2)[2]
+        if name in scenario.policy.effective_params:
+            return scenario.policy.effective_params[name]
+        param = _param(scenario, name)  # one the scenario leaves out has its model's default
+        return None if param is None or param.is_required() else param.get_default(call_default_factory=True)
     node: Any = scenario.model_dump(mode="json")
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) else None
@@ -126,17 +136,66 @@ def field_value(scenario: Scenario, key: str) -> Any:
 
 
 def bound(dimension: Dimension, scenario: Scenario, flag: str) -> Dimension:
-    """A numeric range fitted to the field it sets: in integers exactly when the field holds an
-    integer (a float field with bounds 0:2 is searched over the reals). Fields the scenario
-    shows no number for keep the bounds' own kind (`tasim tune` checks them by loading)."""
+    """A numeric range typed by the field it sets, as the field is declared (not as its bounds
+    are written, nor by the value it holds now): in integers exactly when the field is an
+    integer, over the reals when it is a float, bounds ``1:20`` included. A field that holds no
+    number is refused; a key the scenario has no field for keeps the bounds' own kind (`tasim
+    tune` reports it by loading)."""
     if dimension.choices:
         return dimension
-    value = field_value(scenario, dimension.key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    kind = declared_number(scenario, dimension.key)
+    if kind is None:
         return dimension
-    if isinstance(value, int) and not (dimension.low.is_integer() and dimension.high.is_integer()):
+    if isinstance(kind, str):
+        raise UsageError(f"{flag} {dimension.text}: {dimension.key} holds {kind}, not a number (a range needs an int or float; give choices A|B)")
+    if kind is int and not (dimension.low.is_integer() and dimension.high.is_integer()):
         raise UsageError(f"{flag} {dimension.text}: {dimension.key} is an integer; give integer bounds")
-    return replace(dimension, integer=isinstance(value, int))
+    return replace(dimension, integer=kind is int)
+
+
+def declared_number(scenario: Scenario, key: str) -> type[int] | type[float] | str | None:
+    """The number type the dotted ``key`` of ``scenario`` is declared to hold: a policy param's
+    by the params model of the scenario's policy (whether or not the scenario sets it), any
+    other field's by the schema of the model each part of the scenario is (so a workload's own
+    kind decides). Where it holds no number, its type in words; None where the scenario has no
+    such field or declares no type for it."""
+    parts = key.split(".")
+    if len(parts) == 3 and parts[:2] == ["policy", "params"]:
+        param = _param(scenario, parts[2])
+        return None if param is None else _number_type(param.annotation)
+    node: Any = scenario
+    annotation: Any = None
+    for part in parts:
+        if isinstance(node, BaseModel) and part in type(node).model_fields:
+            annotation, node = type(node).model_fields[part].annotation, getattr(node, part)
+        elif isinstance(node, dict) and part in node:  # a mapping of names (tools): its values' type
+            mapping = _members(annotation)[0]
+            annotation, node = get_args(mapping)[1] if get_origin(mapping) is dict else Any, node[part]
+        else:
+            return None
+    return _number_type(annotation)
+
+
+def _param(scenario: Scenario, name: str) -> FieldInfo | None:
+    """The declaration of a param of the scenario's policy (its params model's field)."""
+    return policy_class(scenario.policy.name).params_model.model_fields.get(name)
+
+
+def _members(annotation: Any) -> list[Any]:
+    """A union's members (one otherwise), without None and without Annotated's metadata."""
+    members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    return [get_args(m)[0] if get_origin(m) is Annotated else m for m in members if m is not type(None)]
+
+
+def _number_type(annotation: Any) -> type[int] | type[float] | str | None:
+    if annotation is Any:
+        return None
+    members = _members(annotation)
+    if float in members or Fixed in members:  # a number set on a distribution makes a fixed one, of a float
+        return float
+    if int in members:  # bool is not int here: true/false are no range
+        return int
+    return " or ".join(f"one of {', '.join(map(str, get_args(m)))}" if get_origin(m) is Literal else getattr(m, "__name__", str(m)) for m in members)
 
 
 def own_values(scenario: Scenario, space: Sequence[Dimension]) -> dict[str, Any] | None:

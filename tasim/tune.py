@@ -153,7 +153,8 @@ def check(request: Request) -> Request:
     """Before anything runs: the scenario loads, every field of the space is one it has, and some
     corner of the space is valid. Fields that constrain each other (a pause threshold and a
     target below it) may refuse other combinations; those trials are refused one by one.
-    Returns the request with each range in integers exactly when its field holds one."""
+    Returns the request with each range typed by its field: in integers exactly when the field
+    is declared an integer."""
     try:
         scenario = load_scenario(request.scenario, _base(request))
     except ScenarioError as error:
@@ -312,17 +313,23 @@ class Report:
         ]
         if self.best is None or self.best_params is None:
             return [*lines, "best:     no trial met the constraints"]
-        lines.append(f"best:     {_shown_interval(self.best)} with " + ", ".join(f"{k}={_value(v)}" for k, v in self.best_params.items()))
+        chosen = f"{_shown_interval(self.best)} with " + ", ".join(f"{k}={_value(v)}" for k, v in self.best_params.items())
+        if self.best_beats_default:
+            name = "best"
+            lines.append(f"best:     {chosen}")
+        else:  # the top trial is no win: shown as the nearest miss, not as the answer
+            name = "closest"
+            lines += ["best:     no trial beats the scenario's own values: the tuned file keeps them", f"closest:  {chosen}"]
         if self.ratio is not None:
-            significant = "not significant" if self.ratio.contains(1.0) else "significant"
-            lines.append(f"best / default (paired by seed): {self.ratio.mean:.3f}× [{self.ratio.low:.3f}, {self.ratio.high:.3f}], {significant}")
-        if not self.best_beats_default:
-            lines.append("no trial beats the scenario's own values: the tuned file keeps them")
+            lines.append(f"{name} / default (paired by seed): {_shown_ratio(self.ratio)}")
         if isinstance(self.importances, str):
             lines.append(f"importances: none ({self.importances})")
         else:
             lines.append("importances (PED-ANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in self.importances.items()))
-        lines.append(f"intervals: {METHOD} over the seeds")
+        if len(r.seeds) > 1:
+            lines.append(f"intervals: {METHOD} over the seeds")
+        else:
+            lines.append(f"intervals: none with 1 seed (--seeds N, N > 1, gives {METHOD} intervals)")
         return lines
 
 
@@ -331,7 +338,15 @@ def _value(value: Any) -> str:
 
 
 def _shown_interval(interval: Interval) -> str:
+    if interval.no_interval:
+        return f"{interval.mean:,.4g} ({interval.no_interval})"
     return f"{interval.mean:,.4g} [{interval.low:,.4g}, {interval.high:,.4g}]"
+
+
+def _shown_ratio(ratio: Interval) -> str:
+    if ratio.no_interval:
+        return f"{ratio.mean:.3f}× ({ratio.no_interval})"
+    return f"{ratio.mean:.3f}× [{ratio.low:.3f}, {ratio.high:.3f}], {'significant' if ratio.significant() else 'not significant'}"
 
 
 def report(request: Request, study: optuna.Study) -> Report:
@@ -342,8 +357,8 @@ def report(request: Request, study: optuna.Study) -> Report:
     default_values: list[float] = study.user_attrs["default"]["objective"]
     best = None
     if feasible:
-        pick = max if request.objective.maximize else min
-        best = pick(feasible, key=lambda t: (t.value, -t.number))
+        # ties go to the earliest trial: the scenario's own values, where the space holds them
+        best = max(feasible, key=lambda t: (t.value, -t.number)) if request.objective.maximize else min(feasible, key=lambda t: (t.value, t.number))
     importances: dict[str, float] | str
     try:
         importances = dict(optuna.importance.get_param_importances(study, evaluator=optuna.importance.PedAnovaImportanceEvaluator()))
@@ -373,9 +388,6 @@ def tuned_yaml(rep: Report, scenario_name: str, target: Path) -> str:
 
 
 def record(rep: Report) -> dict[str, Any]:
-    def interval(i: Interval | None) -> dict[str, float] | None:
-        return None if i is None else {"mean": i.mean, "low": i.low, "high": i.high}
-
     r = rep.request
     return {
         "scenario": r.scenario,
@@ -389,9 +401,9 @@ def record(rep: Report) -> dict[str, Any]:
         "interval": METHOD,
         "trials": rep.trials,
         "refused": rep.failed,
-        "default": interval(rep.default),
-        "best": None if rep.best_params is None else {"params": rep.best_params, **(interval(rep.best) or {})},
-        "best_over_default": None if rep.ratio is None else {**(interval(rep.ratio) or {}), "significant": not rep.ratio.contains(1.0)},
+        "default": rep.default.record(),
+        "best": None if rep.best_params is None or rep.best is None else {"params": rep.best_params, **rep.best.record()},
+        "best_over_default": None if rep.ratio is None else {**rep.ratio.record(), "significant": rep.ratio.significant()},
         "tuned_file_keeps_default": not rep.best_beats_default,
         "importances": rep.importances,
     }

@@ -312,6 +312,42 @@ def test_cells_hold_per_seed_values_their_t_interval_and_the_paired_ratio(seeded
     assert "3 paired seeds (4-6)" in stdout
 
 
+# nothing left to chance: every seed gives the same run
+FIXED = tuple(f"--set=workload.{key}" for key in ("task_prompt_tokens=500", "turns=3", "output_tokens=100", "tool_latency_s=1"))
+NO_SPREAD = "the seeds did not change it: no interval"
+
+
+@pytest.fixture(scope="module")
+def unchanged(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("unchanged")
+    specs = ("--policies", "thunderagent,thunderagent[variant=dynamo]", "--baseline", "thunderagent[variant=dynamo]")
+    result = tasim("compare", TINY, *SHORT, *FIXED, "--out", str(out), *specs, "--seeds", "2")
+    assert result.returncode == 0, result.stderr
+    return json.loads((out / "compare.json").read_text()), result.stdout
+
+
+def test_seeds_that_change_nothing_give_no_interval_and_no_verdict(unchanged: tuple[dict[str, Any], str]) -> None:
+    data, stdout = unchanged
+    calls = {(r["spec"], r["seed"]): r["summary"]["calls_per_min"] for r in data["runs"]}
+    value, baseline = calls[("thunderagent", 1)], calls[("thunderagent[variant=dynamo]", 1)]
+    assert (calls[("thunderagent", 2)], calls[("thunderagent[variant=dynamo]", 2)]) == (value, baseline)
+    other = data["cells"][0]
+    assert other["metrics"]["calls_per_min"] == {"mean": value, "low": None, "high": None, "no_interval": NO_SPREAD, "values": [value, value]}
+    ratio = value / baseline
+    point = {"mean": ratio, "low": None, "high": None, "no_interval": NO_SPREAD, "values": [ratio, ratio]}
+    assert other["ratio_to_baseline"] == {**point, "significant": None}
+    row = next(line for line in stdout.splitlines() if line.split()[:1] == ["thunderagent"])
+    assert row.split()[1] == f"{value:.1f}" and row.split()[-3:] == [f"{ratio:.3f}×", "(no", "spread)"] and "±" not in row
+    caption = "the seeds did not change the run: every seed gave the same numbers, so there are no intervals and no significance verdicts"
+    assert caption in " ".join(stdout.split())
+
+
+def test_the_ratio_column_names_the_baseline(unchanged: tuple[dict[str, Any], str]) -> None:
+    _, stdout = unchanged
+    header = next(line for line in stdout.splitlines() if line.split()[:1] == ["policy"])
+    assert header.split()[-2:] == ["vs", "thunderagent[variant=dynamo]"]  # not the first spec's name
+
+
 def test_seeded_comparison_plots_throughput_with_intervals(seeded: tuple[Path, dict[str, Any], str]) -> None:
     out, _, _ = seeded
     for name in ("throughput.png", "kv_utilization.png"):

@@ -94,6 +94,61 @@ def test_a_constraint_no_trial_meets_is_reported(tmp_path: Path) -> None:
     assert "no trial met the constraints" in stdout
 
 
+# a field only live mode reads: every trial is the default's simulation, so none beats it
+UNCHANGED = ("--policy", "round_robin", "--space", "live.max_retries=0:3", "--objective", "ttft_s.mean:min", "--set=duration_s=40", "--trials", "2")
+
+
+def test_one_seed_gives_no_interval_and_no_verdict(tmp_path: Path) -> None:
+    result = tasim("tune", TINY, *UNCHANGED, "--seeds", "1", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "tune.json").read_text())
+    mean = record["default"]["mean"]
+    point = {"mean": mean, "low": None, "high": None, "no_interval": "1 seed: no interval"}
+    assert record["default"] == point and record["best"] == {"params": {"live.max_retries": 3}, **point}
+    assert record["best_over_default"] == {"mean": 1.0, "low": None, "high": None, "no_interval": "1 seed: no interval", "significant": None}
+    assert record["tuned_file_keeps_default"] is True
+    shown = " ".join(result.stdout.split())  # the console wraps at 80 columns
+    assert (
+        f"default: {mean:.4g} (1 seed: no interval) "
+        "best: no trial beats the scenario's own values: the tuned file keeps them "
+        f"closest: {mean:.4g} (1 seed: no interval) with live.max_retries=3 "
+        "closest / default (paired by seed): 1.000× (1 seed: no interval) "
+    ) in shown
+    assert "intervals: none with 1 seed (--seeds N, N > 1, gives Student t, 95 % intervals)" in shown
+    assert "significant" not in shown and "[" not in shown.split("seeds [1]")[1].split("wrote")[0]
+
+
+def test_a_ratio_the_seeds_do_not_change_has_no_verdict(tmp_path: Path) -> None:
+    result = tasim("tune", TINY, *UNCHANGED, "--seeds", "2", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    record = json.loads((tmp_path / "tune.json").read_text())
+    default = record["default"]
+    assert default["low"] < default["mean"] < default["high"] and default["no_interval"] is None  # the seeds change the runs
+    no_spread = "the seeds did not change it: no interval"
+    assert record["best_over_default"] == {"mean": 1.0, "low": None, "high": None, "no_interval": no_spread, "significant": None}
+    shown = " ".join(result.stdout.split())
+    assert f"closest / default (paired by seed): 1.000× ({no_spread})" in shown and "significant" not in shown
+
+
+def test_a_range_follows_the_fields_declared_type_not_its_bounds(tmp_path: Path) -> None:
+    import optuna
+
+    from tasim import tune
+
+    space = tune.parse_space(["policy.params.scheduler_interval_s=1:20:log", "workload.concurrency=8:64", "workload.output_tokens.median=50:200"])
+    objective = tune.parse_objective("calls_per_min")
+    # tiny's own policy is round_robin: the float knob is typed by thunderagent's params model
+    request = tune.check(tune.Request(TINY, "thunderagent", space, objective, (), 1, (1,), (), 0, "sqlite://", tmp_path))
+    trial = optuna.create_study().ask()
+    for dimension in request.space:
+        dimension.suggest(trial)
+    assert trial.distributions == {
+        "policy.params.scheduler_interval_s": optuna.distributions.FloatDistribution(1.0, 20.0, log=True),
+        "workload.concurrency": optuna.distributions.IntDistribution(8, 64),
+        "workload.output_tokens.median": optuna.distributions.FloatDistribution(50.0, 200.0),
+    }
+
+
 @pytest.mark.parametrize(
     ("args", "fragment"),
     [
@@ -101,6 +156,8 @@ def test_a_constraint_no_trial_meets_is_reported(tmp_path: Path) -> None:
         (["--space", "workload.concurrency=4:4"], "--space workload.concurrency=4:4: an empty range (LOW must be below HIGH)"),
         (["--space", "workload.concurrency=a:b"], "--space workload.concurrency=a:b: 'a' is not a number"),
         (["--space", "seed=1:3"], "--space seed: the policy comes from --policy and seeds from --seeds"),
+        (["--space", "cluster.gpu=1:2"], "--space cluster.gpu=1:2: cluster.gpu holds str, not a number (a range needs an int or float; give choices"),
+        (["--space", "workload.concurrency=8.5:64"], "--space workload.concurrency=8.5:64: workload.concurrency is an integer; give integer bounds"),
         (["--space", "policy.params.router_temperature=0|0"], "needs two or more distinct, non-empty choices"),
         (["--objective", "throughput"], "--objective throughput: not a summary metric (allowed: "),
         (["--objective", "calls_per_min:up"], "--objective calls_per_min:up: the direction is max or min"),
