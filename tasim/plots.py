@@ -29,9 +29,14 @@ TIME_LABEL = "simulated time (s)"
 KV_LABEL = "KV utilisation (fraction of blocks)"
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)  # attaches the Agg canvas explicitly; savefig then renders with it
     fig.tight_layout()
+    return fig
+
+
+def _save(fig: Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     return path
 
@@ -56,10 +61,10 @@ def _cell_intervals(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tup
     return [complete_interval([summary_value(summaries[i], metric) for i in indexes]) for _, cell_spec, indexes in plan.cells() if cell_spec == spec]
 
 
-def sweep_plot(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str, path: Path) -> Path:
+def sweep_figure(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, title: str) -> Figure:
     """The summary value at ``metric`` against the swept value, one line per policy spec; over
     several seeds the mean, with its 95 % interval as a band."""
-    fig = Figure(figsize=(7, 4.5))
+    fig = _figure(7, 4.5)
     ax = fig.add_subplot()
     xs = _sweep_axis(ax, plan)
     for spec in plan.specs:
@@ -76,12 +81,13 @@ def sweep_plot(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[st
     ax.set_title(f"{title} · {plan.scenario.name}")
     ax.legend(title="policy")
     ax.grid(True, alpha=0.3)
-    return _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
-def interval_bars(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str, path: Path) -> Path:
+def bars_figure(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple[str, ...], ylabel: str) -> Figure:
     """One bar per policy spec: the mean over seeds, the 95 % interval as its error bar."""
-    fig = Figure(figsize=(7, 4.5))
+    fig = _figure(7, 4.5)
     ax = fig.add_subplot()
     labels, means, errors = [], [], []
     for spec in plan.specs:
@@ -94,7 +100,8 @@ def interval_bars(plan: Plan, summaries: Sequence[dict[str, Any]], metric: tuple
     ax.set_ylabel(ylabel)
     ax.set_title(f"{plan.scenario.name} · mean and 95 % interval over {len(plan.seeds)} seeds")
     ax.grid(True, axis="y", alpha=0.3)
-    return _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
 def kv_samples(run_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
@@ -112,9 +119,9 @@ def kv_samples(run_dir: Path) -> dict[str, tuple[list[float], list[float]]]:
     return series
 
 
-def kv_utilization_plot(runs: Sequence[Run], run_dirs: Sequence[Path], title: str, path: Path) -> Path:
+def kv_utilization_figure(runs: Sequence[Run], run_dirs: Sequence[Path], title: str) -> Figure:
     """One subplot per run (policy), one line per worker."""
-    fig = Figure(figsize=(8, 1.2 + 2.6 * len(runs)))
+    fig = _figure(8, 1.2 + 2.6 * len(runs))
     axes = fig.subplots(len(runs), 1, sharex=True, squeeze=False)[:, 0]
     for ax, run, run_dir in zip(axes, runs, run_dirs):
         series = kv_samples(run_dir)
@@ -128,30 +135,33 @@ def kv_utilization_plot(runs: Sequence[Run], run_dirs: Sequence[Path], title: st
         ax.legend(title="worker", loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small", ncol=max(1, math.ceil(len(series) / 16)))
     axes[-1].set_xlabel(TIME_LABEL)
     fig.suptitle(title)
-    return _save(fig, path)
+    fig.tight_layout()
+    return fig
 
 
-def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs_dir: Path) -> list[Path]:
-    """throughput.png and hit_rate.png (with a sweep) and kv_utilization.png, under ``out``."""
-    written = []
+def figures(plan: Plan, summaries: Sequence[dict[str, Any]], runs_dir: Path) -> dict[str, Figure]:
+    """By file name: throughput.png and hit_rate.png (with a sweep) and kv_utilization.png."""
+    drawn = {}
     if plan.sweep is not None:
         metric: tuple[str, ...]
         if plan.rollouts:
             metric, ylabel, title = ("rollout", "rollout_tokens_per_s"), "rollout throughput (generated tokens/s)", "Rollout throughput"
         else:
             metric, ylabel, title = ("calls_per_min",), "LLM calls per minute (the paper's steps/min)", "Throughput"
-        written.append(sweep_plot(plan, summaries, metric, ylabel, title, out / "throughput.png"))
-        written.append(
-            sweep_plot(
-                plan, summaries, ("prefix_hit_rate",), "prefix hit rate (fraction of prompt tokens)", "Prefix cache hit rate", out / "hit_rate.png"
-            )
-        )
+        drawn["throughput.png"] = sweep_figure(plan, summaries, metric, ylabel, title)
+        hit_label = "prefix hit rate (fraction of prompt tokens)"
+        drawn["hit_rate.png"] = sweep_figure(plan, summaries, ("prefix_hit_rate",), hit_label, "Prefix cache hit rate")
     elif plan.multi_seed:
         metric = ("rollout", "rollout_tokens_per_s") if plan.rollouts else ("calls_per_min",)
         ylabel = "rollout throughput (generated tokens/s)" if plan.rollouts else "LLM calls per minute"
-        written.append(interval_bars(plan, summaries, metric, ylabel, out / "throughput.png"))
+        drawn["throughput.png"] = bars_figure(plan, summaries, metric, ylabel)
     last = plan.last_point()
     point = ", ".join(f"{k}={v}" for k, v in last[0].point.items())
     title = f"KV utilisation per worker · {plan.scenario.name}" + (f" · {point}" if point else "")
-    written.append(kv_utilization_plot(last, [runs_dir / run.dirname for run in last], title, out / "kv_utilization.png"))
-    return written
+    drawn["kv_utilization.png"] = kv_utilization_figure(last, [runs_dir / run.dirname for run in last], title)
+    return drawn
+
+
+def write_plots(plan: Plan, summaries: Sequence[dict[str, Any]], out: Path, runs_dir: Path) -> list[Path]:
+    """The `figures` as PNGs under ``out``."""
+    return [_save(fig, out / name) for name, fig in figures(plan, summaries, runs_dir).items()]
