@@ -116,6 +116,7 @@ class Plan:
     runs: tuple[Run, ...]
     seeds: tuple[int, ...] = ()
     baseline: PolicySpec | None = None
+    overrides: tuple[str, ...] = ()  # the --set (and --seed) assignments every run starts from, as given
 
     @property
     def multi_seed(self) -> bool:
@@ -258,7 +259,7 @@ def plan_runs(
         seed_values = tuple(range(first.seed, first.seed + seeds))
         runs = tuple(run.with_seed(seed) for run in runs for seed in seed_values)
     _check_dirnames(runs)
-    return Plan(tuple(specs), sweep, runs, seed_values, chosen)
+    return Plan(tuple(specs), sweep, runs, seed_values, chosen, tuple(overrides))
 
 
 def _baseline(specs: Sequence[PolicySpec], label: str | None) -> PolicySpec:

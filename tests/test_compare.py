@@ -59,12 +59,13 @@ def test_sweep_writes_non_empty_pngs(swept: tuple[Path, list[dict[str, Any]]]) -
         assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
 
 
-def test_without_sweep_one_run_per_policy_and_only_the_kv_plot(tmp_path: Path) -> None:
+def test_without_sweep_one_run_per_policy_and_throughput_bars(tmp_path: Path) -> None:
     entries = compare(tmp_path, "--policies", "round_robin", "--seed", "3")
     assert [(e["policy"], e["overrides"], e["summary"]["seed"]) for e in entries] == [("round_robin", {}, 3)]
     assert (tmp_path / "runs" / "round_robin" / "summary.json").exists()
-    assert (tmp_path / "kv_utilization.png").read_bytes().startswith(PNG_MAGIC)
-    assert not (tmp_path / "throughput.png").exists()
+    for name in ("throughput.png", "kv_utilization.png"):
+        assert (tmp_path / name).read_bytes().startswith(PNG_MAGIC), name
+    assert not (tmp_path / "hit_rate.png").exists()  # a hit rate against a sweep only
 
 
 def test_rl_rollouts_are_compared_by_rollout_throughput_and_step_time(tmp_path: Path) -> None:
