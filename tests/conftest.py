@@ -97,6 +97,19 @@ def tasim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
     return subprocess.run([sys.executable, "-m", "tasim", *args], capture_output=True, text=True, cwd=cwd or REPO)
 
 
+def processes_with_environ(entry: str) -> list[int]:
+    """The processes whose environment holds ``entry`` (``NAME=value``)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+    return found
+
+
 class ProcessMark:
     """A variable put in the environment of a command: every process it starts inherits it, so
     those still alive afterwards can be found (`alive`), whichever session or parent they have."""
@@ -109,16 +122,7 @@ class ProcessMark:
         return {**os.environ, **more, self.name: self.value}
 
     def alive(self) -> list[int]:
-        entry = f"{self.name}={self.value}".encode()
-        found = []
-        for proc in Path("/proc").iterdir():
-            if proc.name.isdigit():
-                try:
-                    if entry in (proc / "environ").read_bytes().split(b"\0"):
-                        found.append(int(proc.name))
-                except OSError:  # gone meanwhile, or not ours to read
-                    continue
-        return found
+        return processes_with_environ(f"{self.name}={self.value}")
 
     def wait_gone(self, within_s: float) -> list[int]:
         """The marked processes still alive after up to ``within_s`` seconds."""

@@ -24,6 +24,7 @@ import aiohttp
 import msgpack
 import pytest
 import zmq
+from conftest import processes_with_environ
 
 from tasim import events as ev
 from tasim.eventlog import EVENTS_PLAIN, read_events
@@ -309,16 +310,7 @@ def test_a_client_gone_while_held_leaves_the_program_table_as_it_was(tmp_path: P
 
 def _stack_processes(discovery: Path) -> list[int]:
     """Processes whose environment names this stack's discovery store."""
-    marker = f"DYN_FILE_KV={discovery}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return processes_with_environ(f"DYN_FILE_KV={discovery}")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
