@@ -138,8 +138,10 @@ def _number_is_fixed(value: Any) -> Any:
 
 DISTRIBUTION_KINDS = (Fixed, Uniform, LogNormal, Pareto, Empirical)
 
+_Tagged = Annotated[Fixed | Uniform | LogNormal | Pareto | Empirical, Field(discriminator="kind")]
+
+# The JSON schema (`python -m tasim schema`) shows what a file may hold, a plain number too
 Distribution = Annotated[
-    Fixed | Uniform | LogNormal | Pareto | Empirical,
-    Field(discriminator="kind"),
-    BeforeValidator(_number_is_fixed),
+    _Tagged,
+    BeforeValidator(_number_is_fixed, json_schema_input_type=Annotated[float, Field(ge=0, le=LIMIT)] | _Tagged),
 ]

@@ -1,7 +1,8 @@
 """Scenario files: one YAML = cluster + workload + policy, validated by pydantic.
 
 `load_scenario` is the only way in; any problem raises `ScenarioError` with one line that names
-the file, the field and what is allowed. ``python -m tasim schema`` prints the JSON schema.
+the file, the field and what is allowed. ``python -m tasim schema`` prints the JSON schema,
+which takes what the loader takes.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
 
 from tasim.determinism import PROGRAMS, PROMPT_GROUPS
 from tasim.distributions import Distribution, Fixed
@@ -128,10 +130,19 @@ class PerfConfig(_Strict):
     step_ms: PositiveFloat = Field(10.0, le=3_600_000, description="fixed: every step takes this long (comparing schedulers step by step)")
 
 
+def _gpu_names(schema: JsonDict) -> None:
+    schema["enum"] = list(specs.gpus())
+
+
+def _model_names(schema: JsonDict) -> None:
+    schema["enum"] = list(specs.models())
+
+
 class ClusterConfig(_Strict):
     backends: PositiveInt = Field(1, le=4096, description="engine replicas (data-parallel workers)")
-    gpu: str = "H100"
-    model: str = "Llama-3.1-8B"
+    # the schema lists the names the validators below allow (tasim/perf/data)
+    gpu: str = Field("H100", json_schema_extra=_gpu_names)
+    model: str = Field("Llama-3.1-8B", json_schema_extra=_model_names)
     tp: PositiveInt = Field(1, le=64, description="tensor-parallel GPUs per replica")
     weight_dtype: Literal["bf16", "fp8"] = "bf16"
     kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
@@ -252,7 +263,8 @@ class ProgramShape(_Strict):
     max_context_tokens: PositiveInt | None = Field(
         None, le=10_000_000, description="a program ends before a turn whose prompt would exceed this (default: model context)"
     )
-    release: Annotated[Release, BeforeValidator(_release_kind)] = Field(
+    # the schema's shorthands are those that validate (`after` needs its delay_s)
+    release: Annotated[Release, BeforeValidator(_release_kind, json_schema_input_type=Literal["at_end", "never"] | Release)] = Field(
         Release(), description="when the client releases a program after its last call: at_end, never, or {kind: after, delay_s: X}"
     )
 
@@ -363,8 +375,14 @@ Workload = Annotated[
 WORKLOAD_KINDS = (AgentWorkload, RolloutWorkload, MooncakeTraceWorkload, DynamoTraceWorkload)
 
 
+def _policy_names(schema: JsonDict) -> None:
+    from tasim.policies import POLICIES  # policies depend on core, not the reverse
+
+    schema["enum"] = list(POLICIES)
+
+
 class PolicyConfig(_Strict):
-    name: str = "round_robin"
+    name: str = Field("round_robin", json_schema_extra=_policy_names)
     params: dict[str, Any] = Field(default_factory=dict)
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
