@@ -31,7 +31,7 @@ from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe
 from tasim.presets import scenario_path
 from tasim.render import param_rows, print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, report_summary, run_simulation, write_json
-from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, shown
+from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, set_flags, shown
 from tasim.sim.checks import InvariantViolation
 from tasim.sim.drivers import WorkloadError
 from tasim.traces import TraceError
@@ -327,15 +327,15 @@ def _refuse_replacing(overrides: Sequence[str], flag: str, sets: Override) -> No
             raise UsageError(f"--set {shown(assignment)}: {flag} sets {'.'.join(sets.key)} too (give one of them)")
 
 
-def _seeded(args: argparse.Namespace) -> list[str]:
-    """The --set overrides, then --seed's."""
+def _seeded(args: argparse.Namespace) -> list[Override]:
+    """The --set overrides, then --seed's, each blamed on its flag."""
     if args.seed is None:
-        return list(args.overrides)
+        return set_flags(args.overrides)
     _refuse_replacing(args.overrides, f"--seed {args.seed}", Override(("seed",), args.seed))
-    return [*args.overrides, f"seed={args.seed}"]
+    return [*set_flags(args.overrides), Override(("seed",), args.seed, f"--seed {args.seed}")]
 
 
-def _policy_overrides(args: argparse.Namespace) -> list[str]:
+def _policy_overrides(args: argparse.Namespace) -> list[Override]:
     """--policy's overrides, refusing a --set that would undo part of it or be undone by it."""
     if args.policy is None:
         return []
@@ -347,7 +347,7 @@ def _policy_overrides(args: argparse.Namespace) -> list[str]:
         problem = spec.conflict(Override.parse(assignment), f"--policy {shown(spec.label)}")
         if problem:
             raise UsageError(f"--set {shown(assignment)}: {problem}")
-    return spec.overrides()
+    return [Override.parse(override, f"--policy {shown(spec.label)}") for override in spec.overrides()]
 
 
 def _scenario_from_args(args: argparse.Namespace) -> Scenario:
@@ -562,7 +562,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from tasim.measurements.command import command_line
 
     path = scenario_path(args.scenario)
-    scenario = load_scenario(path, args.overrides)  # a bad file or --set costs no trial
+    scenario = load_scenario(path, set_flags(args.overrides))  # a bad file or --set costs no trial
     knobs = parse_space(args.fit, scenario)
     out = _output_dir(args.out or Path("runs") / f"calibrate-{scenario.name}")
     if args.write is not None:
@@ -598,7 +598,8 @@ def _tune(args: argparse.Namespace) -> int:
     from tasim.parallel import BackendUnavailable, LocalPool, RayTasks
 
     path = str(scenario_path(args.scenario))
-    scenario = load_scenario(path, _seeded(args))  # a bad file or --set costs no trial
+    # a bad file, --set or --policy costs no trial (the policy as tune.check sets it)
+    scenario = load_scenario(path, [*_seeded(args), Override.parse(f"policy.name={args.policy}", f"--policy {shown(args.policy)}")])
     out = _output_dir(args.out or Path("runs") / f"tune-{scenario.name}-{file_safe(args.policy)}")
     request = tune.Request(
         path,

@@ -195,14 +195,14 @@ def check_overrides(overrides: Sequence[str], sweep: Sweep | None, seed: int | N
         raise UsageError(f"--seed {seed}: --sweep {sweep.key} sets the seed in every run")
 
 
-def _load(path: str, overrides: Sequence[str], blame: str) -> Scenario:
+def _load(path: str, overrides: Sequence[str | Override], blame: str) -> Scenario:
     try:
         return load_scenario(path, overrides)
     except ScenarioError as exc:
         raise UsageError(f"{blame}: {exc}") from None
 
 
-def _sweep_run(path: str, overrides: Sequence[str], spec: PolicySpec, sweep: Sweep, text: str, value: Any) -> Run:
+def _sweep_run(path: str, overrides: Sequence[str | Override], spec: PolicySpec, sweep: Sweep, text: str, value: Any) -> Run:
     point = f"{sweep.key}={text}"
     # with params of its own, the spec may be what the swept value does not fit
     blame = f"--sweep {point}" + (f" with {spec.label}" if spec.params else "")
@@ -234,7 +234,7 @@ MAX_SEEDS = 100
 
 
 def plan_runs(
-    path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overrides: Sequence[str], seeds: int = 1, baseline: str | None = None
+    path: str, specs: Sequence[PolicySpec], sweep: Sweep | None, overrides: Sequence[str | Override], seeds: int = 1, baseline: str | None = None
 ) -> Plan:
     """Load and validate every combination; raises ScenarioError/UsageError before any run.
     ``seeds``: runs per cell, the scenario's seed and the ones after it; ``baseline``: the spec

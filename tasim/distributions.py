@@ -30,6 +30,12 @@ class _Dist(BaseModel):
     def sample_int(self, rng: np.random.Generator, minimum: int = 0) -> int:
         return max(minimum, int(round(self.sample(rng))))
 
+    def stated_lows(self) -> list[tuple[str, float]]:
+        """(parameter, value) for each value the parameters state that draws fall to or centre
+        on: a count whose distribution states one below the count's minimum is refused, since
+        `sample_int` would silently raise those draws."""
+        raise NotImplementedError
+
 
 class Fixed(_Dist):
     kind: Literal["fixed"] = "fixed"
@@ -40,6 +46,9 @@ class Fixed(_Dist):
 
     def mean(self) -> float:
         return self.value
+
+    def stated_lows(self) -> list[tuple[str, float]]:
+        return [("value", self.value)]
 
 
 class Uniform(_Dist):
@@ -59,6 +68,9 @@ class Uniform(_Dist):
     def mean(self) -> float:
         return (self.low + self.high) / 2
 
+    def stated_lows(self) -> list[tuple[str, float]]:
+        return [("low", self.low)]
+
 
 class LogNormal(_Dist):
     """exp(N(ln median, sigma²)), optionally clipped to [min, max] (clipping shifts the mean)."""
@@ -69,12 +81,24 @@ class LogNormal(_Dist):
     min: float = Field(default=0.0, ge=0, le=LIMIT)
     max: float = Field(default=math.inf, gt=0, allow_inf_nan=True)  # inf: no cap (a cap only lowers samples)
 
+    @model_validator(mode="after")
+    def _ordered(self) -> LogNormal:
+        if self.max < self.min:  # every draw would be max: min would be ignored without a word
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
+
     def sample(self, rng: np.random.Generator) -> float:
         value = self.median * math.exp(self.sigma * float(rng.standard_normal()))
         return min(max(value, self.min), self.max)
 
     def mean(self) -> float:
         return self.median * math.exp(self.sigma**2 / 2)
+
+    def stated_lows(self) -> list[tuple[str, float]]:
+        # without a min the lower tail is unbounded; a median at or above a count's minimum
+        # keeps the draws raised to it a tail (the presets set min)
+        floor = [("min", self.min)] if self.min > 0 else []
+        return [*floor, ("median", self.median), ("max", self.max)]
 
 
 class Pareto(_Dist):
@@ -87,6 +111,12 @@ class Pareto(_Dist):
     alpha: float = Field(ge=0.1)
     max: float = Field(default=math.inf, gt=0, allow_inf_nan=True)  # inf: no cap (a cap only lowers samples)
 
+    @model_validator(mode="after")
+    def _ordered(self) -> Pareto:
+        if self.max < self.scale:  # every draw would be max, the distribution a fixed value
+            raise ValueError(f"max ({self.max}) must be >= scale ({self.scale}), the smallest draw")
+        return self
+
     def sample(self, rng: np.random.Generator) -> float:
         u = 1.0 - float(rng.random())  # in (0, 1]
         root: float = u ** (1.0 / self.alpha)  # of a positive u: real (float ** float is typed Any)
@@ -94,6 +124,9 @@ class Pareto(_Dist):
 
     def mean(self) -> float:
         return self.alpha * self.scale / (self.alpha - 1) if self.alpha > 1 else math.inf
+
+    def stated_lows(self) -> list[tuple[str, float]]:
+        return [("scale", self.scale)]  # max >= scale
 
 
 class Empirical(_Dist):
@@ -129,6 +162,9 @@ class Empirical(_Dist):
         p = self._probabilities()
         return float(np.mean(self.values)) if p is None else float(np.dot(self.values, p))
 
+    def stated_lows(self) -> list[tuple[str, float]]:
+        return [("values", min(self.values))]
+
 
 def _number_is_fixed(value: Any) -> Any:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -138,8 +174,10 @@ def _number_is_fixed(value: Any) -> Any:
 
 DISTRIBUTION_KINDS = (Fixed, Uniform, LogNormal, Pareto, Empirical)
 
+_Tagged = Annotated[Fixed | Uniform | LogNormal | Pareto | Empirical, Field(discriminator="kind")]
+
+# The JSON schema (`python -m tasim schema`) shows what a file may hold, a plain number too
 Distribution = Annotated[
-    Fixed | Uniform | LogNormal | Pareto | Empirical,
-    Field(discriminator="kind"),
-    BeforeValidator(_number_is_fixed),
+    _Tagged,
+    BeforeValidator(_number_is_fixed, json_schema_input_type=Annotated[float, Field(ge=0, le=LIMIT)] | _Tagged),
 ]

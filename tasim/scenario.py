@@ -1,11 +1,14 @@
 """Scenario files: one YAML = cluster + workload + policy, validated by pydantic.
 
 `load_scenario` is the only way in; any problem raises `ScenarioError` with one line that names
-the file, the field and what is allowed. ``python -m tasim schema`` prints the JSON schema.
+the file (or the flag whose override caused it), the field and what is allowed.
+``python -m tasim schema`` prints the JSON schema, which takes what the loader takes.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import re
 import reprlib
@@ -26,12 +29,15 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import JsonDict
+from pydantic_core import PydanticCustomError
 
 from tasim.determinism import PROGRAMS, PROMPT_GROUPS
-from tasim.distributions import Distribution, Fixed
+from tasim.distributions import LIMIT, Distribution, Fixed
 from tasim.perf import specs
 from tasim.traces.common import MAX_TRACE_TOKENS, check_block_sizes
 
@@ -128,10 +134,19 @@ class PerfConfig(_Strict):
     step_ms: PositiveFloat = Field(10.0, le=3_600_000, description="fixed: every step takes this long (comparing schedulers step by step)")
 
 
+def _gpu_names(schema: JsonDict) -> None:
+    schema["enum"] = list(specs.gpus())
+
+
+def _model_names(schema: JsonDict) -> None:
+    schema["enum"] = list(specs.models())
+
+
 class ClusterConfig(_Strict):
     backends: PositiveInt = Field(1, le=4096, description="engine replicas (data-parallel workers)")
-    gpu: str = "H100"
-    model: str = "Llama-3.1-8B"
+    # the schema lists the names the validators below allow (tasim/perf/data)
+    gpu: str = Field("H100", json_schema_extra=_gpu_names)
+    model: str = Field("Llama-3.1-8B", json_schema_extra=_model_names)
     tp: PositiveInt = Field(1, le=64, description="tensor-parallel GPUs per replica")
     weight_dtype: Literal["bf16", "fp8"] = "bf16"
     kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
@@ -229,6 +244,11 @@ class Tool(_Strict):
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
+# The least each count can be: `plan_program` (tasim/workloads/programs.py) raises a smaller
+# draw to it, so a distribution that states a smaller value is refused instead.
+COUNT_MINIMUMS = {"task_prompt_tokens": 1, "turns": 1, "output_tokens": 1}
+COUNT_BELOW_MINIMUM = "count_below_minimum"  # its error type: the message shows the value, `_describe` adds no "(got ...)"
+
 
 class ProgramShape(_Strict):
     """What one agent program looks like: a chain of turns, each an LLM call followed by a tool
@@ -252,9 +272,26 @@ class ProgramShape(_Strict):
     max_context_tokens: PositiveInt | None = Field(
         None, le=10_000_000, description="a program ends before a turn whose prompt would exceed this (default: model context)"
     )
-    release: Annotated[Release, BeforeValidator(_release_kind)] = Field(
+    # the schema's shorthands are those that validate (`after` needs its delay_s)
+    release: Annotated[Release, BeforeValidator(_release_kind, json_schema_input_type=Literal["at_end", "never"] | Release)] = Field(
         Release(), description="when the client releases a program after its last call: at_end, never, or {kind: after, delay_s: X}"
     )
+
+    @field_validator(*COUNT_MINIMUMS)
+    @classmethod
+    def _no_silent_minimum(cls, value: Distribution, info: ValidationInfo) -> Distribution:
+        assert info.field_name is not None  # a field's validator
+        minimum = COUNT_MINIMUMS[info.field_name]
+        for parameter, low in value.stated_lows():
+            if low < minimum:
+                fixed = isinstance(value, Fixed)
+                stated = f"{low:g}" if fixed else f"{parameter} {low:g}"
+                allowed = f"at least {minimum}" if parameter == "max" else f"{minimum} to {LIMIT:.0f}"
+                raised = "it" if fixed else f"draws below {minimum}"
+                raise PydanticCustomError(
+                    COUNT_BELOW_MINIMUM, f"{stated} is below {minimum} (allowed: {allowed}; the simulator would silently raise {raised} to {minimum})"
+                )
+        return value
 
     @model_validator(mode="after")
     def _one_tool_model(self) -> ProgramShape:
@@ -363,8 +400,14 @@ Workload = Annotated[
 WORKLOAD_KINDS = (AgentWorkload, RolloutWorkload, MooncakeTraceWorkload, DynamoTraceWorkload)
 
 
+def _policy_names(schema: JsonDict) -> None:
+    from tasim.policies import POLICIES  # policies depend on core, not the reverse
+
+    schema["enum"] = list(POLICIES)
+
+
 class PolicyConfig(_Strict):
-    name: str = "round_robin"
+    name: str = Field("round_robin", json_schema_extra=_policy_names)
     params: dict[str, Any] = Field(default_factory=dict)
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
@@ -581,7 +624,7 @@ def _describe(error: Mapping[str, Any]) -> str:
         tags = _union_tags(path, owner)
         return f"{field}: a mapping here needs a {key}" + (f" ({', '.join(tags)})" if tags else "")
     message = str(error["msg"]).removeprefix("Value error, ")
-    if error["type"] not in ("missing",) and "input" in error and not isinstance(error["input"], (dict, list)):
+    if error["type"] not in ("missing", COUNT_BELOW_MINIMUM) and "input" in error and not isinstance(error["input"], (dict, list)):
         return f"{field}: {message} (got {reprlib.repr(error['input'])})"
     return f"{field}: {message}"
 
@@ -614,17 +657,20 @@ class Override:
 
     Commands apply their flags' overrides and the user's ``--set`` ones in a fixed order, so
     `overwrites` is how they find a user's override that would silently replace another (or be
-    replaced) and refuse it instead."""
+    replaced) and refuse it instead. ``source`` is what the user typed to ask for it (``--set
+    k=v``, ``--seed 3``): an error it causes in the scenario names that, not the file; without
+    one the error names the file."""
 
     key: tuple[str, ...]
     value: object
+    source: str | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
-    def parse(cls, assignment: str) -> Override:
+    def parse(cls, assignment: str, source: str | None = None) -> Override:
         key, sep, text = assignment.partition("=")
         if not sep or not key.strip():
             raise ScenarioError(f"--set {shown(assignment)}: expected dotted.key=value")
-        return cls(tuple(key.strip().split(".")), parse_value(text))
+        return cls(tuple(key.strip().split(".")), parse_value(text), source)
 
     def apply(self, raw: dict[str, Any]) -> None:
         node = raw
@@ -633,7 +679,7 @@ class Override:
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise ScenarioError(f"--set {'.'.join(self.key)}: {'.'.join(self.key[: i + 1])} is not a mapping")
+                raise ScenarioError(f"{self.source or '--set ' + '.'.join(self.key)}: {'.'.join(self.key[: i + 1])} is not a mapping")
             node = child
         node[self.key[-1]] = self.value
 
@@ -652,6 +698,11 @@ class Override:
         return earlier.writes(self.key)
 
 
+def set_flags(assignments: Sequence[str]) -> list[Override]:
+    """The overrides of ``--set`` flags, each to be blamed on its flag."""
+    return [Override.parse(assignment, f"--set {shown(assignment)}") for assignment in assignments]
+
+
 # Fields a command sets itself: dotted key -> (the value it sets, or None where it varies; why).
 ReplacedFields = Mapping[str, tuple[Any, str]]
 
@@ -667,17 +718,48 @@ def replaced_by(override: Override, fields: ReplacedFields, command: str) -> str
     return None
 
 
-def parse_scenario(raw: Any, source: str, overrides: Sequence[str] = ()) -> Scenario:
-    if raw is None:
-        raw = {}
+EMPTY_SCENARIO = (
+    "empty scenario (every field would be its default): give at least a workload, and usually a cluster and a policy; "
+    "`python -m tasim scenarios` lists presets to start from, `python -m tasim schema` every field"
+)
+
+
+def parse_scenario(raw: Any, source: str, overrides: Sequence[str | Override] = ()) -> Scenario:
+    """The scenario ``raw`` (a file's YAML, left as it is) holds with ``overrides`` applied in
+    order (text is read as ``dotted.key=value``); an error names the override to blame, by its
+    `Override.source`, or else ``source``."""
+    if raw is None or raw == {}:  # nothing, only comments, `~` or `{}`: every default, surely not meant
+        raise ScenarioError(f"{source}: {EMPTY_SCENARIO}")
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: top level must be a mapping of keys, got {type(raw).__name__}")
-    for assignment in overrides:
-        Override.parse(assignment).apply(raw)
+    changes = [Override.parse(o) if isinstance(o, str) else o for o in overrides]
     try:
-        return Scenario.model_validate(raw)
+        return Scenario.model_validate(_applied(raw, changes))
     except ValidationError as exc:
-        raise ScenarioError(f"{source}: {_describe(exc.errors()[0])}") from None
+        problem = _describe(exc.errors()[0])
+    raise ScenarioError(f"{_culprit(raw, changes, problem) or source}: {problem}")
+
+
+def _applied(raw: dict[str, Any], overrides: Sequence[Override]) -> dict[str, Any]:
+    applied = copy.deepcopy(raw)
+    for override in overrides:
+        override.apply(applied)
+    return applied
+
+
+def _culprit(raw: dict[str, Any], overrides: Sequence[Override], problem: str) -> str | None:
+    """The source of the first override after which the scenario has ``problem`` (None: the
+    file has it without any, or that override has no source). Applying them one by one, rather
+    than asking which one writes the field, also blames a rule across fields rightly."""
+    if not overrides:
+        return None
+    for count in range(len(overrides)):
+        try:
+            Scenario.model_validate(_applied(raw, overrides[:count]))
+        except ValidationError as exc:
+            if any(_describe(error) == problem for error in exc.errors()):
+                return overrides[count - 1].source if count else None
+    return overrides[-1].source
 
 
 class _DuplicateKey(yaml.MarkedYAMLError):
@@ -754,9 +836,12 @@ def derived_scenario_yaml(source: Path, overrides: Sequence[str], name: str, tar
     return comment + "\n" + yaml.safe_dump(raw, sort_keys=False, allow_unicode=True, width=100)
 
 
-def load_scenario(path: str | Path, overrides: Sequence[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, overrides: Sequence[str | Override] = ()) -> Scenario:
+    """The scenario file ``path`` with ``overrides`` applied (see `parse_scenario`)."""
     path = Path(path)
-    return _resolve_paths(parse_scenario(read_yaml(path), str(path), overrides), path)
+    changes = [Override.parse(o) if isinstance(o, str) else o for o in overrides]
+    path_source = next((o.source for o in reversed(changes) if o.writes(("workload", "path"))), None)
+    return _resolve_paths(parse_scenario(read_yaml(path), str(path), changes), path, path_source or str(path))
 
 
 def _shown_path(path: Path) -> str:
@@ -765,8 +850,9 @@ def _shown_path(path: Path) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def _resolve_paths(scenario: Scenario, source: Path) -> Scenario:
-    """Make a trace path relative to the scenario file absolute, and check it exists."""
+def _resolve_paths(scenario: Scenario, source: Path, blame: str) -> Scenario:
+    """Make a trace path relative to the scenario file absolute, and check it exists; a problem
+    names ``blame``, where the path came from."""
     workload = scenario.workload
     if not isinstance(workload, (MooncakeTraceWorkload, DynamoTraceWorkload)):
         return scenario
@@ -781,5 +867,5 @@ def _resolve_paths(scenario: Scenario, source: Path) -> Scenario:
     except OSError as exc:  # a name longer than the file system allows, say
         found, problem = False, f"cannot read ({exc.strerror})"
     if not found:
-        raise ScenarioError(f"{source}: workload.path: {problem}: {_shown_path(trace)}")
+        raise ScenarioError(f"{blame}: workload.path: {problem}: {_shown_path(trace)}")
     return scenario.model_copy(update={"workload": workload.model_copy(update={"path": str(trace)})})

@@ -402,7 +402,9 @@ def test_overrides_too_big_for_yaml_are_read_as_text(capsys: pytest.CaptureFixtu
     scenario = write_scenario(tmp_path / "s.yaml", small_preset(SWE))
     result = simulate(capsys, scenario, tmp_path / "out", "--set", "seed=" + "7" * 5000)
     error_line(
-        result, str(scenario), "seed: Unable to parse input string as an integer, exceeded maximum size", "(got '777777777777...7777777777777')"
+        result,
+        "error: --set 'seed=7777777...7777777777777': seed: Unable to parse input string as an integer, exceeded maximum size",
+        "(got '777777777777...7777777777777')",
     )
 
 
