@@ -116,7 +116,7 @@ class Plan:
     runs: tuple[Run, ...]
     seeds: tuple[int, ...] = ()
     baseline: PolicySpec | None = None
-    overrides: tuple[str, ...] = ()  # the --set (and --seed) assignments every run starts from, as given
+    overrides: tuple[Override, ...] = ()  # the --set (and --seed) assignments every run starts from
 
     @property
     def multi_seed(self) -> bool:
@@ -259,7 +259,7 @@ def plan_runs(
         seed_values = tuple(range(first.seed, first.seed + seeds))
         runs = tuple(run.with_seed(seed) for run in runs for seed in seed_values)
     _check_dirnames(runs)
-    return Plan(tuple(specs), sweep, runs, seed_values, chosen, tuple(overrides))
+    return Plan(tuple(specs), sweep, runs, seed_values, chosen, tuple(o if isinstance(o, Override) else Override.parse(o) for o in overrides))
 
 
 def _baseline(specs: Sequence[PolicySpec], label: str | None) -> PolicySpec:

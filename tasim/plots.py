@@ -23,7 +23,6 @@ from matplotlib.layout_engine import ConstrainedLayoutEngine
 from tasim import events as ev
 from tasim.eventlog import find_events, read_events
 from tasim.metrics import summary_value
-from tasim.scenario import Override
 from tasim.stats import Interval, complete_interval
 
 if TYPE_CHECKING:
@@ -89,7 +88,7 @@ def _cut(text: str, width: int) -> str:
 def _override_lines(plan: Plan, width: int) -> list[str]:
     """The --set overrides every run starts from, in at most OVERRIDE_LINES lines (the seed is
     said apart from them)."""
-    shown = [_cut(text, OVERRIDE_WIDTH) for text in plan.overrides if Override.parse(text).key != ("seed",)]
+    shown = [_cut(override.assignment, OVERRIDE_WIDTH) for override in plan.overrides if override.key != ("seed",)]
     for kept in range(len(shown), 0, -1):
         rest = [f"… {len(shown) - kept} more"] if kept < len(shown) else []
         pieces = [f"{text}," for text in shown[: kept - 1]] + [shown[kept - 1] + ("," if rest else ""), *rest]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import os
 import re
 import reprlib
@@ -664,13 +665,21 @@ class Override:
     key: tuple[str, ...]
     value: object
     source: str | None = dataclasses.field(default=None, compare=False)
+    text: str | None = dataclasses.field(default=None, compare=False)  # ``dotted.key=value`` as typed
 
     @classmethod
     def parse(cls, assignment: str, source: str | None = None) -> Override:
         key, sep, text = assignment.partition("=")
         if not sep or not key.strip():
             raise ScenarioError(f"--set {shown(assignment)}: expected dotted.key=value")
-        return cls(tuple(key.strip().split(".")), parse_value(text), source)
+        return cls(tuple(key.strip().split(".")), parse_value(text), source, assignment)
+
+    @property
+    def assignment(self) -> str:
+        """``dotted.key=value``: as typed, or the value as JSON for one a flag made."""
+        if self.text is not None:
+            return self.text
+        return f"{'.'.join(self.key)}={self.value if isinstance(self.value, str) else json.dumps(self.value)}"
 
     def apply(self, raw: dict[str, Any]) -> None:
         node = raw

@@ -20,6 +20,7 @@ from matplotlib.transforms import Bbox
 from tasim.cli import main
 from tasim.compare import Plan, parse_policies, parse_sweep, plan_runs
 from tasim.plots import figures
+from tasim.scenario import Override, set_flags
 
 SCENARIO = str(SCENARIOS / "swe-agent.yaml")
 # a few programs over two simulated minutes: each run takes a fraction of a second
@@ -59,7 +60,8 @@ def compared(out: Path, overrides: tuple[str, ...], specs: str, *, sweep: str | 
     assert main(argv) == 0
     data = json.loads((out / "compare.json").read_text())
     summaries = [entry["summary"] for entry in (data["runs"] if seeds > 1 else data)]
-    with_seed = [*overrides, f"seed={seed}"] if seed is not None else list(overrides)  # as the CLI passes --seed on
+    as_given = set_flags(overrides)  # as the CLI passes them on: each names its --set
+    with_seed = [*as_given, Override(("seed",), seed, f"--seed {seed}")] if seed is not None else as_given
     plan = plan_runs(SCENARIO, parse_policies(specs), parse_sweep(sweep) if sweep else None, with_seed, seeds)
     return Compared(out, plan, summaries, figures(plan, summaries, out / "runs"))
 

@@ -94,7 +94,7 @@ def check_tune(outcome: Outcome, root: Path) -> None:
     _ok(outcome)
     out = root / "runs" / "tune-swe-agent-2x-thunderagent"
     record = json.loads((out / "tune.json").read_text())
-    assert len(record["trials"]) == 8
+    assert record["trials"] == 8 and record["seeds"] == [0, 1, 2]
     assert (out / "swe-agent-2x-tuned.yaml").is_file()
 
 
