@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ProcessMark
+from conftest import REPO, ProcessMark
 
 from tasim.parallel import map_in_processes
 
@@ -44,6 +44,34 @@ def test_a_signal_to_compare_leaves_no_process_within_5_s(sig: int, tmp_path: Pa
     assert cli.wait(5) == 128 + sig
     assert "Traceback" not in cli.stderr.read()  # type: ignore[union-attr]
     assert not (tmp_path / "out" / "compare.json").exists()
+
+
+SEARCHES = {
+    "tune": ("tune", "swe-agent-2x", "--policy", "thunderagent", "--space", "policy.params.pause_threshold=0.8:1", "--objective", "calls_per_min"),
+    "calibrate": (
+        "calibrate",
+        "swe-agent",
+        "--against",
+        str(REPO / "measurements" / "thunderagent-paper.yaml"),
+        "--fit",
+        "cluster.perf.mfu=0.2:0.8",
+        "--points",
+        "fig5-swe-agent-ta-hit-24,fig5-swe-agent-vllm-hit-24",
+    ),
+}
+
+
+@pytest.mark.parametrize("search", list(SEARCHES))
+def test_sigterm_to_a_search_leaves_no_process_within_5_s(search: str, tmp_path: Path) -> None:
+    pytest.importorskip("optuna")
+    mark = ProcessMark()
+    command = [sys.executable, "-m", "tasim", *SEARCHES[search], "--jobs", "2", "--out", str(tmp_path / "out")]
+    cli = subprocess.Popen(command, env=mark.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _wait_for(mark, 3)
+    cli.send_signal(signal.SIGTERM)
+    assert mark.wait_gone(5) == []
+    assert cli.wait(5) == 128 + signal.SIGTERM
+    assert "Traceback" not in cli.stderr.read()  # type: ignore[union-attr]
 
 
 def test_ctrl_c_stops_compare_and_its_workers_without_a_traceback_from_each(tmp_path: Path) -> None:
