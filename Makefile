@@ -7,7 +7,7 @@ CORE   := $(VENV)/.core-installed
 STAMP  := $(VENV)/.installed
 NATIVE := build/native/manifest.json
 
-.PHONY: install demo test lint bench baseline validation vllm-validation reliability peers paper-shapes published clean
+.PHONY: install demo test lint bench baseline validation vllm-validation reliability peers paper-shapes published reference-hashes clean
 
 install: $(STAMP) $(NATIVE)
 
@@ -48,8 +48,8 @@ test: install
 # ruff (lint rules and formatting, configured in pyproject.toml) and mypy (strict where
 # simulation and live mode share code: tasim/policies, tasim/sim, the policy hosts).
 lint: install
-	$(BIN)/ruff check tasim tests benchmarks
-	$(BIN)/ruff format --check tasim tests benchmarks
+	$(BIN)/ruff check tasim tests benchmarks lab
+	$(BIN)/ruff format --check tasim tests benchmarks lab
 	$(BIN)/mypy
 
 bench: install
@@ -90,6 +90,13 @@ paper-shapes: install
 published: install
 	$(BIN)/python -m tasim validate published $(sort $(wildcard measurements/*.yaml)) \
 		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/validation.md
+
+# The event logs of a reference set of simulations (every regression case, every preset for 300 s,
+# the Mooncake replays in full, tasim's side of a few `validate dynamo` replays) against their
+# digests in lab/reference_hashes.json: a change meant to leave behaviour alone keeps them all.
+# After an intended change in behaviour: $(BIN)/python -m lab.reference_hashes --update.
+reference-hashes: install
+	$(BIN)/python -m lab.reference_hashes
 
 clean:
 	rm -rf $(VENV) build runs .pytest_cache .benchmarks .mypy_cache .ruff_cache

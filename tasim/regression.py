@@ -45,6 +45,12 @@ class Case:
     def key(self) -> str:
         return f"{self.scenario}:{self.policy}"
 
+    @property
+    def run_overrides(self) -> tuple[str, ...]:
+        """What the case's simulation applies to its preset: its overrides, then its policy with
+        the policy's default parameters."""
+        return (*self.overrides, f"policy.name={self.policy}", "policy.params={}")
+
 
 def _cases() -> tuple[Case, ...]:
     cases = []
@@ -73,9 +79,8 @@ def run_case(case: Case) -> dict[str, float]:
     """The case's headline metrics (simulated in this process, no files written)."""
     from tasim.sim.runner import Simulation
 
-    overrides = list(case.overrides) + [f"policy.name={case.policy}", "policy.params={}"]
     fold = MetricsFold()
-    Simulation(load_scenario(PRESET_DIR / case.scenario, overrides), fold.apply).run()
+    Simulation(load_scenario(PRESET_DIR / case.scenario, case.run_overrides), fold.apply).run()
     summary = fold.summary()
     return {metric: float(summary[metric]) for metric in TOLERANCES}
 
