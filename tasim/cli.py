@@ -528,11 +528,10 @@ def _live(args: argparse.Namespace) -> int:
     if args.routing is not None:
         _refuse_replacing(args.overrides, f"--routing {args.routing}", Override(("live", "routing"), args.routing))
         args.overrides = [*args.overrides, f"live.routing={args.routing}"]
-    scenario = _scenario_from_args(args)
-    check_engine(args.engine, scenario)  # first: on a machine without the GPUs nothing else matters
-    scenario = prepare_scenario(scenario, args.driver, args.programs, args.engine)
+    scenario = prepare_scenario(_scenario_from_args(args), args.driver, args.programs, args.engine)
     if args.engine != "mocker" and args.time_scale != 1.0:
         raise UsageError(f"--time-scale must be 1 with --engine {args.engine}: real engines run in real time")
+    check_engine(args.engine, scenario)  # what this machine lacks, after what the flags got wrong anywhere
     if args.model is not None and not (args.model / "config.json").is_file():
         raise UsageError(f"--model {args.model}: no config.json there (a model folder has config.json and a tokenizer)")
     out = _output_dir(args.out or Path("runs") / f"live-{scenario.name}-{scenario.policy.name}-s{scenario.seed}")
