@@ -7,7 +7,7 @@ CORE   := $(VENV)/.core-installed
 STAMP  := $(VENV)/.installed
 NATIVE := build/native/manifest.json
 
-.PHONY: install demo test lint bench baseline validation vllm-validation reliability peers paper-shapes published reference-hashes clean
+.PHONY: install demo test test-fast lint bench baseline validation vllm-validation reliability peers paper-shapes published reference-hashes clean
 
 install: $(STAMP) $(NATIVE)
 
@@ -42,8 +42,14 @@ demo: $(CORE) $(NATIVE)
 	$(BIN)/python -m tasim compare swe-agent-2x --policies round_robin,kv_router,thunderagent --seeds 3 --set workload.concurrency=96
 	@echo "next, its knobs: python -m tasim tune swe-agent-2x --policy thunderagent --set workload.concurrency=96 --space policy.params.scheduler_interval_s=1:20:log --space 'policy.params.admission_order=smallest_first|fifo' --objective calls_per_min --trials 8 (then live: README.md, Quickstart)"
 
+# The whole suite, as CI runs it, with the slowest tests named at the end.
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest --durations=25
+
+# The developer's loop: everything but the tests that start real processes or run long, on both
+# cores (about two minutes on 2 cores).
+test-fast: install
+	$(BIN)/python -m pytest -n 2 -m "not processes and not slow" --durations=15
 
 # ruff (lint rules and formatting, configured in pyproject.toml) and mypy (strict where
 # simulation and live mode share code: tasim/policies, tasim/sim, the policy hosts).

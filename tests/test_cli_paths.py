@@ -54,6 +54,7 @@ def test_live_on_an_engine_that_needs_gpus_is_refused_at_once_without_them(tmp_p
     assert time.monotonic() - started < 30 and not (tmp_path / "out").exists()
 
 
+@pytest.mark.processes
 @pytest.mark.slow
 def test_live_with_a_relative_out_completes_and_leaves_nothing(tmp_path: Path) -> None:
     """The stack's processes start in its own folder: a relative path handed on as given named

@@ -19,6 +19,8 @@ from tasim.live.observed import ObservedCalls
 from tasim.scenario import load_scenario
 from tasim.sim.checks import EventChecks
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "live-mocker.yaml"
 

@@ -34,6 +34,7 @@ def scenarios(draw: st.DrawFn) -> tuple[str, list[str], bool]:
     return preset, overrides, draw(st.booleans())
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_invariants_hold_on_random_scenarios(case: tuple[str, list[str], bool]) -> None:

@@ -14,7 +14,7 @@ from conftest import REPO, ProcessMark
 
 from tasim.parallel import map_in_processes
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 # Runs of several seconds each, so the command is mid-run when the signal comes.
 COMPARE = ("compare", "swe-agent-2x", "--policies", "round_robin,thunderagent", "--seeds", "2", "--set", "workload.concurrency=96")

@@ -37,7 +37,7 @@ from tasim.rundir import run_simulation
 from tasim.scenario import load_scenario
 
 pytest.importorskip("dynamo.llm")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "live-mocker.yaml"
 TIME_SCALE = 2.0

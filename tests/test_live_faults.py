@@ -18,7 +18,7 @@ from tasim.live.faults import kill_a_worker
 from tasim.sim.checks import EventChecks
 
 pytest.importorskip("dynamo.llm")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 
 @pytest.mark.parametrize("routing", ["proxy", "pin"])

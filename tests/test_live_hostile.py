@@ -35,6 +35,8 @@ from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import Phase, ThunderAgent
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 BS = LIVE_BLOCK_SIZE
 TTL = 600.0
 

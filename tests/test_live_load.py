@@ -16,6 +16,8 @@ from tasim.eventlog import read_events
 from tasim.reliability import live_load
 from tasim.sim.checks import EventChecks
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 pytest.importorskip("dynamo.llm")
 
 

@@ -25,7 +25,7 @@ from tasim.live.stack import LiveStack
 from tasim.scenario import load_scenario
 
 pytest.importorskip("dynamo.llm")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "live-mocker.yaml"
 

@@ -22,7 +22,7 @@ from tasim.scenario import load_scenario
 
 pytest.importorskip("verl")
 pytest.importorskip("dynamo.llm")
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO = ROOT / "scenarios" / "rl-live-mocker.yaml"

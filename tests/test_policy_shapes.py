@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from conftest import SCENARIOS
 
 from tasim.parallel import map_in_processes
@@ -22,6 +23,7 @@ def _run(args: tuple[Path, str]) -> dict:
     return run_simulation(scenario, out / policy)
 
 
+@pytest.mark.slow
 def test_thunderagent_beats_round_robin_when_kv_thrashes(tmp_path: Path) -> None:
     policies = ("round_robin", "thunderagent", "continuum")
     rr, ta, cont = map_in_processes(_run, [(tmp_path, p) for p in policies], jobs=2)
@@ -39,6 +41,7 @@ def _run_two_backends(args: tuple[Path, str]) -> dict:
     return run_simulation(scenario, out / policy)
 
 
+@pytest.mark.slow
 def test_two_backends_under_kv_pressure_rank_thunderagent_kv_router_round_robin(tmp_path: Path) -> None:
     """Two backends at the one-backend sweep's top concurrency (working set about 1.2x the two
     pools), over the preset's two hours: the KV router's prefix credit keeps it ahead of
@@ -58,6 +61,7 @@ def _run_rollout(args: tuple[Path, str, int]) -> dict:
     return run_simulation(scenario, out / f"{policy}-{concurrency}")["rollout"]
 
 
+@pytest.mark.slow
 def test_rl_preset_ties_at_low_concurrency_and_thunderagent_wins_at_the_highest(tmp_path: Path) -> None:
     """The recipe's set-up (session affinity for the per-request routers, as its launcher sets
     it): near parity while the trajectories fit the two replicas, as the recipe reports for

@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from conftest import TINY, assert_usage_error, tasim
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 pytest.importorskip("ray")
 
 ARGS = ("--set", "duration_s=40", "--policies", "round_robin,kv_router", "--seeds", "2", "--jobs", "2")

@@ -29,7 +29,7 @@ from conftest import REPO, ProcessMark
 README = REPO / "README.md"
 SHORTER = " --set duration_s=1200"  # the addition the README's Quickstart names
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 
 def shown_commands(text: str) -> list[str]:

@@ -17,6 +17,8 @@ from tasim.validation.against_dynamo import validate
 from tasim.validation.measures import METRICS, differences
 from tasim.validation.tasim_replay import lost_in_replay
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 SMALL_AGENTS = ["workload.concurrency=24", "workload.turns={kind: uniform, low: 3, high: 8}"]
 MOONCAKE_SLICE = ["workload.max_requests=300", "cluster.backends=2", "cluster.engine.kv_blocks=2048", "cluster.perf.model=dynamo_polynomial"]
 CASES = {

@@ -20,6 +20,8 @@ from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from verl.workers.rollout.router import get_router_handle  # noqa: E402
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 ROUTER_CLASS = "tasim.live.verl.balancer.TasimLoadBalancer"
 # Insertion order differs from sorted order: the policy's w0, w1, w2 are the sorted addresses.
 ADDRESSES = ["10.0.0.3:8000", "10.0.0.1:8000", "10.0.0.2:8000"]

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from tasim.scenario import Scenario, load_scenario, parse_scenario
 from tasim.validation.against_vllm import DECISIONS, DecisionLog, compare, oracle_scenario, validate
 
+pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
+
 pytest.importorskip("vllm", reason="the oracle extra (make install) brings vLLM")
 
 STEP_MS = 10.0
