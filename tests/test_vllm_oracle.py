@@ -157,6 +157,7 @@ def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
     for decision in DECISIONS:
         assert f"{decision} " in result.stdout
     assert "✗" not in result.stdout
+    assert "│ calls/min          │ 2,099.1 │ 2,099.1 │       +0 ✓ │" in result.stdout.splitlines()  # LLM calls, not engine steps
     record = json.loads((out / "validation.json").read_text())
     assert record["all_identical"] is True
     assert record["requests"] == 120
