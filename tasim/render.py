@@ -95,7 +95,7 @@ _SIDE_BY_SIDE_ROWS = (
     ("requests completed", "requests_completed", None),
     ("programs completed", "programs_completed", None),
     ("output tokens/s", "output_tokens_per_s", None),
-    ("steps/min", "calls_per_min", None),
+    ("calls/min", "calls_per_min", None),
     ("prefix hit rate", "prefix_hit_rate", None),
     ("TTFT mean (s)", "ttft_s", "mean"),
     ("TTFT p90 (s)", "ttft_s", "p90"),

@@ -1,4 +1,4 @@
-"""The metrics fold on a hand-written event sequence gives exact values."""
+"""The metrics fold on a hand-written event sequence gives exact values, and tables show them under the right names."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import pytest
 
 from tasim import events as ev
 from tasim.metrics import SUMMARY_KEYS, MetricsFold
+from tasim.render import side_by_side
 
 
 def test_fold_exact_values() -> None:
@@ -103,3 +104,19 @@ def test_event_records_round_trip() -> None:
     assert ev.from_record(ev.to_record(event)) == event
     with pytest.raises(ValueError, match="lacks field"):
         ev.from_record({"type": "kv_stored", "t": 1.0})
+
+
+def test_side_by_side_names_calls_per_min_llm_calls_per_minute() -> None:
+    # live --compare-sim's table: one LLM call completed in a 60 s run is 1 call/min
+    log = [
+        ev.RunStarted(0.0, "s", "round_robin", 1, 60.0, ("w0",), 16, 100, 0.0),
+        ev.RequestArrived(0.0, "p0.0", "p0", 0, 100, 0, 11),
+        ev.PrefillStarted(0.0, "p0.0", "w0", 0),
+        ev.FirstToken(0.5, "p0.0"),
+        ev.RequestFinished(1.5, "p0.0", "p0", "w0", 100, 11, 0),
+        ev.RunEnded(60.0, 3, 0),
+    ]
+    live = MetricsFold().apply_all(log).summary()
+    table = side_by_side({"live": live, "simulated": {**live, "calls_per_min": 2.0}})
+    rows = {label: (a, b, difference) for label, a, b, difference in zip(*(column.cells for column in table.columns))}
+    assert rows["calls/min"] == ("1.000", "2.000", "-50.0%")

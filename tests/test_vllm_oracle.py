@@ -4,10 +4,13 @@ both, compared request by request. vLLM is in the project's test install (the `o
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import SCENARIOS, assert_usage_error, tasim
+from conftest import REPO, SCENARIOS, assert_usage_error, tasim
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -159,12 +162,29 @@ def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
     for decision in DECISIONS:
         assert f"{decision} " in result.stdout
     assert "✗" not in result.stdout
+    assert "│ calls/min          │ 2,099.1 │ 2,099.1 │       +0 ✓ │" in result.stdout.splitlines()  # LLM calls, not engine steps
     record = json.loads((out / "validation.json").read_text())
     assert record["all_identical"] is True
     assert record["requests"] == 120
     assert record["identical"] == dict.fromkeys(DECISIONS, 120)
     assert record["engine"]["num_blocks"] == 2000  # 2001 configured, one is vLLM's null block
     assert (out / "tasim" / "events.jsonl").is_file() and (out / "vllm" / "events.jsonl").is_file()
+
+
+def test_validate_vllm_leaves_no_temporary_folder(tmp_path: Path) -> None:
+    # vLLM reads its stand-in model (a config.json in a tasim-vllm-model-* folder) while the
+    # scheduler is built; the folder goes with it. The run gets a temp dir of its own, so other
+    # runs on the machine neither hide a folder left behind nor add one.
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    scenario = tmp_path / "tool-loop.yaml"
+    scenario.write_text(json.dumps(TOOL_LOOP))
+    command = ["validate", "vllm", str(scenario), "--set", "workload.programs=2", "--set", "workload.concurrency=2", "--out", str(tmp_path / "out")]
+    result = subprocess.run(
+        [sys.executable, "-m", "tasim", *command], capture_output=True, text=True, cwd=REPO, env={**os.environ, "TMPDIR": str(temp)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in temp.iterdir() if path.name.startswith("tasim-")) == []
 
 
 @pytest.mark.parametrize(

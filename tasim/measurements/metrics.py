@@ -74,7 +74,12 @@ METRICS: dict[str, Metric] = {
     m.name: m
     for m in (
         Metric(
-            "calls_per_min", "steps/min", "", ",.1f", "LLM calls completed per minute of the measurement window", lambda o: o.summary["calls_per_min"]
+            "calls_per_min",
+            "calls/min",
+            "",
+            ",.1f",
+            "LLM calls completed per minute of the measurement window (the ThunderAgent paper's steps/min: an agent step is one call)",
+            lambda o: o.summary["calls_per_min"],
         ),
         Metric(
             "prefix_hit_pct",

@@ -188,7 +188,7 @@ def _arrival_order(*logs: dict[str, RequestDecisions]) -> Callable[[str], tuple[
 SUMMARY_ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("requests completed", ("requests_completed",)),
     ("requests dropped", ("requests_dropped",)),
-    ("steps/min", ("calls_per_min",)),
+    ("calls/min", ("calls_per_min",)),
     ("output tokens/s", ("output_tokens_per_s",)),
     ("prefix hit rate", ("prefix_hit_rate",)),
     ("preemptions", ("preemptions",)),

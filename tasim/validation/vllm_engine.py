@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,30 +57,28 @@ if vllm.__version__ != VLLM_VERSION:  # pragma: no cover - depends on the instal
     raise ValidationUnavailable(f"validate vllm is pinned to vLLM {VLLM_VERSION}; found {vllm.__version__}")
 
 
-def _model_folder() -> str:
-    """A llama-type ``config.json`` and nothing else: all vLLM's ModelConfig reads without a
-    tokenizer or weights. Written once per process."""
-    global _MODEL_DIR
-    if _MODEL_DIR is None:
-        directory = Path(tempfile.mkdtemp(prefix="tasim-vllm-model-"))
-        config = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "hidden_size": 64,
-            "intermediate_size": 128,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 4,
-            "num_hidden_layers": 1,
-            "vocab_size": 1024,
-            "max_position_embeddings": 1 << 24,
-            "torch_dtype": "float16",
-        }
-        (directory / "config.json").write_text(json.dumps(config))
-        _MODEL_DIR = str(directory)
-    return _MODEL_DIR
+# A llama-type config.json and nothing else: all vLLM's ModelConfig reads without a tokenizer or weights.
+_MODEL_CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 1,
+    "vocab_size": 1024,
+    "max_position_embeddings": 1 << 24,
+    "torch_dtype": "float16",
+}
 
 
-_MODEL_DIR: str | None = None
+@contextmanager
+def _model_folder() -> Iterator[str]:
+    """A folder holding `_MODEL_CONFIG` as ``config.json``, removed on leaving the block: vLLM
+    reads it while its configs and scheduler are built, never after."""
+    with tempfile.TemporaryDirectory(prefix="tasim-vllm-model-") as directory:
+        (Path(directory) / "config.json").write_text(json.dumps(_MODEL_CONFIG))
+        yield directory
 
 
 def vllm_unsupported(config: EngineSetup) -> str | None:
@@ -114,7 +114,6 @@ def build_scheduler(config: EngineSetup) -> Scheduler:
         raise ValidationUnavailable(problem)
     bs = config.block_size
     longest = max_model_len(config)
-    model = ModelConfig(model=_model_folder(), skip_tokenizer_init=True, max_model_len=longest, dtype="float16")
     scheduler = SchedulerConfig(
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
@@ -126,23 +125,25 @@ def build_scheduler(config: EngineSetup) -> Scheduler:
     )
     cache = CacheConfig(block_size=bs, enable_prefix_caching=config.enable_prefix_caching)
     cache.num_gpu_blocks = config.num_blocks + 1  # tasim counts the blocks that hold KV; vLLM adds its null block
-    vllm_config = VllmConfig(
-        model_config=model,
-        scheduler_config=scheduler,
-        cache_config=cache,
-        device_config=DeviceConfig(device="cpu"),
-        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
-    )
     spec = FullAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float16)  # shapes unused without a runner
     kv_cache = KVCacheConfig(num_blocks=config.num_blocks + 1, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(["layer"], spec)])
-    return Scheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv_cache,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=bs,
-        hash_block_size=bs,
-        log_stats=True,
-    )
+    with _model_folder() as folder:
+        model = ModelConfig(model=folder, skip_tokenizer_init=True, max_model_len=longest, dtype="float16")
+        vllm_config = VllmConfig(
+            model_config=model,
+            scheduler_config=scheduler,
+            cache_config=cache,
+            device_config=DeviceConfig(device="cpu"),
+            kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"),
+        )
+        return Scheduler(
+            vllm_config=vllm_config,
+            kv_cache_config=kv_cache,
+            structured_output_manager=StructuredOutputManager(vllm_config),
+            block_size=bs,
+            hash_block_size=bs,
+            log_stats=True,
+        )
 
 
 class _PoolCounts:
