@@ -15,6 +15,7 @@ import multiprocessing
 import os
 import signal
 import socket
+import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -136,8 +137,11 @@ class RayTasks:
 
         self.check()
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        # A private cluster's tasks keep their scratch files in a folder of the sweep's, removed
+        # with it: a task killed mid-run (the sweep stopped) cannot remove its own.
+        scratch = tempfile.TemporaryDirectory(prefix="tasim-ray-") if self.address == "local" else None
         try:
-            if self.address == "local":
+            if scratch is not None:
                 cpus = self.cpus or os.cpu_count() or 1
                 # The private cluster keeps Ray's default token authentication (it listens on
                 # 127.0.0.1 only); Ray's notice on starting it only says how to opt out.
@@ -145,12 +149,21 @@ class RayTasks:
                 level = notices.level
                 notices.setLevel(logging.ERROR)
                 try:
-                    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False, configure_logging=False)
+                    ray.init(
+                        num_cpus=cpus,
+                        include_dashboard=False,
+                        _node_ip_address="127.0.0.1",
+                        log_to_driver=False,
+                        configure_logging=False,
+                        runtime_env={"env_vars": {"TMPDIR": scratch.name}},
+                    )
                 finally:
                     notices.setLevel(level)
             else:
                 ray.init(address=self.address, log_to_driver=False, configure_logging=False)
         except (ConnectionError, RuntimeError) as error:
+            if scratch is not None:
+                scratch.cleanup()
             raise BackendUnavailable(f"--ray {self.address}: cannot join the Ray cluster ({str(error).splitlines()[0]})") from None
         try:
             task = ray.remote(num_cpus=1)(_versioned)
@@ -170,6 +183,8 @@ class RayTasks:
             return [done[i] for i in range(len(items))]
         finally:
             ray.shutdown()
+            if scratch is not None:
+                scratch.cleanup()
 
     def check(self) -> None:
         """A HOST:PORT that does not answer fails at once (Ray itself retries for a minute)."""

@@ -3,9 +3,11 @@ command, Ctrl-C at its terminal (SIGINT to its whole process group), or a run th
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -86,17 +88,23 @@ def test_ctrl_c_stops_compare_and_its_workers_without_a_traceback_from_each(tmp_
     assert cli.stderr.read().strip().splitlines()[-1] == "interrupted"  # type: ignore[union-attr]
 
 
-def test_sigterm_to_compare_on_a_private_ray_cluster_stops_the_cluster(tmp_path: Path) -> None:
+def test_sigterm_to_compare_on_a_private_ray_cluster_stops_the_cluster_and_leaves_no_scratch(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     pytest.importorskip("ray")
     mark = ProcessMark()
-    cli = _start(mark, tmp_path / "out", "--ray", "local", "--jobs", "2")
+    # the command's temporary folder, to look into after; short, as Ray's sockets live in it
+    temp = Path(tempfile.mkdtemp(prefix="tasim-test-"))
+    request.addfinalizer(lambda: shutil.rmtree(temp, ignore_errors=True))
+    command = [sys.executable, "-m", "tasim", *COMPARE, "--out", str(tmp_path / "out"), "--ray", "local", "--jobs", "2"]
+    cli = subprocess.Popen(command, env=mark.env(TMPDIR=str(temp)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(mark, 4)  # the command, Ray's GCS server, raylet and a worker at least
     deadline = time.monotonic() + 60
-    while not list((tmp_path / "out").glob("runs/*")) and cli.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)  # no run has landed yet: wait for tasks to be running, not for Ray to start
+    while not list(temp.rglob("tasim-run-*")) and cli.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # wait for tasks to be simulating, not for Ray to start
+    assert list(temp.rglob("tasim-run-*"))
     cli.send_signal(signal.SIGTERM)
     assert mark.wait_gone(10) == []
     assert cli.wait(5) != 0
+    assert list(temp.rglob("tasim-run-*")) == []  # the tasks' scratch folders went with the sweep's
 
 
 def _sleep_then_fail(seconds: float) -> float:
