@@ -4,15 +4,22 @@ characters-per-token estimate."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pytest
+from conftest import TINY
 from pydantic import ValidationError
 
+from tasim import events as ev
 from tasim.model import RequestSpec
 from tasim.policies import Hold, Pause, Resume, Route, TurnEnd, make_policy
+from tasim.policies.base import ProgramDecision
 from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.policies.thunderagent import Phase, ProgramState, ThunderAgent, ThunderAgentParams
-from tasim.view import ClusterView, WorkerInfo
+from tasim.scenario import load_scenario
+from tasim.sim.runner import Simulation
+from tasim.view import ClusterView, WorkerInfo, cluster_view
 
 CAPACITY = 1600  # 100 blocks of 16 tokens
 
@@ -147,7 +154,8 @@ def _paused(ta: ThunderAgent, program: str, tokens: int, steps: int = 2, phase: 
 
 
 def _resident(ta: ThunderAgent, program: str, backend: str, tokens: int, since: float = 0.0) -> None:
-    ta.programs[program] = ProgramState(program, tokens=tokens, phase=Phase.ACTING, backend=backend, steps=2, acting_since=since)
+    q = ta.programs[program] = ProgramState(program, tokens=tokens, phase=Phase.ACTING, steps=2, acting_since=since)
+    ta._settle(q, backend)  # through the policy, which keeps each backend's totals
 
 
 @pytest.mark.parametrize(
@@ -423,3 +431,84 @@ def test_a_variant_of_the_wrong_type_is_a_validation_error() -> None:
     """Not a TypeError from looking an unhashable value up among the variants' defaults."""
     with pytest.raises(ValidationError, match="variant"):
         ThunderAgentParams.model_validate({"variant": []})
+
+
+def _bit_for_bit(value: float) -> tuple[type, str]:
+    """A number as the scan's must match it: its type (an int where the scan adds ints only)
+    and its shortest round-tripping text (which tells every float apart, -0.0 from 0.0)."""
+    return type(value), repr(value)
+
+
+class _ScanChecked(ThunderAgent):
+    """ThunderAgent comparing its running per-backend totals with a scan of every program at
+    each read of them and after each event it hears."""
+
+    reads = 0
+    max_shared = 0
+
+    def used(self, backend: str, now: float | None = None) -> float:
+        value = super().used(backend, now)
+        assert _bit_for_bit(value) == _bit_for_bit(self.used_by_scan(backend, now)), (backend, now)
+        self.reads += 1
+        return value
+
+    def _active_tokens(self, backend: str) -> float:
+        value = super()._active_tokens(backend)
+        assert _bit_for_bit(value) == _bit_for_bit(self._scanned_tokens(self._on(backend), None)), backend
+        return value
+
+    def _check_every_backend(self) -> None:
+        self.max_shared = max(self.max_shared, *self.shared_tokens.values())
+        for backend, load in self._loads.items():
+            self.used(backend)
+            self._active_tokens(backend)
+            assert load.programs == len(self._on(backend)), backend
+
+    def on_request(self, request: RequestSpec, now: float) -> Route | Hold:
+        decision = super().on_request(request, now)
+        self._check_every_backend()
+        return decision
+
+    def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        decisions = super().on_turn_end(turn, now)
+        self._check_every_backend()
+        return decisions
+
+    def on_program_end(self, program: str, now: float) -> Sequence[ProgramDecision]:
+        decisions = super().on_program_end(program, now)
+        self._check_every_backend()
+        return decisions
+
+    def on_tick(self, now: float) -> Sequence[ProgramDecision]:
+        decisions = super().on_tick(now)
+        self._check_every_backend()
+        return decisions
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {},
+        {"shared_prefix": True, "resume_timeout_s": 10.0},  # forced resumes to the fewest programs
+        {"acting_token_weight": 0.5, "shared_prefix": True},  # a weight every sum holds exactly
+        {"acting_token_weight": 0.3},  # one that rounds: the scan
+        {"acting_decay_tau_s": 2.0},  # upstream's decayed resume side: the scan
+        {"payload_chars_per_token": 4.0},
+        {"variant": "dynamo", "shared_prefix": True, "resume_timeout_s": 10.0},  # soft demotion, decayed forced resumes
+    ],
+    ids=repr,
+)
+def test_running_totals_match_a_scan_of_every_program(params: dict[str, object]) -> None:
+    """Twelve programs at a time on two 4,800-token backends: pauses, held requests, resumes
+    (forced ones too), ends and shared blocks all happen, and at every read of a backend's use
+    the running totals give what summing its programs afresh gives, to the bit."""
+    scenario = load_scenario(TINY, ["cluster.engine.kv_blocks=300", "workload.concurrency=12", "duration_s=120"])
+    policy = _ScanChecked(cluster_view(scenario), ThunderAgentParams.model_validate(params), np.random.default_rng(0))
+    events: list[ev.Event] = []
+    Simulation(scenario, events.append, policy=policy).run()
+    paused = sum(isinstance(e, ev.ProgramPaused) for e in events)
+    resumed = [e.forced for e in events if isinstance(e, ev.ProgramResumed)]
+    finished = sum(isinstance(e, ev.ProgramFinished) for e in events)
+    assert paused >= 40 and len(resumed) >= 30 and finished >= 20 and policy.reads >= 600, (paused, resumed, finished, policy.reads)
+    assert any(resumed) == ("resume_timeout_s" in params)  # forced resumes
+    assert (policy.max_shared > 0) == ("shared_prefix" in params)  # blocks counted once

@@ -61,6 +61,9 @@ from tasim.view import ClusterView
 
 Variant = Literal["upstream", "dynamo"]
 
+# Every integer below 2^53 is a float exactly, and so is every sum of such floats that stays below it.
+_EXACT_FLOAT_INTS = 2**53
+
 # Defaults that differ between the variants; everything else is shared.
 _VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
     "upstream": {
@@ -174,6 +177,28 @@ class ProgramState:
     payload_chars: int = 0  # upstream's context_len: the last request's payload length
 
 
+@dataclass(slots=True)
+class BackendLoad:
+    """The programs placed on a backend, summed for ``ThunderAgent.used``: kept up to date as a
+    program's contribution changes (its size, its phase, its backend) instead of being recounted
+    from every program at each read, which costs O(programs) inside per-request loops. Integers
+    only, so the order the changes come in cannot change the totals."""
+
+    programs: int = 0
+    reasoning_tokens: int = 0
+    acting_programs: int = 0
+    acting_tokens: int = 0
+
+    def count(self, q: ProgramState, sign: int) -> None:
+        """Add (``sign`` 1) or remove (-1) ``q``'s contribution."""
+        self.programs += sign
+        if q.phase is Phase.ACTING:
+            self.acting_programs += sign
+            self.acting_tokens += sign * q.tokens
+        else:
+            self.reasoning_tokens += sign * q.tokens
+
+
 class ThunderAgent(Policy[ThunderAgentParams]):
     name: ClassVar[str] = "thunderagent"
     holds_requests: ClassVar[bool] = True
@@ -195,6 +220,9 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         # tokens counted more than once because of that (what `used` gives back)
         self._holders: dict[str, dict[BlockHash, int]] = {w: {} for w in self.capacity}
         self.shared_tokens: dict[str, int] = dict.fromkeys(self.capacity, 0)
+        self._loads = {w: BackendLoad() for w in self.capacity}
+        # w as an exact fraction (its denominator a power of two): see _active_tokens
+        self._weight_num, self._weight_den = p.acting_token_weight.as_integer_ratio()
         self._chars_per_token = LearnedCharsPerToken()  # read only with payload_chars_per_token
         self._block_size = view.workers[0].block_size
 
@@ -216,10 +244,37 @@ class ThunderAgent(Policy[ThunderAgentParams]):
 
     def used(self, backend: str, now: float | None = None) -> float:
         """Tokens counted against ``backend``; decayed (upstream's resume side) when ``now``
-        is given and a decay is configured."""
+        is given and a decay is configured. The same value, bit for bit, as ``used_by_scan``."""
+        if now is not None and self.params.acting_decay_tau_s is not None:
+            # Each ACTING program's share depends on the time: no running total gives the
+            # scan's float sum exactly, so this one configuration keeps the scan.
+            return self.used_by_scan(backend, now)
+        return self._active_tokens(backend) + self.params.buffer_per_program * self._loads[backend].programs - self.shared_tokens[backend]
+
+    def used_by_scan(self, backend: str, now: float | None = None) -> float:
+        """``used`` counted afresh from every program on ``backend``, in program order: the
+        definition the running totals reproduce (tests compare the two)."""
         programs = self._on(backend)
-        tokens = sum(self._weighted(q) if now is None else self._decayed(q, now) for q in programs)
-        return tokens + self.params.buffer_per_program * len(programs) - self.shared_tokens[backend]
+        return self._scanned_tokens(programs, now) + self.params.buffer_per_program * len(programs) - self.shared_tokens[backend]
+
+    def _scanned_tokens(self, programs: list[ProgramState], now: float | None) -> float:
+        return sum(self._weighted(q) if now is None else self._decayed(q, now) for q in programs)
+
+    def _active_tokens(self, backend: str) -> float:
+        """Σ tokens(REASONING) + w·Σ tokens(ACTING) on ``backend``, as the scan's float sum
+        gives it. The scan adds ints only while no program is ACTING (an int, the REASONING
+        total). Otherwise each term and partial sum is a multiple of 1/den (w = num/den, den a
+        power of two); while the whole, scaled by den, stays below 2^53 every one of them is a
+        float exactly, so the scan's sum is the exact value in any order and equals the
+        correctly rounded quotient below. Beyond that (a weight like 0.3, whose num is about
+        2^52): the scan itself."""
+        load = self._loads[backend]
+        if not load.acting_programs:
+            return load.reasoning_tokens
+        scaled = load.reasoning_tokens * self._weight_den + load.acting_tokens * self._weight_num
+        if scaled < _EXACT_FLOAT_INTS:
+            return scaled / self._weight_den
+        return self._scanned_tokens(self._on(backend), None)
 
     def _need(self, q: ProgramState, backend: str) -> int:
         """The room ``q`` takes on ``backend``: its tokens and buffer, less (``shared_prefix``)
@@ -231,12 +286,26 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         return need
 
     def _settle(self, q: ProgramState, backend: str | None) -> None:
-        """Move ``q`` to ``backend`` (None: off every backend), its context blocks with it."""
-        if self.params.shared_prefix and q.backend is not None:
-            self._hold(q.backend, q.context, -1)
+        """Move ``q`` to ``backend`` (None: off every backend), its size and context blocks
+        with it. A paused program has no backend, so only the placed ones count."""
+        if q.backend is not None:
+            self._loads[q.backend].count(q, -1)
+            if self.params.shared_prefix:
+                self._hold(q.backend, q.context, -1)
         q.backend = backend
-        if self.params.shared_prefix and backend is not None:
-            self._hold(backend, q.context, 1)
+        if backend is not None:
+            self._loads[backend].count(q, 1)
+            if self.params.shared_prefix:
+                self._hold(backend, q.context, 1)
+
+    def _resize(self, q: ProgramState, tokens: int, phase: Phase) -> None:
+        """Set ``q``'s size and phase, and its backend's totals with them."""
+        load = None if q.backend is None else self._loads[q.backend]
+        if load is not None:
+            load.count(q, -1)
+        q.tokens, q.phase = tokens, phase
+        if load is not None:
+            load.count(q, 1)
 
     def _hold(self, backend: str, blocks: Sequence[BlockHash], change: int) -> None:
         """Count ``blocks`` in (1) or out (-1) of ``backend``'s programs' contexts; a block held
@@ -265,11 +334,11 @@ class ThunderAgent(Policy[ThunderAgentParams]):
             q.tools += 1
         payload_chars_per_token = self.params.payload_chars_per_token
         if payload_chars_per_token is None:
-            q.tokens = request.prompt_tokens
+            tokens = request.prompt_tokens
         else:  # tasim has no text: a payload's length is taken as proportional to its tokens
             q.payload_chars = round(request.prompt_tokens * payload_chars_per_token)
-            q.tokens = self._chars_per_token.tokens(q.payload_chars)
-        q.phase = Phase.REASONING
+            tokens = self._chars_per_token.tokens(q.payload_chars)
+        self._resize(q, tokens, Phase.REASONING)
         if self.params.resume_on_origin:  # the only reader of q.blocks
             q.blocks = request.prompt_block_hashes(self._block_size)
         if self.params.shared_prefix:
@@ -298,7 +367,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         if not fits:
             return None
         if self.params.variant == "upstream":  # fewest active program tokens, buffers excluded
-            return min(fits, key=lambda b: sum(self._weighted(q) for q in self._on(b)) - self.shared_tokens[b])
+            return min(fits, key=lambda b: self._active_tokens(b) - self.shared_tokens[b])
         return min(fits, key=lambda b: self.used(b))
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
@@ -309,8 +378,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
             return ()  # upstream: no usage, so the program stays REASONING
         if turn.ok and self.params.payload_chars_per_token is not None:
             self._chars_per_token.learn(q.payload_chars, turn.prompt_tokens)
-        q.tokens = turn.prompt_tokens + turn.output_tokens if turn.ok else q.tokens
-        q.phase = Phase.ACTING
+        self._resize(q, turn.prompt_tokens + turn.output_tokens if turn.ok else q.tokens, Phase.ACTING)
         q.acting_since = now
         if q.marked and not q.paused:
             q.marked = False
@@ -377,7 +445,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
             if self.params.variant == "dynamo":
                 target = max(self.capacity, key=lambda b: self.capacity[b] - self.used(b, now))
             elif q.origin is None:
-                target = min(self.capacity, key=lambda b: len(self._on(b)))
+                target = min(self.capacity, key=lambda b: self._loads[b].programs)
             else:
                 target = q.origin
             decisions.append(self._resume(q, target, now, forced=True))
