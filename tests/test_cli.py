@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY, assert_usage_error, tasim
+from conftest import REPO, TINY, assert_usage_error, tasim
 
 
 def test_same_seed_gives_byte_identical_events(tmp_path: Path) -> None:
@@ -238,3 +240,24 @@ def test_an_override_that_would_be_lost_is_refused(tmp_path: Path, args: list[st
     assert_usage_error(result, line)
     assert result.stderr.strip() == line
     assert not out.exists()
+
+
+# What simulate and report must never load: every command module is imported to build the parser,
+# so a heavy import at the top of one (rather than in its handler) would slow every command.
+_HEAVY = "matplotlib optuna torch dynamo verl ray tasim.compare tasim.tune tasim.parallel tasim.plots tasim.live.run"
+_LOADED_HEAVY = f"""
+import sys
+from tasim.cli import main
+assert main(sys.argv[1:]) == 0
+print(sorted(m for m in sys.modules if any(m == h or m.startswith(h + ".") for h in {_HEAVY.split()!r})))
+"""
+
+
+@pytest.mark.parametrize("command", ["simulate", "report"])
+def test_simulate_and_report_import_no_pool_plotting_optuna_or_live_stack(tmp_path: Path, command: str) -> None:
+    out = tmp_path / "run"
+    assert tasim("simulate", TINY, "--quiet", "--out", str(out)).returncode == 0
+    args = ["simulate", TINY, "--quiet", "--out", str(tmp_path / "again")] if command == "simulate" else ["report", str(out), "--json"]
+    result = subprocess.run([sys.executable, "-c", _LOADED_HEAVY, *args], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "[]"

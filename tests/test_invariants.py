@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tasim import events as ev
 from tasim import native
-from tasim.cli import EXIT_INVARIANT
+from tasim.cli.common import EXIT_INVARIANT
 from tasim.reliability import SMALL_RUNS, random_scenario
 from tasim.scenario import ScenarioError, load_scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
