@@ -7,7 +7,7 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-from tasim.cli.common import Commands, output_dir, positive_int
+from tasim.cli.common import Commands, add_set_flag, output_dir, positive_int
 from tasim.errors import UsageError
 from tasim.presets import scenario_path
 from tasim.scenario import load_scenario, set_flags
@@ -34,14 +34,7 @@ def add_parser(commands: Commands) -> None:
     )
     calibrate.add_argument("--seeds", type=positive_int, default=3, help="seeds the calibrated scenario is evaluated on (default 3)")
     calibrate.add_argument("--fit-seed", type=int, default=0, help="seed of the search's sampler (default 0)")
-    calibrate.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario field in every run (repeatable)",
-    )
+    add_set_flag(calibrate, "override a scenario field in every run (repeatable)")
     calibrate.add_argument("--jobs", type=positive_int, help="simulations in parallel (default: CPUs)")
     calibrate.add_argument("--out", type=Path, help="directory of calibration.json (default: runs/calibrate-<scenario>)")
     calibrate.add_argument("--write", type=Path, metavar="FILE", help="the calibrated scenario (default: OUT/<scenario>-calibrated.yaml)")

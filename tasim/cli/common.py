@@ -32,6 +32,12 @@ class Parser(argparse.ArgumentParser):
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
+def add_set_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--set KEY=VALUE`` (repeatable), which every command that loads a scenario takes into
+    ``args.overrides``."""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help)
+
+
 def positive_int(text: str) -> int:
     try:
         value = int(text)

@@ -9,7 +9,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tasim.cli.common import Commands, output_dir, positive_int, seeded
+from tasim.cli.common import Commands, add_set_flag, output_dir, positive_int, seeded
 from tasim.errors import UsageError
 from tasim.presets import scenario_path
 from tasim.render import print_unsquashed
@@ -30,14 +30,7 @@ def add_parser(commands: Commands) -> None:
         metavar="KEY=V1,V2,...",
         help="run every policy at each value of one scenario field, e.g. --sweep workload.concurrency=16,32,64",
     )
-    compare.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario field in every run (repeatable)",
-    )
+    add_set_flag(compare, "override a scenario field in every run (repeatable)")
     compare.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     compare.add_argument(
         "--seeds",

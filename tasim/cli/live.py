@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tasim.cli.common import POLICY_HELP, Commands, output_dir, positive_float, positive_int, refuse_replacing, scenario_from_args
+from tasim.cli.common import POLICY_HELP, Commands, add_set_flag, output_dir, positive_float, positive_int, refuse_replacing, scenario_from_args
 from tasim.errors import UsageError
 from tasim.render import print_summary, print_unsquashed, side_by_side
 from tasim.rundir import SUMMARY_FILE, run_simulation
@@ -46,7 +46,7 @@ def add_parser(commands: Commands) -> None:
     live.add_argument("--prompt", choices=("tokens", "text"), default="tokens", help="send prompts as token ids (default) or as text")
     live.add_argument("--model", type=Path, help="model folder for tokenizer and config (default: a generated tokenizer-only model)")
     live.add_argument("--compare-sim", action="store_true", help="also simulate the same scenario and programs and print both side by side")
-    live.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field (repeatable)")
+    add_set_flag(live, "override a scenario field (repeatable)")
     live.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     live.add_argument("--out", type=Path, help="output directory (default: runs/live-<scenario>-<policy>-s<seed>)")
     live.set_defaults(run=run)

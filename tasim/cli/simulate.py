@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tasim.cli.common import EXIT_INVARIANT, POLICY_HELP, Commands, default_out, output_dir, scenario_from_args
+from tasim.cli.common import EXIT_INVARIANT, POLICY_HELP, Commands, add_set_flag, default_out, output_dir, scenario_from_args
 from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN
 from tasim.render import print_summary
 from tasim.rundir import SUMMARY_FILE, run_simulation
@@ -21,14 +21,7 @@ def add_parser(commands: Commands) -> None:
     simulate.add_argument("--policy", metavar="SPEC", help=POLICY_HELP)
     simulate.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     simulate.add_argument("--out", type=Path, help="output directory (default: runs/<scenario>-<policy>-s<seed>)")
-    simulate.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario field, e.g. --set workload.concurrency=96 (repeatable)",
-    )
+    add_set_flag(simulate, "override a scenario field, e.g. --set workload.concurrency=96 (repeatable)")
     simulate.add_argument("--gzip", action="store_true", help=f"write {EVENTS_GZIP} instead of {EVENTS_PLAIN}")
     simulate.add_argument("--quiet", action="store_true", help="no progress bar and no table")
     simulate.add_argument(

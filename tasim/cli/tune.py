@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tasim.cli.common import Commands, output_dir, positive_int, seeded
+from tasim.cli.common import Commands, add_set_flag, output_dir, positive_int, seeded
 from tasim.errors import UsageError
 from tasim.policy_spec import file_safe
 from tasim.presets import scenario_path
@@ -37,7 +37,7 @@ def add_parser(commands: Commands) -> None:
     tune.add_argument("--seeds", type=positive_int, default=3, help="paired seeds each configuration runs at (default 3)")
     tune.add_argument("--sampler-seed", type=int, default=0, help="seed of the TPE sampler (default 0)")
     tune.add_argument("--storage", metavar="URL", help="Optuna storage URL (default: sqlite:///OUT/study.db)")
-    tune.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a scenario field in every run")
+    add_set_flag(tune, "override a scenario field in every run")
     tune.add_argument("--seed", type=int, help="first seed (replaces the scenario's)")
     tune.add_argument("--jobs", type=positive_int, help="simulations in parallel (default: CPUs)")
     tune.add_argument("--ray", metavar="ADDRESS", help="run on Ray: local, auto or HOST:PORT (see compare)")

@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from tasim import __version__
-from tasim.cli.common import Commands, Parser, output_dir, positive_float, positive_int, scenario_from_args, seeded
+from tasim.cli.common import Commands, Parser, add_set_flag, output_dir, positive_float, positive_int, scenario_from_args, seeded
 from tasim.errors import UsageError
 from tasim.presets import scenario_path
 from tasim.render import print_unsquashed
@@ -28,14 +28,7 @@ def add_parser(commands: Commands) -> None:
         metavar="A,B",
         help="routers to compare, from round_robin and kv_router (default: both)",
     )
-    dynamo.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario field (repeatable)",
-    )
+    add_set_flag(dynamo, "override a scenario field (repeatable)")
     dynamo.add_argument(
         "--repeats",
         type=positive_int,
@@ -54,14 +47,7 @@ def add_parser(commands: Commands) -> None:
         default=10.0,
         help="the fixed time of every engine step on both sides (default 10)",
     )
-    vllm.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario field (repeatable)",
-    )
+    add_set_flag(vllm, "override a scenario field (repeatable)")
     vllm.add_argument("--policy", help="policy name (replaces the scenario's policy and its params)")
     vllm.add_argument("--seed", type=int, help="random seed (replaces the scenario's)")
     vllm.add_argument("--out", type=Path, help="output directory (default: runs/validate-vllm-<scenario>)")
@@ -69,14 +55,7 @@ def add_parser(commands: Commands) -> None:
 
     published = against.add_parser("published", help="hold the presets against published measurements (measurements/*.yaml), point by point")
     published.add_argument("files", nargs="+", type=Path, metavar="FILE", help="measurement files (measurements/*.yaml)")
-    published.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a scenario field in every run (repeatable); the points' own overrides and policies stay theirs",
-    )
+    add_set_flag(published, "override a scenario field in every run (repeatable); the points' own overrides and policies stay theirs")
     published.add_argument(
         "--system",
         dest="systems",
