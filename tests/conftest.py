@@ -69,6 +69,19 @@ def live_host(
     return PolicyHost(chosen, clock, emit, LIVE_BLOCK_SIZE, log_kv_events, ttl), clock, events
 
 
+def tokens(n: int, start: int = 5) -> list[int]:
+    """``n`` consecutive token ids from ``start``: a prompt for the live tests."""
+    return list(range(start, start + n))
+
+
+def kv_event_frames(seq: int, events: list[Any]) -> list[bytes]:
+    """A KV-event message as a worker publishes it: topic, 8-byte sequence number, and the
+    msgpack batch ``[timestamp, events, data-parallel rank]``."""
+    import msgpack  # the live extra: only the live tests import it
+
+    return [b"", seq.to_bytes(8, "big"), msgpack.packb([1700000000.0, events, 0])]
+
+
 def routed(admission: Call | Held) -> Call:
     """The admission, which must be a routed call (not held)."""
     from tasim.live.host import Call

@@ -245,7 +245,7 @@ def test_a_call_handed_out_after_its_asker_gave_up_is_given_back() -> None:
 
 
 # ThunderAgent on two workers of 8 blocks x 16 tokens: a 20-token program (plus its 100-token
-# buffer) fills a worker, so a third program is held until one ends (as in test_live_units).
+# buffer) fills a worker, so a third program is held until one ends (as in test_live_host).
 
 
 def test_a_cancel_is_the_last_word_on_a_question_still_waiting_and_nothing_after_an_answer() -> None:
