@@ -19,6 +19,7 @@ pytest.importorskip("xxhash")
 import aiohttp  # noqa: E402
 from conftest import FakeClock  # noqa: E402
 from conftest import live_host as _host  # noqa: E402
+from conftest import tokens as _tokens  # noqa: E402
 
 from tasim import events as ev  # noqa: E402
 from tasim.live.decisions import PIN_HEADER, PRIORITY_HEADER, Decisions, decision_app, serve_app  # noqa: E402
@@ -27,10 +28,6 @@ from tasim.live.pinned import DecisionSocket  # noqa: E402
 from tasim.live.stack import HOST, free_ports  # noqa: E402
 
 INSTANCES = {"w0": 100, "w1": 101}
-
-
-def _tokens(n: int, start: int = 5) -> list[int]:
-    return list(range(start, start + n))
 
 
 class Workers:
