@@ -1,4 +1,4 @@
-"""A worker crash under load, on the real live stack (issue 9's fault test and reliability row).
+"""A worker crash under load, on the real live stack (the fault test and the reliability row).
 
 `kill_a_worker` drives agent programs through Dynamo's frontend, the tasim router (proxy or pin
 mode) and two mocker workers, SIGKILLs worker ``w1`` while its calls stream, restarts it, lets the run finish, and then
