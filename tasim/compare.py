@@ -31,7 +31,7 @@ from tasim.metrics import summary_value
 from tasim.parallel import Backend
 from tasim.policy_spec import PolicySpec, PolicySpecError, file_safe, split_outside_brackets
 from tasim.rundir import run_simulation
-from tasim.scenario import Override, Scenario, ScenarioError, load_scenario, parse_value, shown
+from tasim.scenario import Override, Scenario, ScenarioError, as_overrides, load_scenario, parse_value, shown
 from tasim.stats import METHOD, Interval, complete_interval, paired_ratio
 
 RUNS_DIR = "runs"
@@ -259,7 +259,7 @@ def plan_runs(
         seed_values = tuple(range(first.seed, first.seed + seeds))
         runs = tuple(run.with_seed(seed) for run in runs for seed in seed_values)
     _check_dirnames(runs)
-    return Plan(tuple(specs), sweep, runs, seed_values, chosen, tuple(o if isinstance(o, Override) else Override.parse(o) for o in overrides))
+    return Plan(tuple(specs), sweep, runs, seed_values, chosen, tuple(as_overrides(overrides)))
 
 
 def _baseline(specs: Sequence[PolicySpec], label: str | None) -> PolicySpec:

@@ -10,6 +10,7 @@ Each item is a deterministic simulation, so the results do not depend on the bac
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -139,52 +140,48 @@ class RayTasks:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         # A private cluster's tasks keep their scratch files in a folder of the sweep's, removed
         # with it: a task killed mid-run (the sweep stopped) cannot remove its own.
-        scratch = tempfile.TemporaryDirectory(prefix="tasim-ray-") if self.address == "local" else None
-        try:
-            if scratch is not None:
-                cpus = self.cpus or os.cpu_count() or 1
-                # The private cluster keeps Ray's default token authentication (it listens on
-                # 127.0.0.1 only); Ray's notice on starting it only says how to opt out.
-                notices = logging.getLogger("ray._private.authentication.authentication_token_setup")
-                level = notices.level
-                notices.setLevel(logging.ERROR)
-                try:
-                    ray.init(
-                        num_cpus=cpus,
-                        include_dashboard=False,
-                        _node_ip_address="127.0.0.1",
-                        log_to_driver=False,
-                        configure_logging=False,
-                        runtime_env={"env_vars": {"TMPDIR": scratch.name}},
-                    )
-                finally:
-                    notices.setLevel(level)
-            else:
-                ray.init(address=self.address, log_to_driver=False, configure_logging=False)
-        except (ConnectionError, RuntimeError) as error:
-            if scratch is not None:
-                scratch.cleanup()
-            raise BackendUnavailable(f"--ray {self.address}: cannot join the Ray cluster ({str(error).splitlines()[0]})") from None
-        try:
-            task = ray.remote(num_cpus=1)(_versioned)
-            pending = {task.remote(fn, item): index for index, item in enumerate(items)}
-            done: dict[int, Result] = {}
-            waiting = list(pending)
-            while waiting:
-                ready, waiting = ray.wait(waiting, num_returns=1)
-                for ref in ready:
-                    index = pending[ref]
-                    version, result = ray.get(ref)
-                    if version != __version__:
-                        raise BackendUnavailable(f"--ray {self.address}: a node runs tasim {version}, this machine {__version__}")
-                    done[index] = result
-                    if on_done:
-                        on_done(items[index], result)
-            return [done[i] for i in range(len(items))]
-        finally:
-            ray.shutdown()
-            if scratch is not None:
-                scratch.cleanup()
+        with tempfile.TemporaryDirectory(prefix="tasim-ray-") if self.address == "local" else contextlib.nullcontext() as scratch:
+            try:
+                if scratch is not None:
+                    cpus = self.cpus or os.cpu_count() or 1
+                    # The private cluster keeps Ray's default token authentication (it listens on
+                    # 127.0.0.1 only); Ray's notice on starting it only says how to opt out.
+                    notices = logging.getLogger("ray._private.authentication.authentication_token_setup")
+                    level = notices.level
+                    notices.setLevel(logging.ERROR)
+                    try:
+                        ray.init(
+                            num_cpus=cpus,
+                            include_dashboard=False,
+                            _node_ip_address="127.0.0.1",
+                            log_to_driver=False,
+                            configure_logging=False,
+                            runtime_env={"env_vars": {"TMPDIR": scratch}},
+                        )
+                    finally:
+                        notices.setLevel(level)
+                else:
+                    ray.init(address=self.address, log_to_driver=False, configure_logging=False)
+            except (ConnectionError, RuntimeError) as error:
+                raise BackendUnavailable(f"--ray {self.address}: cannot join the Ray cluster ({str(error).splitlines()[0]})") from None
+            try:
+                task = ray.remote(num_cpus=1)(_versioned)
+                pending = {task.remote(fn, item): index for index, item in enumerate(items)}
+                done: dict[int, Result] = {}
+                waiting = list(pending)
+                while waiting:
+                    ready, waiting = ray.wait(waiting, num_returns=1)
+                    for ref in ready:
+                        index = pending[ref]
+                        version, result = ray.get(ref)
+                        if version != __version__:
+                            raise BackendUnavailable(f"--ray {self.address}: a node runs tasim {version}, this machine {__version__}")
+                        done[index] = result
+                        if on_done:
+                            on_done(items[index], result)
+                return [done[i] for i in range(len(items))]
+            finally:
+                ray.shutdown()
 
     def check(self) -> None:
         """A HOST:PORT that does not answer fails at once (Ray itself retries for a minute)."""

@@ -707,6 +707,12 @@ class Override:
         return earlier.writes(self.key)
 
 
+def as_overrides(overrides: Sequence[str | Override]) -> list[Override]:
+    """Overrides given as ``dotted.key=value`` text or already parsed, all parsed (text names
+    no flag: an error it causes names the file)."""
+    return [Override.parse(o) if isinstance(o, str) else o for o in overrides]
+
+
 def set_flags(assignments: Sequence[str]) -> list[Override]:
     """The overrides of ``--set`` flags, each to be blamed on its flag."""
     return [Override.parse(assignment, f"--set {shown(assignment)}") for assignment in assignments]
@@ -741,7 +747,7 @@ def parse_scenario(raw: Any, source: str, overrides: Sequence[str | Override] = 
         raise ScenarioError(f"{source}: {EMPTY_SCENARIO}")
     if not isinstance(raw, dict):
         raise ScenarioError(f"{source}: top level must be a mapping of keys, got {type(raw).__name__}")
-    changes = [Override.parse(o) if isinstance(o, str) else o for o in overrides]
+    changes = as_overrides(overrides)
     try:
         return Scenario.model_validate(_applied(raw, changes))
     except ValidationError as exc:
@@ -848,7 +854,7 @@ def derived_scenario_yaml(source: Path, overrides: Sequence[str], name: str, tar
 def load_scenario(path: str | Path, overrides: Sequence[str | Override] = ()) -> Scenario:
     """The scenario file ``path`` with ``overrides`` applied (see `parse_scenario`)."""
     path = Path(path)
-    changes = [Override.parse(o) if isinstance(o, str) else o for o in overrides]
+    changes = as_overrides(overrides)
     path_source = next((o.source for o in reversed(changes) if o.writes(("workload", "path"))), None)
     return _resolve_paths(parse_scenario(read_yaml(path), str(path), changes), path, path_source or str(path))
 

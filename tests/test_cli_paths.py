@@ -5,6 +5,7 @@ and live runs on machines that cannot hold them."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -62,8 +63,6 @@ def test_live_with_a_relative_out_completes_and_leaves_nothing(tmp_path: Path) -
     pytest.importorskip("dynamo")
     mark = ProcessMark()
     command = [sys.executable, "-m", "tasim", "live", "live-mocker", "--programs", "6", "--time-scale", "4", "--out", "rel/dir"]
-    import subprocess
-
     result = subprocess.run(command, cwd=tmp_path, env=mark.env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "wrote rel/dir/summary.json" in result.stdout

@@ -76,9 +76,7 @@ def run(args: argparse.Namespace) -> int:
             "keeps one average over every tool gap here; simulation (and --compare-sim's twin) gives it workload.tools' names",
             file=sys.stderr,
         )
-    # The stack's processes run in its own folder, so every path they are handed is absolute.
-    model = args.model.resolve() if args.model is not None else None
-    summary = run_live(scenario, out.resolve(), args.engine, args.time_scale, prompt_format=args.prompt, model_path=model, driver=args.driver)
+    summary = run_live(scenario, out, args.engine, args.time_scale, prompt_format=args.prompt, model_path=args.model, driver=args.driver)
     if args.compare_sim:
         simulated = run_simulation(simulated_twin(scenario, args.engine), out / SIM_DIR)
         print_unsquashed(side_by_side({"live": summary, "simulated": simulated}))
