@@ -14,7 +14,7 @@ install: $(STAMP) $(NATIVE)
 # The policy host, the simulation, its clock, the engine, its block pool, folded runs, perf
 # models and the KV router's indexes and cost compiled with mypyc (tasim/native: MODULES),
 # rebuilt when they change; without a C compiler the build records why and the plain modules run.
-$(NATIVE): $(CORE) $(wildcard tasim/native/*.py) tasim/host.py $(wildcard tasim/sim/*.py) $(wildcard tasim/perf/*.py) tasim/policies/prefix_index.py tasim/policies/booked_blocks.py tasim/policies/worker_cost.py
+$(NATIVE): $(CORE) $(wildcard tasim/native/*.py) tasim/hosting/policy_host.py $(wildcard tasim/sim/*.py) $(wildcard tasim/sim/engine/*.py) $(wildcard tasim/sim/perf/*.py) tasim/policies/prefix_index.py tasim/policies/booked_blocks.py tasim/policies/worker_cost.py
 	$(BIN)/python -m tasim.native
 
 # ai-dynamo 1.6.1 declares a dependency on `aisimulate`, a placeholder wheel that downloads from a
@@ -51,44 +51,46 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -n 2 -m "not processes and not slow" --durations=15
 
-# ruff (lint rules and formatting, configured in pyproject.toml) and mypy (strict where
-# simulation and live mode share code: tasim/policies, tasim/sim, the policy hosts).
+# ruff (lint rules and formatting, configured in pyproject.toml), mypy (strict where simulation
+# and live mode share code: tasim/policies, tasim/sim, the policy hosts) and import-linter (the
+# layers and no import cycles: [tool.importlinter] in pyproject.toml).
 lint: install
 	$(BIN)/ruff check tasim tests benchmarks lab
 	$(BIN)/ruff format --check tasim tests benchmarks lab
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python -m pytest benchmarks --benchmark-only --benchmark-columns=mean,stddev,rounds
 
 # Record the policy regression suite's current metrics as the baseline `make bench` checks.
 baseline: install
-	$(BIN)/python -m tasim.regression --update
+	$(BIN)/python -m lab.regression --update
 
 # Load held, faults injected and outcomes: rewrites the table in docs/reliability.md (~4 min).
 reliability: install
-	$(BIN)/python -m tasim.reliability
+	$(BIN)/python -m lab.reliability
 
 # tasim's ThunderAgent against Dynamo 1.6.1's Rust one, live (proxy and pin) and simulated, three
 # seeds each, on live-mocker and a four-times larger variant: rewrites docs/peers.md (~25 min).
 peers: install
-	$(BIN)/python -m tasim.live.peers scenarios/live-mocker.yaml --doc docs/peers.md --section live-mocker
-	$(BIN)/python -m tasim.live.peers scenarios/live-mocker.yaml $(PEERS_LARGER) --doc docs/peers.md --section larger
+	$(BIN)/python -m lab.peers scenarios/live-mocker.yaml --doc docs/peers.md --section live-mocker
+	$(BIN)/python -m lab.peers scenarios/live-mocker.yaml $(PEERS_LARGER) --doc docs/peers.md --section larger
 
 PEERS_LARGER := --set workload.programs=96 --set workload.concurrency=48 --set cluster.engine.kv_blocks=320
 
 # Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
 validation: install
-	$(BIN)/python -m tasim.validation.matrix --json runs/validation-matrix.json
+	$(BIN)/python -m lab.dynamo_matrix --json runs/validation-matrix.json
 
 # tasim's engine against vLLM's own scheduler: rewrites the vLLM matrix in docs/validation.md (~2 min).
 vllm-validation: install
-	$(BIN)/python -m tasim.validation.vllm_matrix
+	$(BIN)/python -m lab.vllm_matrix
 
 # tasim against the ThunderAgent paper's curves: rewrites the paper-shapes section of
 # docs/validation.md and docs/paper-shapes/*.png (40 runs, ~12 min on 2 idle cores).
 paper-shapes: install
-	$(BIN)/python -m tasim.validation.paper_shapes
+	$(BIN)/python -m lab.paper_shapes
 
 # tasim against every published measurement (measurements/*.yaml): rewrites section 4 of
 # docs/validation.md and docs/published/*.png, with the committed records of earlier tasim

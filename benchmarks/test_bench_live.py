@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 from conftest import RESULTS
 
-from tasim.live.decisions import Decisions, decision_app, serve_app
+from tasim.config.scenario import load_scenario
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.live.clients.pinned import DecisionSocket, PinnedCalls, completion_request
 from tasim.live.hashing import pack_tokens, sequence_hashes
-from tasim.live.host import Call, PolicyHost
-from tasim.live.kv_events import KvEvent
-from tasim.live.pinned import DecisionSocket, PinnedCalls, completion_request
-from tasim.live.stack import HOST, INTERNAL_SUFFIX, LiveStack, free_ports
+from tasim.live.router.decisions import Decisions, decision_app, serve_app
+from tasim.live.router.kv_events import KvEvent
+from tasim.live.router.live_host import Call, PolicyHost
+from tasim.live.stack.launcher import HOST, INTERNAL_SUFFIX, LiveStack, free_ports
 from tasim.policies import make_policy
-from tasim.scenario import load_scenario
-from tasim.view import ClusterView, WorkerInfo
 
 PROGRAMS = 1000
 BLOCK_SIZE = 16

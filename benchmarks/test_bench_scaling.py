@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import RESULTS
 
-from tasim.metrics import MetricsFold
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.results.metrics import MetricsFold
 from tasim.sim.runner import Simulation
 
 PRESET = Path(__file__).resolve().parent.parent / "scenarios" / "multiturn-validation.yaml"

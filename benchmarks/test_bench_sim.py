@@ -7,8 +7,8 @@ from pathlib import Path
 
 from conftest import RESULTS
 
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.sim.simulate import run_simulation
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "swe-agent.yaml"
 

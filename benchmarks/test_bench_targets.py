@@ -24,8 +24,8 @@ PRESETS = ROOT / "scenarios"
 _CHILD = """
 import json, sys, time
 from pathlib import Path
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.sim.simulate import run_simulation
+from tasim.config.scenario import load_scenario
 scenario = load_scenario(Path(sys.argv[1]), sys.argv[3:])
 started = time.perf_counter()
 summary = run_simulation(scenario, Path(sys.argv[2]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import RESULTS
 
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
 from tasim.validation.against_dynamo import validate, with_engine_flavour
 from tasim.validation.dynamo_replay import Router, run_dynamo
 from tasim.validation.measures import all_within

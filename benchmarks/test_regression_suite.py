@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from conftest import RESULTS
 
-from tasim import regression
+from lab import regression
 
 
 def test_policy_regression_suite(benchmark) -> None:  # type: ignore[no-untyped-def]

@@ -6,16 +6,16 @@ show it did: every digest stays the same.
 
 The reference set (`reference_runs`), each run under a key of the table:
 
-- ``regression:<preset>:<policy>``: every policy-regression case (`tasim.regression.CASES`),
-  configured as `tasim.regression.run_case` configures it;
+- ``regression:<preset>:<policy>``: every policy-regression case (`lab.regression.CASES`),
+  configured as `lab.regression.run_case` configures it;
 - ``preset:<preset>@300s``: every preset cut to 300 simulated seconds, with its warm-up set to 0
   where it is as long (an RL rollout preset stops at 300 s too: no step count needs cutting);
 - ``mooncake:<preset>``: every preset that replays a Mooncake trace, replayed in full;
 - ``replay:<preset>:<configuration>:<router>``: tasim's side of `tasim validate dynamo` on a
-  handful of the validation matrix's configurations (`tasim.validation.matrix`): the scenario
+  handful of the validation matrix's configurations (`lab.dynamo_matrix`): the scenario
   as `tasim.validation.tasim_replay.replay_scenario` configures it for each router, first seed.
 
-Each run writes its event log as `tasim simulate` does (`tasim.rundir.run_simulation`). The
+Each run writes its event log as `tasim simulate` does (`tasim.sim.simulate.run_simulation`). The
 table, ``lab/reference_hashes.json``, maps each key to the log's digest and line count. By
 default the digests are checked against it (one line per difference, exit status 1 on any);
 ``--update`` rewrites it.
@@ -34,14 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
 
-from tasim.eventlog import EVENTS_PLAIN
-from tasim.parallel import map_in_processes
-from tasim.presets import PRESET_DIR
-from tasim.regression import CASES
-from tasim.rundir import run_simulation
-from tasim.scenario import Scenario, load_scenario, with_engine_flavour
+from lab.dynamo_matrix import WORKLOADS, Config
+from lab.regression import CASES
+from tasim.config.presets import PRESET_DIR
+from tasim.config.scenario import Scenario, load_scenario, with_engine_flavour
+from tasim.results.eventlog import EVENTS_PLAIN
+from tasim.sim.simulate import run_simulation
+from tasim.tools.parallel import map_in_processes
 from tasim.validation.dynamo_replay import ROUTERS
-from tasim.validation.matrix import WORKLOADS, Config
 from tasim.validation.tasim_replay import replay_scenario
 from tasim.validation.workload_trace import replay_trace
 

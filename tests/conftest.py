@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tasim.model import BlockHash, RequestSpec
-from tasim.view import ClusterView, WorkerInfo
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.model import BlockHash, RequestSpec
 
 if TYPE_CHECKING:
-    from tasim import events as ev
-    from tasim.live.host import Call, Held, PolicyHost
+    from tasim.core import events as ev
+    from tasim.live.router.live_host import Call, Held, PolicyHost
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
@@ -58,7 +58,7 @@ def live_host(
     simulator's `EventChecks` when ``checked``)."""
     import numpy as np
 
-    from tasim.live.host import PolicyHost  # the live extra: only the live tests import it
+    from tasim.live.router.live_host import PolicyHost  # the live extra: only the live tests import it
     from tasim.policies import make_policy
     from tasim.sim.checks import EventChecks
 
@@ -84,7 +84,7 @@ def kv_event_frames(seq: int, events: list[Any]) -> list[bytes]:
 
 def routed(admission: Call | Held) -> Call:
     """The admission, which must be a routed call (not held)."""
-    from tasim.live.host import Call
+    from tasim.live.router.live_host import Call
 
     assert isinstance(admission, Call), admission
     return admission

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from conftest import SCENARIOS
 
-from tasim import events as ev
-from tasim.model import RequestSpec
+from tasim.config.scenario import ScenarioError, load_scenario
+from tasim.core import events as ev
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.model import RequestSpec
 from tasim.policies import Route, TurnEnd, make_policy
 from tasim.policies.autellix import Autellix
-from tasim.scenario import ScenarioError, load_scenario
 from tasim.sim.runner import Simulation
-from tasim.view import ClusterView, WorkerInfo
 
 VIEW = ClusterView(tuple(WorkerInfo(f"w{i}", 16, 1000, 256, 8192) for i in range(3)))
 

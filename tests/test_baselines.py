@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.model import RequestSpec
 from tasim.policies import Pin, Route, TurnEnd, make_policy
-from tasim.view import ClusterView, WorkerInfo
 
 VIEW = ClusterView(tuple(WorkerInfo(f"w{i}", 16, 1000, 256, 8192) for i in range(3)))
 
@@ -117,10 +117,10 @@ def test_random_with_affinity_draws_once_per_session() -> None:
 def test_a_simulated_continuum_pins_by_the_tool_each_turn_calls(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """End to end: the runner hands each turn's named tool to the policy, which pins before a
     quick ``cat`` always and before ``pytest`` only until it has seen one run 10 s."""
-    from tasim import events as ev
-    from tasim.eventlog import EVENTS_PLAIN, read_events
-    from tasim.rundir import run_simulation
-    from tasim.scenario import Scenario
+    from tasim.config.scenario import Scenario
+    from tasim.core import events as ev
+    from tasim.results.eventlog import EVENTS_PLAIN, read_events
+    from tasim.sim.simulate import run_simulation
     from tasim.workloads import plan_program
 
     scenario = Scenario.model_validate(

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.model import RequestSpec
 from tasim.policies import TurnEnd, make_policy, validate_params
 from tasim.policies.cache_aware import CacheAware
-from tasim.view import ClusterView, WorkerInfo
 
 BS = 16
 

@@ -12,14 +12,14 @@ import pytest
 import yaml
 from conftest import TINY, assert_usage_error, tasim
 
-from tasim.calibration import CalibrationError
-from tasim.calibration.fit import MISSING_PENALTY, loss
-from tasim.calibration.report import interval
-from tasim.calibration.space import parse_space
-from tasim.measurements.evaluate import PointResult
-from tasim.measurements.schema import load_measurements
-from tasim.scenario import load_scenario
-from tasim.study import Dimension, own_values
+from tasim.config.scenario import load_scenario
+from tasim.tools.search import Dimension, own_values
+from tasim.validation.calibration import CalibrationError
+from tasim.validation.calibration.fit import MISSING_PENALTY, loss
+from tasim.validation.calibration.report import interval
+from tasim.validation.calibration.space import parse_space
+from tasim.validation.published.evaluate import PointResult
+from tasim.validation.published.measurement_file import load_measurements
 
 PUBLISHED = str(Path(__file__).parent / "data" / "published-tiny.yaml")
 
@@ -117,7 +117,7 @@ def test_calibration_end_to_end(tmp_path: Path) -> None:
     assert raw["name"] == "tiny-calibrated"
     assert raw["cluster"]["perf"] == {"mfu": fitted["cluster.perf.mfu"], "step_overhead_ms": fitted["cluster.perf.step_overhead_ms"]}
     assert load_scenario(calibrated).cluster.perf.mfu == fitted["cluster.perf.mfu"]  # a valid scenario
-    from tasim.calibration.document import markdown
+    from lab.calibration_doc import markdown
 
     section = markdown([out / "calibration.json"])
     assert "Fitted to 2 of 6 points (6 trials" in section
@@ -161,7 +161,7 @@ def test_calibrate_refuses_bad_requests_in_one_line(tmp_path: Path, extra: list[
 
 
 def test_a_trial_the_scenario_cannot_hold_fails_alone_and_only_an_all_invalid_search_stops() -> None:
-    from tasim.calibration.fit import Problem, search
+    from tasim.validation.calibration.fit import Problem, search
 
     # Llama-3.1-8B's 15 GiB of weights on an 80 GiB H100: below utilisation 0.19 nothing is left for KV
     scenario = load_scenario(TINY)

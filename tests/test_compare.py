@@ -11,7 +11,7 @@ import pytest
 from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 from pydantic import BaseModel, Field, PositiveInt
 
-from tasim.render import param_rows
+from tasim.results.render import param_rows
 
 SHORT = ("--set", "duration_s=40")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -289,7 +289,7 @@ def test_a_seeded_run_is_the_plain_run_at_that_seed(tmp_path: Path, seeded: tupl
 
 
 def test_cells_hold_per_seed_values_their_t_interval_and_the_paired_ratio(seeded: tuple[Path, dict[str, Any], str]) -> None:
-    from tasim.stats import t_quantile
+    from tasim.results.stats import t_quantile
 
     _, data, stdout = seeded
     by_spec = {(r["spec"], r["seed"]): r["summary"] for r in data["runs"]}

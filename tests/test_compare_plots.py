@@ -1,4 +1,4 @@
-"""The PNGs of `tasim compare` (`tasim.plots`): which are written, what their titles say, and a
+"""The PNGs of `tasim compare` (`tasim.tools.plots`): which are written, what their titles say, and a
 layout in which no text collides, checked on the figures' rendered text extents."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from tasim.cli import main
-from tasim.compare import Plan, parse_policies, parse_sweep, plan_runs
-from tasim.plots import figures
-from tasim.scenario import Override, set_flags
+from tasim.config.scenario import Override, set_flags
+from tasim.tools.compare import Plan, parse_policies, parse_sweep, plan_runs
+from tasim.tools.plots import figures
 
 SCENARIO = str(SCENARIOS / "swe-agent.yaml")
 # a few programs over two simulated minutes: each run takes a fraction of a second
@@ -185,7 +185,7 @@ def test_single_seed_without_sweep_writes_throughput_bars(single: Compared) -> N
 
 
 def test_seeded_bars_carry_the_interval(seeded: Compared) -> None:
-    from tasim.stats import mean_interval
+    from tasim.results.stats import mean_interval
 
     ax = seeded.figures["throughput.png"].axes[0]
     expected = [mean_interval([s["calls_per_min"] for s in seeded.summaries[i * 3 : i * 3 + 3]]) for i in range(len(SPEC_LABELS))]

@@ -1,4 +1,4 @@
-"""Seed streams and block-hash owner keys: one definition (tasim.determinism), no overlaps."""
+"""Seed streams and block-hash owner keys: one definition (tasim.core.determinism), no overlaps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import re
 import pytest
 from conftest import REPO, SCENARIOS
 
-from tasim.determinism import (
+from tasim.config.scenario import AgentWorkload, MooncakeTraceWorkload, RolloutWorkload, load_scenario
+from tasim.core.determinism import (
     OWNER_RANGES,
     OWNER_SPACE,
     PRIVATE_OUTPUTS,
@@ -21,10 +22,9 @@ from tasim.determinism import (
     arrival_rng,
     policy_rng,
 )
-from tasim.scenario import AgentWorkload, MooncakeTraceWorkload, RolloutWorkload, load_scenario
 from tasim.sim.runner import Simulation
-from tasim.traces import TRACE_HASH_NAMESPACE
 from tasim.workloads import agent_script, mooncake_scripts, plan_program, rollout_step_plans
+from tasim.workloads.trace_formats import TRACE_HASH_NAMESPACE
 
 
 def test_owner_ranges_are_disjoint_ordered_and_inside_the_owner_space() -> None:
@@ -51,7 +51,7 @@ def test_seed_streams_are_distinct() -> None:
 
 def test_no_module_derives_a_seed_stream_of_its_own() -> None:
     """Streams seeded by a list (``[seed, stream, ...]``) or spawned from a SeedSequence are
-    made in tasim/determinism.py only, so two consumers cannot pick the same one unawares."""
+    made in tasim/core/determinism.py only, so two consumers cannot pick the same one unawares."""
     derived = re.compile(r"SeedSequence\(|default_rng\(\s*\[")
     offenders = [
         f"{path.relative_to(REPO)}:{number}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from conftest import REPO
 from pydantic import BaseModel
 
-from tasim.distributions import DISTRIBUTION_KINDS
-from tasim.scenario import Scenario, _union_members
+from tasim.config.distributions import DISTRIBUTION_KINDS
+from tasim.config.scenario import Scenario, _union_members
 
 
 def _fields(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasim import events as ev
-from tasim.eventlog import EventWriter, read_events
-from tasim.live.dynamo_policies import PluginConfigError, pause_snapshots, plugin_config, plugin_summary
-from tasim.live.observed import ObservedCalls
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.core import events as ev
+from tasim.live.clients.observed import ObservedCalls
+from tasim.live.stack.dynamo_policies import PluginConfigError, pause_snapshots, plugin_config, plugin_summary
+from tasim.results.eventlog import EventWriter, read_events
 from tasim.sim.checks import EventChecks
 
 pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
@@ -143,7 +143,7 @@ def test_the_clients_log_keeps_the_simulators_invariants(tmp_path: Path) -> None
 def test_the_rust_plugin_stack_runs_the_same_programs_on_cpu(routing: str, policy: str, tmp_path: Path) -> None:
     pytest.importorskip("dynamo.llm")
     from tasim.live.run import finite_scenario, run_live, simulated_twin
-    from tasim.rundir import run_simulation
+    from tasim.sim.simulate import run_simulation
 
     scenario = load_scenario(SCENARIO, [f"live.routing={routing}", f"policy.name={policy}", "policy.params={}"])
     out = tmp_path / "run"

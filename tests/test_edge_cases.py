@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 from conftest import Recorder, UnitStep, assert_usage_error, spec, tasim
 
-from tasim import events as ev
-from tasim.rundir import run_simulation
-from tasim.scenario import parse_scenario
+from tasim.config.scenario import parse_scenario
+from tasim.core import events as ev
 from tasim.sim.drivers import WorkloadError
-from tasim.sim.engine import Engine, EngineSetup
-from tasim.sim.kv_cache import BlockPool, Claim
+from tasim.sim.engine.block_pool import BlockPool, Claim
+from tasim.sim.engine.scheduler import Engine, EngineSetup
 from tasim.sim.runner import Simulation
+from tasim.sim.simulate import run_simulation
 
 
 def _scenario(**overrides) -> dict:

@@ -8,9 +8,9 @@ from conftest import Recorder, UnitStep, spec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tasim.model import RequestSpec
-from tasim.perf.polynomial import DynamoPolynomial
-from tasim.sim.engine import Engine, EngineSetup
+from tasim.core.model import RequestSpec
+from tasim.sim.engine.scheduler import Engine, EngineSetup
+from tasim.sim.perf.polynomial import DynamoPolynomial
 
 
 def run_until_idle(engine: Engine, now: float = 0.0, max_steps: int = 10_000) -> tuple[float, list[list[tuple[str, int]]]]:

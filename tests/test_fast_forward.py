@@ -1,4 +1,4 @@
-"""Fast-forwarding decode steps (tasim.sim.runs) changes nothing but speed: the event log,
+"""Fast-forwarding decode steps (tasim.sim.engine.fast_forward) changes nothing but speed: the event log,
 KV events included, is identical to simulating every step on its own."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasim import events as ev
-from tasim.perf import make_perf_model
-from tasim.perf.base import decode_shape
-from tasim.scenario import Scenario, load_scenario
+from tasim.config.scenario import Scenario, load_scenario
+from tasim.core import events as ev
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
+from tasim.sim.perf import make_perf_model
+from tasim.sim.perf.base import decode_shape
 from tasim.sim.runner import Simulation
 
 PRESETS = Path(__file__).resolve().parent.parent / "scenarios"

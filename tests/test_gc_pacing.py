@@ -1,4 +1,4 @@
-"""tasim.gc_pacing: fewer young collections inside, the caller's settings back afterwards."""
+"""tasim.core.gc_pacing: fewer young collections inside, the caller's settings back afterwards."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasim.gc_pacing import YOUNG_THRESHOLD, fewer_collections
+from tasim.core.gc_pacing import YOUNG_THRESHOLD, fewer_collections
 
 
 @pytest.fixture(autouse=True)

@@ -31,9 +31,9 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from tasim.cli import main
+from tasim.config.scenario import WORKLOAD_KINDS, Scenario
 from tasim.policies import POLICIES
-from tasim.scenario import WORKLOAD_KINDS, Scenario
-from tasim.traces import TraceError, read_dynamo_agent_trace, read_mooncake
+from tasim.workloads.trace_formats import TraceError, read_dynamo_agent_trace, read_mooncake
 
 PRESETS = REPO / "scenarios"
 CONVERSATION = PRESETS / "traces" / "conversation_trace.jsonl"

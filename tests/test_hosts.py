@@ -18,15 +18,16 @@ import numpy as np
 import pytest
 from conftest import SCENARIOS
 
-from tasim import events as ev
-from tasim.events import to_record
-from tasim.live.host import Call, Held, PolicyHost
-from tasim.model import RequestSpec
+from tasim.config.scenario import load_scenario
+from tasim.config.workers import cluster_view
+from tasim.core import events as ev
+from tasim.core.cluster_view import ClusterView
+from tasim.core.events import to_record
+from tasim.core.model import RequestSpec
+from tasim.live.router.live_host import Call, Held, PolicyHost
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.base import ProgramDecision, RequestDecision
-from tasim.scenario import load_scenario
 from tasim.sim.runner import Simulation
-from tasim.view import ClusterView, cluster_view
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ from conftest import REPO
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tasim import events as ev
+from lab.reliability import SMALL_RUNS, random_scenario
 from tasim import native
 from tasim.cli.common import EXIT_INVARIANT
-from tasim.reliability import SMALL_RUNS, random_scenario
-from tasim.scenario import ScenarioError, load_scenario
+from tasim.config.scenario import ScenarioError, load_scenario
+from tasim.core import events as ev
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.drivers import WorkloadError
-from tasim.sim.engine import Engine, EngineSetup
-from tasim.sim.kv_cache import BlockPool
+from tasim.sim.engine.block_pool import BlockPool
+from tasim.sim.engine.scheduler import Engine, EngineSetup
 from tasim.sim.runner import Simulation
 
 PRESETS = REPO / "scenarios"
@@ -173,7 +173,7 @@ def test_an_unevictable_block_and_a_block_cached_twice_are_found() -> None:
 # in a process of their own: a compiled class's methods cannot be replaced.
 _LEAKY_POOL = """
 import sys
-from tasim.sim.kv_cache import BlockPool
+from tasim.sim.engine.block_pool import BlockPool
 
 release = BlockPool.release
 calls = iter(range(1, 1 << 30))
@@ -188,8 +188,8 @@ def leaky_release(self, claim):
 
 BlockPool.release = leaky_release
 if sys.argv[1] == "simulation":
-    from tasim.reliability import SMALL_RUNS
-    from tasim.scenario import load_scenario
+    from lab.reliability import SMALL_RUNS
+    from tasim.config.scenario import load_scenario
     from tasim.sim.checks import InvariantViolation
     from tasim.sim.runner import Simulation
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasim.sim.kv_cache import BlockPool, Claim
+from tasim.sim.engine.block_pool import BlockPool, Claim
 
 
 def _store_chain(pool: BlockPool, chain: list[int]) -> Claim:

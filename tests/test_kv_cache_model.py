@@ -1,7 +1,7 @@
 """The extent-based block pool against a per-block reference model, on random histories.
 
 The reference keeps one record per block and evicts by scanning for the lowest tick, exactly
-as the module docstring of `tasim.sim.kv_cache` states the rules; the pool must agree with it
+as the module docstring of `tasim.sim.engine.block_pool` states the rules; the pool must agree with it
 on every KV event, every count, every prefix hit and the eviction order, whatever the mix of
 shared prefixes, divergent branches, private duplicates, pins and cache clears.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from tasim.sim.kv_cache import BlockPool, Claim
+from tasim.sim.engine.block_pool import BlockPool, Claim
 
 
 class _Block:

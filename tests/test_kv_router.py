@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.model import RequestSpec
 from tasim.policies import TurnEnd, make_policy
 from tasim.policies.kv_router import KvRouter, KvRouterParams, worker_cost
 from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
-from tasim.view import ClusterView, WorkerInfo
 
 
 def _view(workers: int = 2, block_size: int = 16, kv_blocks: int = 10_000) -> ClusterView:
@@ -189,7 +189,7 @@ def test_booked_blocks_match_a_count_per_block() -> None:
     distinct blocks and booked prefixes, whatever the prompts share or where they diverge."""
     from collections import Counter
 
-    from tasim.model import Segment, chained_block_hashes
+    from tasim.core.model import Segment, chained_block_hashes
     from tasim.policies.booked_blocks import BookedBlocks
 
     rng = np.random.default_rng(7)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, ProcessMark
 
-from tasim.parallel import map_in_processes
+from tasim.tools.parallel import map_in_processes
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 

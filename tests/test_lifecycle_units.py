@@ -1,4 +1,4 @@
-"""`tasim.lifecycle` without a command under signals: the stack's children die with the launcher."""
+"""`tasim.core.lifecycle` without a command under signals: the stack's children die with the launcher."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def test_a_child_whose_launcher_died_before_it_asked_to_die_with_it_leaves_befor
     import subprocess
     import sys
 
-    from tasim.lifecycle import terminate_with
+    from tasim.core.lifecycle import terminate_with
 
     if not sys.platform.startswith("linux"):
         pytest.skip("parent-death signals are Linux's")

@@ -20,7 +20,7 @@ from tasim.cli import main  # noqa: E402
 @pytest.fixture
 def no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
     import tasim.live.run as run
-    import tasim.live.stack as stack
+    import tasim.live.stack.launcher as stack
 
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a live stack was started")

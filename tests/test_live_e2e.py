@@ -26,15 +26,15 @@ import pytest
 import zmq
 from conftest import processes_with_environ
 
-from tasim import events as ev
-from tasim.eventlog import EVENTS_PLAIN, read_events
-from tasim.live.driver import DriverResult, HttpAgentDriver
+from tasim.config.scenario import load_scenario
+from tasim.core import events as ev
+from tasim.live.clients.http_driver import DriverResult, HttpAgentDriver
 from tasim.live.hashing import sequence_hashes
 from tasim.live.run import finite_scenario, live_summary, simulated_twin
-from tasim.live.stack import LiveStack, StackError
-from tasim.live.tiny_model import vocab_size
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.live.stack.launcher import LiveStack, StackError
+from tasim.live.stack.tiny_model import vocab_size
+from tasim.results.eventlog import EVENTS_PLAIN, read_events
+from tasim.sim.simulate import run_simulation
 
 pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]

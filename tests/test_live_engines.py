@@ -1,4 +1,4 @@
-"""`tasim.live.engines`: the workers' command lines (vLLM started to schedule by priority when the scenario asks)."""
+"""`tasim.live.stack.engines`: the workers' command lines (vLLM started to schedule by priority when the scenario asks)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from conftest import SCENARIOS  # noqa: E402
 
 
 def test_priority_scheduling_goes_live_on_vllm_workers_started_to_schedule_by_priority() -> None:
-    from tasim.live.engines import worker_commands
+    from tasim.config.scenario import load_scenario
     from tasim.live.run import prepare_scenario
-    from tasim.scenario import load_scenario
+    from tasim.live.stack.engines import worker_commands
 
     overrides = ["policy.name=autellix", "policy.params={}", "cluster.engine.scheduling_policy=priority"]
     scenario = prepare_scenario(load_scenario(SCENARIOS / "swe-agent.yaml", overrides), "http", 4, "vllm")

@@ -1,5 +1,5 @@
 """Issue 9's fault test on the real live stack, in proxy and pin mode: SIGKILL one of two Dynamo
-mocker workers while its calls stream, restart it, then kill both (`tasim.live.faults.kill_a_worker`, which also fills
+mocker workers while its calls stream, restart it, then kill both (`lab.faults.kill_a_worker`, which also fills
 the fault row of docs/reliability.md). No client may see an error or a broken reply, the
 programs pinned to the dead worker must be re-placed, and the restarted worker must serve again.
 """
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tasim import events as ev
-from tasim.eventlog import read_events
-from tasim.live.faults import kill_a_worker
+from lab.faults import kill_a_worker
+from tasim.core import events as ev
+from tasim.results.eventlog import read_events
 from tasim.sim.checks import EventChecks
 
 pytest.importorskip("dynamo.llm")

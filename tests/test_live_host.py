@@ -1,4 +1,4 @@
-"""`tasim.live.host`: the policy host's program table (routing, turn ends, failures, holds and resumes, KV events)."""
+"""`tasim.live.router.live_host`: the policy host's program table (routing, turn ends, failures, holds and resumes, KV events)."""
 
 from __future__ import annotations
 
@@ -17,11 +17,11 @@ from conftest import LIVE_BLOCK_SIZE, FakeClock, live_view  # noqa: E402
 from conftest import live_host as _host  # noqa: E402
 from conftest import tokens as _tokens  # noqa: E402
 
-from tasim import events as ev  # noqa: E402
+from tasim.core import events as ev  # noqa: E402
+from tasim.core.model import RequestSpec  # noqa: E402
 from tasim.live.hashing import pack_tokens, sequence_hashes  # noqa: E402
-from tasim.live.host import PolicyHost  # noqa: E402
-from tasim.live.kv_events import KvEvent  # noqa: E402
-from tasim.model import RequestSpec  # noqa: E402
+from tasim.live.router.kv_events import KvEvent  # noqa: E402
+from tasim.live.router.live_host import PolicyHost  # noqa: E402
 from tasim.policies import TurnEnd  # noqa: E402
 from tasim.policies.kv_router import KvRouter  # noqa: E402
 from tasim.policies.round_robin import RoundRobin  # noqa: E402

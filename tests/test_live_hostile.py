@@ -26,14 +26,14 @@ import numpy as np
 import pytest
 from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 
-from tasim import events as ev
-from tasim.eventlog import read_events
-from tasim.live.host import MAX_PROGRAM_ID_CHARS, Held, InvalidProgramId, PolicyHost
-from tasim.metrics import MetricsFold
+from tasim.core import events as ev
+from tasim.live.router.live_host import MAX_PROGRAM_ID_CHARS, Held, InvalidProgramId, PolicyHost
 from tasim.policies.base import ProgramDecision
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import Phase, ThunderAgent
+from tasim.results.eventlog import read_events
+from tasim.results.metrics import MetricsFold
 
 pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
 
@@ -284,10 +284,10 @@ def test_the_router_answers_an_unknown_session_final_and_refuses_an_over_long_id
     exceptions = pytest.importorskip("dynamo.llm.exceptions")
     from conftest import SCENARIOS
 
-    from tasim.live.router import RouterConfig, _Router
+    from tasim.config.scenario import load_scenario
+    from tasim.live.router.service import RouterConfig, _Router
+    from tasim.live.router.status import status_snapshot
     from tasim.live.run import live_summary
-    from tasim.live.status import status_snapshot
-    from tasim.scenario import load_scenario
 
     scenario = load_scenario(SCENARIOS / "live-mocker.yaml", ["policy.name=round_robin", "policy.params={}"])
     events_path = tmp_path / "events.jsonl"
@@ -584,9 +584,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("dynamo.llm")
     from test_live_e2e import SCENARIO, TIME_SCALE
 
+    from tasim.config.scenario import load_scenario
     from tasim.live.run import finite_scenario
-    from tasim.live.stack import LiveStack
-    from tasim.scenario import load_scenario
+    from tasim.live.stack.launcher import LiveStack
 
     scenario = finite_scenario(load_scenario(SCENARIO, ["policy.name=round_robin", "policy.params={}"]), None)
     workdir = tmp_path_factory.mktemp("hostile")
@@ -639,7 +639,7 @@ def test_malformed_requests_get_4xx_and_leave_the_router_clean(stack: Any) -> No
 @pytest.mark.slow
 def test_router_and_frontend_listen_on_loopback_only(stack: Any) -> None:
     """Dynamo 1.6.1's mocker binds its KV-event and event-plane publishers on all interfaces (no
-    flag changes that; see tasim.live.stack), so only the router and the frontend are checked."""
+    flag changes that; see tasim.live.stack.launcher), so only the router and the frontend are checked."""
     pids = {process.name: process.popen.pid for process in stack.processes}
     router, frontend = _listening(pids["router"]), _listening(pids["frontend"])
     assert ("127.0.0.1", stack.status_port) in router and ("127.0.0.1", stack.http_port) in frontend
@@ -658,7 +658,7 @@ def test_a_request_task_cancelled_while_held_leaves_nothing_in_flight(resumed_fi
     """The router's request task itself is cancelled while its call is held (not the client
     signalling through the context): the call is rolled back, so the resume that comes later
     routes nothing; or, if the resume came in the same instant, the routed call is failed."""
-    from tasim.live.router import admitted
+    from tasim.live.router.service import admitted
 
     async def go() -> None:
         host, clock, events, held = _held_call_of_paused_a()

@@ -1,4 +1,4 @@
-"""`tasim.live.kv_events`: decoding the KV-event wire format, and the subscriber's sequence gaps."""
+"""`tasim.live.router.kv_events`: decoding the KV-event wire format, and the subscriber's sequence gaps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ pytest.importorskip("xxhash")
 from conftest import kv_event_frames as _frames  # noqa: E402
 from conftest import tokens as _tokens  # noqa: E402
 
-from tasim.live.kv_events import KvEvent, KvEventSubscriber, decode_message  # noqa: E402
+from tasim.live.router.kv_events import KvEvent, KvEventSubscriber, decode_message  # noqa: E402
 
 
 def test_decode_mocker_message() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tasim import events as ev
-from tasim.eventlog import read_events
-from tasim.reliability import live_load
+from lab.reliability import live_load
+from tasim.core import events as ev
+from tasim.results.eventlog import read_events
 from tasim.sim.checks import EventChecks
 
 pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)

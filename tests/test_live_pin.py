@@ -1,5 +1,5 @@
 """Decision-only routing (``live.routing: pin``) without Dynamo: the decision service
-(`tasim.live.decisions`) served over real HTTP and WebSocket on 127.0.0.1 around the live policy
+(`tasim.live.router.decisions`) served over real HTTP and WebSocket on 127.0.0.1 around the live policy
 host, with the simulator's event checks on its log. The pin-mode stack itself runs in
 tests/test_live_e2e.py (``thunderagent@pin``), test_live_load.py and test_live_faults.py."""
 
@@ -21,11 +21,11 @@ from conftest import FakeClock  # noqa: E402
 from conftest import live_host as _host  # noqa: E402
 from conftest import tokens as _tokens  # noqa: E402
 
-from tasim import events as ev  # noqa: E402
-from tasim.live.decisions import PIN_HEADER, PRIORITY_HEADER, Decisions, decision_app, serve_app  # noqa: E402
-from tasim.live.host import PolicyHost  # noqa: E402
-from tasim.live.pinned import DecisionSocket  # noqa: E402
-from tasim.live.stack import HOST, free_ports  # noqa: E402
+from tasim.core import events as ev  # noqa: E402
+from tasim.live.clients.pinned import DecisionSocket  # noqa: E402
+from tasim.live.router.decisions import PIN_HEADER, PRIORITY_HEADER, Decisions, decision_app, serve_app  # noqa: E402
+from tasim.live.router.live_host import PolicyHost  # noqa: E402
+from tasim.live.stack.launcher import HOST, free_ports  # noqa: E402
 
 INSTANCES = {"w0": 100, "w1": 101}
 

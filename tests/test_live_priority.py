@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from tasim.live.decisions import PRIORITY_HEADER
-from tasim.live.stack import LiveStack
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.live.router.decisions import PRIORITY_HEADER
+from tasim.live.stack.launcher import LiveStack
 
 pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
@@ -32,7 +32,7 @@ SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "live-mocker.yaml
 # The tasim router, recording the routing field of every request the frontend gives it.
 RECORDING_ROUTER = """
 import json, sys
-import tasim.live.router as router
+import tasim.live.router.service as router
 
 generate = router._Router.generate
 

@@ -1,4 +1,4 @@
-"""`tasim.live.router`: a proxied call carries its priority where Dynamo's vLLM worker reads it."""
+"""`tasim.live.router.service`: a proxied call carries its priority where Dynamo's vLLM worker reads it."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytest.importorskip("xxhash")
 
 
 def test_a_proxied_call_carries_its_priority_where_dynamos_vllm_worker_reads_it() -> None:
-    from tasim.live.router import prioritized
+    from tasim.live.router.service import prioritized
 
     request = {"token_ids": [1, 2], "routing": {"priority_jump": 0.0}}
     # queue 3 of a priority policy (lower first) -> routing.priority -3 -> vLLM priority 3

@@ -1,4 +1,4 @@
-"""`tasim.live.status`: the router's Prometheus metrics and JSON status snapshot."""
+"""`tasim.live.router.status`: the router's Prometheus metrics and JSON status snapshot."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from conftest import kv_event_frames as _frames  # noqa: E402
 from conftest import live_host as _host  # noqa: E402
 from conftest import tokens as _tokens  # noqa: E402
 
-from tasim.live.kv_events import KvEventSubscriber  # noqa: E402
-from tasim.live.status import prometheus_text, status_snapshot  # noqa: E402
+from tasim.live.router.kv_events import KvEventSubscriber  # noqa: E402
+from tasim.live.router.status import prometheus_text, status_snapshot  # noqa: E402
 
 
 def _router() -> SimpleNamespace:

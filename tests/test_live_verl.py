@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tasim import events as ev
-from tasim.eventlog import read_events
-from tasim.live.verl.driver import step_plans
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.core import events as ev
+from tasim.live.verl.rollout_driver import step_plans
+from tasim.results.eventlog import read_events
 
 pytest.importorskip("verl")
 pytest.importorskip("dynamo.llm")

@@ -1,4 +1,4 @@
-"""Published measurements as data (`tasim.measurements`, ``validate published``): the file schema
+"""Published measurements as data (`tasim.validation.published`, ``validate published``): the file schema
 and its one-line errors, the metric catalogue on a hand-built summary, the per-step latency
 fold, policy specs, run planning and deduplication, a small end-to-end run against independent
 ``simulate`` runs, and the document span it writes."""
@@ -14,15 +14,15 @@ from typing import Any
 import pytest
 from conftest import REPO, TINY, assert_usage_error, tasim
 
-from tasim import events as ev
 from tasim.cli import main
-from tasim.measurements.document import BEGIN, END
-from tasim.measurements.evaluate import evaluate, plan, run
-from tasim.measurements.littles_law import between_steps_conflicts, closed_loop_conflicts
-from tasim.measurements.metrics import METRICS, MetricUnavailable, Outcome
-from tasim.measurements.schema import MEASUREMENT_DIR, MeasurementError, load_measurements
-from tasim.measurements.turn_latency import TurnLatencyFold
-from tasim.policy_spec import PolicySpec
+from tasim.config.policy_spec import PolicySpec
+from tasim.core import events as ev
+from tasim.validation.published.document import BEGIN, END
+from tasim.validation.published.evaluate import evaluate, plan, run
+from tasim.validation.published.littles_law import between_steps_conflicts, closed_loop_conflicts
+from tasim.validation.published.measurement_file import MEASUREMENT_DIR, MeasurementError, load_measurements
+from tasim.validation.published.quantities import METRICS, MetricUnavailable, Outcome
+from tasim.validation.published.turn_latency import TurnLatencyFold
 
 DATA = Path(__file__).parent / "data"
 TINY_FILE = DATA / "published-tiny.yaml"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasim import events as ev
-from tasim.metrics import SUMMARY_KEYS, MetricsFold
-from tasim.render import side_by_side
+from tasim.core import events as ev
+from tasim.results.metrics import SUMMARY_KEYS, MetricsFold
+from tasim.results.render import side_by_side
 
 
 def test_fold_exact_values() -> None:

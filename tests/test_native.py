@@ -34,8 +34,9 @@ def _rewrite(path: Path, **changes: object) -> None:
 
 def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
     assert native.state() == (
-        "compiled modules (host.py, sim/runner.py, sim/clock.py, sim/engine.py, sim/kv_cache.py, sim/runs.py, perf/base.py, perf/fixed.py, "
-        "perf/polynomial.py, perf/roofline.py, policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
+        "compiled modules (hosting/policy_host.py, sim/runner.py, sim/clock.py, sim/engine/scheduler.py, sim/engine/block_pool.py, "
+        "sim/engine/fast_forward.py, sim/perf/base.py, sim/perf/fixed.py, sim/perf/polynomial.py, sim/perf/roofline.py, "
+        "policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
         f"from {manifest.parent}"
     )
     assert native.search_path("tasim.sim", ["/src/tasim/sim"]) == [str(manifest.parent / "tasim" / "sim"), "/src/tasim/sim"]
@@ -71,10 +72,12 @@ def test_tasim_native_0_means_the_plain_modules(manifest: Path, monkeypatch: pyt
 _RUN = """
 import hashlib, sys, tempfile
 from pathlib import Path
-import tasim.perf.roofline, tasim.policies.prefix_index, tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
-for module in (tasim.sim.engine, tasim.sim.kv_cache, tasim.sim.runs, tasim.perf.roofline, tasim.policies.prefix_index):
+from tasim.policies import prefix_index
+from tasim.sim.engine import block_pool, fast_forward, scheduler
+from tasim.sim.perf import roofline
+from tasim.sim.simulate import run_simulation
+from tasim.config.scenario import load_scenario
+for module in (scheduler, block_pool, fast_forward, roofline, prefix_index):
     print(Path(module.__file__).suffix)
 for case in sys.argv[1:]:
     name, *overrides = case.split()

@@ -1,4 +1,4 @@
-"""The paper-shape suite (`tasim.validation.paper_shapes`) in quick mode: it replaces only the
+"""The paper-shape suite (`lab.paper_shapes`) in quick mode: it replaces only the
 marked span of a document, every table row pairs a paper value with tasim's and their ratio, and
 the linked plots exist."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tasim.validation.paper_shapes.cli import main
-from tasim.validation.paper_shapes.splice import BEGIN, END, splice
+from lab.paper_shapes.cli import main
+from lab.paper_shapes.splice import BEGIN, END, splice
 
 HEAD = "# Validation\n\nText another generator owns.\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n\n"
 TAIL = "\n\n## Later section\n\nMore text, | with a pipe | that is no table.\n"

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tasim.perf import specs
-from tasim.perf.base import StepShape
-from tasim.perf.polynomial import DynamoPolynomial, decode_ms, prefill_ms
-from tasim.perf.roofline import Roofline
+from tasim.config import hardware
+from tasim.sim.perf.base import StepShape
+from tasim.sim.perf.polynomial import DynamoPolynomial, decode_ms, prefill_ms
+from tasim.sim.perf.roofline import Roofline
 
 
 def test_polynomial_prefill_and_decode_curves() -> None:
@@ -41,7 +41,7 @@ def test_polynomial_step_sums_phases_with_integer_means() -> None:
 
 
 def _roofline(model: str, gpu: str, tp: int, dtype: str) -> Roofline:
-    return Roofline(specs.models()[model], specs.gpus()[gpu], tp, dtype, dtype, 0.5, 0.8, 3.0, 10.0)
+    return Roofline(hardware.models()[model], hardware.gpus()[gpu], tp, dtype, dtype, 0.5, 0.8, 3.0, 10.0)
 
 
 def test_roofline_decode_is_memory_bound() -> None:
@@ -70,24 +70,24 @@ def test_roofline_tensor_parallel_adds_allreduce() -> None:
 
 
 def test_moe_weights_read_grow_with_batch() -> None:
-    qwen = specs.models()["Qwen3-30B-A3B"]
+    qwen = hardware.models()["Qwen3-30B-A3B"]
     assert qwen.weights_read_params(1) == pytest.approx(3.32091008e9, rel=1e-8)  # ~3.3B active
     assert qwen.weights_read_params(64) == pytest.approx(30.03395771e9, rel=1e-8)  # nearly all 30.5B
-    assert specs.models()["Llama-3.1-8B"].weights_read_params(64) == 8.03e9
+    assert hardware.models()["Llama-3.1-8B"].weights_read_params(64) == 8.03e9
 
 
 def test_kv_blocks_auto_from_memory_left_after_weights() -> None:
-    glm = specs.models()["GLM-4.6"]
+    glm = hardware.models()["GLM-4.6"]
     assert glm.kv_bytes_per_token("fp8") == 2 * 92 * 8 * 128
-    blocks = specs.kv_blocks_auto(glm, specs.gpus()["H100"], 8, 16, "fp8", "fp8", 0.9, 2.0)
+    blocks = hardware.kv_blocks_auto(glm, hardware.gpus()["H100"], 8, 16, "fp8", "fp8", 0.9, 2.0)
     assert blocks == int((8 * (80 * 0.9 - 2.0) * 2**30 - 355e9) // (188416 * 16)) == 81699
     with pytest.raises(ValueError, match="leaves no KV memory"):
-        specs.kv_blocks_auto(glm, specs.gpus()["H100"], 4, 16, "bf16", "bf16", 0.9, 2.0)
+        hardware.kv_blocks_auto(glm, hardware.gpus()["H100"], 4, 16, "bf16", "bf16", 0.9, 2.0)
 
 
 def test_every_model_fits_somewhere_and_specs_load() -> None:
-    assert set(specs.gpus()) >= {"H100", "H200", "H20", "A100", "B200", "RTX5090"}
-    assert set(specs.models()) == {
+    assert set(hardware.gpus()) >= {"H100", "H200", "H20", "A100", "B200", "RTX5090"}
+    assert set(hardware.models()) == {
         "Llama-3.1-8B",
         "Qwen3-8B",
         "Qwen3-32B",
@@ -96,6 +96,6 @@ def test_every_model_fits_somewhere_and_specs_load() -> None:
         "Qwen3-235B-A22B",
         "GLM-4.6",
     }
-    for model in specs.models().values():
+    for model in hardware.models().values():
         assert 0 < model.active_params <= model.total_params
         assert model.non_expert_params > 0

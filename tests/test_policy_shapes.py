@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import SCENARIOS
 
-from tasim.parallel import map_in_processes
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.sim.simulate import run_simulation
+from tasim.tools.parallel import map_in_processes
 
 
 def _run(args: tuple[Path, str]) -> dict:

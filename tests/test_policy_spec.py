@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from conftest import TINY
 
-from tasim.policy_spec import PolicySpec, PolicySpecError, split_outside_brackets
-from tasim.scenario import Override, ScenarioError, load_scenario
+from tasim.config.policy_spec import PolicySpec, PolicySpecError, split_outside_brackets
+from tasim.config.scenario import Override, ScenarioError, load_scenario
 
 SYNTAX = "(expected name or name[key=value,...])"
 

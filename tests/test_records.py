@@ -1,4 +1,4 @@
-"""`tasim.records.record`: immutable to the type checker, a plain slotted dataclass at run time
+"""`tasim.core.records.record`: immutable to the type checker, a plain slotted dataclass at run time
 with a frozen dataclass's equality and hash."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from mypy import api as mypy_api
 
-from tasim.events import FirstToken
-from tasim.model import RequestSpec
-from tasim.records import record
+from tasim.core.events import FirstToken
+from tasim.core.model import RequestSpec
+from tasim.core.records import record
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,15 +42,15 @@ def test_the_type_checker_refuses_writes(tmp_path: Path) -> None:
     with it, is a type error (`make lint` runs mypy on every module)."""
     snippet = tmp_path / "writes.py"
     snippet.write_text(
-        "from tasim.events import FirstToken\n"
-        "from tasim.model import RequestSpec\n"
-        "from tasim.traces.mooncake import TraceRequest\n"
+        "from tasim.core.events import FirstToken\n"
+        "from tasim.core.model import RequestSpec\n"
+        "from tasim.workloads.trace_formats.mooncake import TraceRequest\n"
         "def f(e: FirstToken, r: RequestSpec, t: TraceRequest) -> None:\n"
         "    e.t = 1.0\n"
         "    r.turn = 2\n"
         "    t.prompt_tokens = 3\n"
     )
-    modules = ["tasim/records.py", "tasim/events.py", "tasim/model.py", "tasim/traces/mooncake.py"]
+    modules = ["tasim/core/records.py", "tasim/core/events.py", "tasim/core/model.py", "tasim/workloads/trace_formats/mooncake.py"]
     out, _, status = mypy_api.run(
         [str(snippet), *(str(ROOT / m) for m in modules), "--follow-imports=skip", "--no-incremental", "--cache-dir=/dev/null", "--config-file="]
     )

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from lab import reference_hashes
-from tasim.presets import PRESET_DIR
-from tasim.regression import CASES
+from lab.regression import CASES
+from tasim.config.presets import PRESET_DIR
 
 RUNS = {run.key: run for run in reference_hashes.reference_runs()}
 SMALLEST_CASE = "regression:rl-live-mocker.yaml:round_robin"  # 727 events

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasim import regression
+from lab import regression
 from tasim.policies import POLICIES
 from tasim.policies.kv_router import KvRouter
 

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from conftest import TINY, assert_usage_error, tasim
 
-from tasim import events as ev
-from tasim.scenario import Scenario, ScenarioError, parse_scenario
+from tasim.config.scenario import Scenario, ScenarioError, parse_scenario
+from tasim.core import events as ev
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.runner import Simulation
 
@@ -136,7 +136,7 @@ def test_never_released_programs_still_count_as_completed() -> None:
     assert not any(isinstance(e, ev.ProgramReleased) for e in never)
     # A program-blind router does not hear program ends: only the released flags differ.
     assert [ev.ProgramFinished(e.t, e.program, e.context_tokens, e.completed) if isinstance(e, ev.ProgramFinished) else e for e in never] == at_end
-    from tasim.metrics import MetricsFold
+    from tasim.results.metrics import MetricsFold
 
     summary = MetricsFold().apply_all(never).summary()
     assert (summary["programs_completed"], summary["requests_completed"], summary["requests_unfinished"]) == (2, 4, 0)
@@ -259,7 +259,7 @@ async def _drive(release: Any, time_scale: float = 100.0) -> tuple[Any, Any, lis
     from aiohttp import web
     from conftest import live_host, serve_completions
 
-    from tasim.live.driver import HttpAgentDriver
+    from tasim.live.clients.http_driver import HttpAgentDriver
 
     host, _, _ = live_host()
     seen: list[tuple[float, str, bool]] = []

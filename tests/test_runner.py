@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tasim import events as ev
-from tasim.model import RequestSpec
+from tasim.config.scenario import Scenario
+from tasim.core import events as ev
+from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route
 from tasim.policies.base import NoParams, ProgramDecision
-from tasim.scenario import Scenario
 from tasim.sim.runner import Simulation
 
 
@@ -118,7 +118,7 @@ class Block:
         if name.split('.')[0] in ('torch', 'verl', 'ray', 'dynamo', 'transformers'):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
-from tasim.scenario import Scenario
+from tasim.config.scenario import Scenario
 from tasim.sim.runner import Simulation
 events = []
 Simulation(Scenario.model_validate({'duration_s': 10, 'workload': {'concurrency': 2}}), events.append).run()
@@ -233,7 +233,7 @@ def test_the_flavours_set_eviction_and_output_reuse_unless_given() -> None:
 def test_the_vllm_flavour_refuses_what_vllm_cannot_do() -> None:
     import pytest
 
-    from tasim.scenario import ScenarioError, parse_scenario
+    from tasim.config.scenario import ScenarioError, parse_scenario
 
     with pytest.raises(
         ScenarioError,

@@ -16,9 +16,9 @@ from conftest import SCENARIOS, TINY
 from jsonschema import Draft202012Validator
 
 from tasim.cli import main
-from tasim.perf import specs
+from tasim.config import hardware
+from tasim.config.scenario import ScenarioError, parse_scenario
 from tasim.policies import POLICIES
-from tasim.scenario import ScenarioError, parse_scenario
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +110,6 @@ def test_the_schema_refuses_what_the_loader_refuses(schema: dict[str, Any], text
 
 def test_the_schema_lists_the_allowed_gpus_models_and_policies(schema: dict[str, Any]) -> None:
     cluster = schema["$defs"]["ClusterConfig"]["properties"]
-    assert cluster["gpu"]["enum"] == list(specs.gpus()) and "H100" in cluster["gpu"]["enum"]
-    assert cluster["model"]["enum"] == list(specs.models()) and "Llama-3.1-8B" in cluster["model"]["enum"]
+    assert cluster["gpu"]["enum"] == list(hardware.gpus()) and "H100" in cluster["gpu"]["enum"]
+    assert cluster["model"]["enum"] == list(hardware.models()) and "Llama-3.1-8B" in cluster["model"]["enum"]
     assert schema["$defs"]["PolicyConfig"]["properties"]["name"]["enum"] == list(POLICIES)

@@ -1,10 +1,10 @@
-"""tasim.stats: Student t quantiles and intervals, against published table values."""
+"""tasim.results.stats: Student t quantiles and intervals, against published table values."""
 
 from __future__ import annotations
 
 import pytest
 
-from tasim.stats import Interval, mean_interval, paired_ratio, t_cdf, t_quantile
+from tasim.results.stats import Interval, mean_interval, paired_ratio, t_cdf, t_quantile
 
 
 @pytest.mark.parametrize(("df", "quantile"), [(1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452), (100, 1.9840)])

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from conftest import SCENARIOS
 
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.sim.simulate import run_simulation
 
 
 def _run(tmp_path: Path, concurrency: int) -> dict:

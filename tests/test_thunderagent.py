@@ -11,15 +11,16 @@ import pytest
 from conftest import TINY
 from pydantic import ValidationError
 
-from tasim import events as ev
-from tasim.model import RequestSpec
+from tasim.config.scenario import load_scenario
+from tasim.config.workers import cluster_view
+from tasim.core import events as ev
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Pause, Resume, Route, TurnEnd, make_policy
 from tasim.policies.base import ProgramDecision
 from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.policies.thunderagent import Phase, ProgramState, ThunderAgent, ThunderAgentParams
-from tasim.scenario import load_scenario
 from tasim.sim.runner import Simulation
-from tasim.view import ClusterView, WorkerInfo, cluster_view
 
 CAPACITY = 1600  # 100 blocks of 16 tokens
 

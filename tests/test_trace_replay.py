@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from conftest import SCENARIOS
 
-from tasim.rundir import run_simulation
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
+from tasim.sim.simulate import run_simulation
 
 UNBOUNDED = [
     "cluster.engine.flavour=mocker",  # serves any request: the ideal is the whole trace's
@@ -46,8 +46,8 @@ def test_full_replay_with_kv_router_on_four_workers(tmp_path: Path, trace: str, 
 def test_dynamo_agent_trace_replays_sessions_with_their_gaps(tmp_path: Path) -> None:
     """Sessions start at their recorded offsets; each turn waits its recorded gap after the
     previous turn finished (the hand-written trace: main 3 turns, sub 2 turns from 0.3 s)."""
-    from tasim import events as ev
-    from tasim.scenario import parse_scenario
+    from tasim.config.scenario import parse_scenario
+    from tasim.core import events as ev
     from tasim.sim.runner import Simulation
 
     trace = Path(__file__).parent / "data" / "dynamo_agent_trace.jsonl"

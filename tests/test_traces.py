@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from conftest import SCENARIOS
 
-from tasim.traces import (
+from tasim.workloads.trace_formats import (
     TRACE_HASH_NAMESPACE,
     TraceError,
     TraceSession,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from conftest import TINY, assert_usage_error, tasim
 
-from tasim.scenario import load_scenario
+from tasim.config.scenario import load_scenario
 
 pytest.importorskip("optuna")
 
@@ -133,7 +133,7 @@ def test_a_ratio_the_seeds_do_not_change_has_no_verdict(tmp_path: Path) -> None:
 def test_a_range_follows_the_fields_declared_type_not_its_bounds(tmp_path: Path) -> None:
     import optuna
 
-    from tasim import tune
+    from tasim.tools import tune
 
     space = tune.parse_space(["policy.params.scheduler_interval_s=1:20:log", "workload.concurrency=8:64", "workload.output_tokens.median=50:200"])
     objective = tune.parse_objective("calls_per_min")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 
-from tasim.scenario import Override, load_scenario
+from tasim.config.scenario import Override, load_scenario
 from tasim.validation import ValidationUnavailable
 from tasim.validation.against_dynamo import validate
 from tasim.validation.measures import METRICS, differences

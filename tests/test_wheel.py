@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tasim.eventlog import EVENTS_PLAIN
-from tasim.rundir import RUN_FILE, SUMMARY_FILE
+from tasim.results.eventlog import EVENTS_PLAIN
+from tasim.results.run_folder import RUN_FILE, SUMMARY_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -67,12 +67,13 @@ def test_wheel_holds_every_module_and_the_presets(installed: tuple[Path, Path]) 
     scenarios = REPO / "scenarios"
     data = [*scenarios.glob("*.yaml"), *scenarios.glob("traces/*.jsonl"), scenarios / "traces" / "README.md"]
     assert {f"tasim/scenarios/{p.relative_to(scenarios).as_posix()}" for p in data} <= names
-    assert {f"tasim/perf/data/{p.name}" for p in (REPO / "tasim" / "perf" / "data").glob("*.yaml")} <= names
+    hardware = sorted((REPO / "tasim" / "config" / "hardware_data").glob("*.yaml"))
+    assert hardware and {f"tasim/config/hardware_data/{p.name}" for p in hardware} <= names
 
 
 def test_installed_wheel_lists_and_runs_the_presets(installed: tuple[Path, Path], tmp_path: Path) -> None:
     _, target = installed
-    where = _python(target, tmp_path, "-c", "import tasim, tasim.presets as p; print(tasim.__file__); print(p.PRESET_DIR)").stdout.split()
+    where = _python(target, tmp_path, "-c", "import tasim, tasim.config.presets as p; print(tasim.__file__); print(p.PRESET_DIR)").stdout.split()
     assert [Path(w).is_relative_to(target) for w in where] == [True, True], where  # not the checkout's
 
     listed = _python(target, tmp_path, "-m", "tasim", "scenarios").stdout

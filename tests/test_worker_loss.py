@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 
-from tasim import events as ev
-from tasim.live import membership
+from tasim.core import events as ev
+from tasim.core.model import RequestSpec
 from tasim.live.hashing import sequence_hashes
-from tasim.live.host import Held, NoWorkerServing, PolicyHost
-from tasim.live.kv_events import KvEvent, KvEventSubscriber
-from tasim.live.membership import Membership, probe_tokens
-from tasim.model import RequestSpec
+from tasim.live.router import membership
+from tasim.live.router.kv_events import KvEvent, KvEventSubscriber
+from tasim.live.router.live_host import Held, NoWorkerServing, PolicyHost
+from tasim.live.router.membership import Membership, probe_tokens
 from tasim.policies import Hold, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.thunderagent import ThunderAgent
@@ -279,7 +279,7 @@ def test_the_host_refuses_a_policy_that_routes_to_a_lost_worker() -> None:
         host.decide("a", list(range(5, 45)), 8)
 
 
-# --- which instance is which worker, and who serves (tasim.live.membership) --------------------
+# --- which instance is which worker, and who serves (tasim.live.router.membership) --------------------
 
 
 class FakeDiscovery:

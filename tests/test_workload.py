@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from pydantic import TypeAdapter
 
-from tasim.determinism import SHARED_PROMPT
-from tasim.distributions import Distribution
-from tasim.model import Segment, chained_block_hashes
-from tasim.scenario import AgentWorkload as WorkloadConfig
+from tasim.config.distributions import Distribution
+from tasim.config.scenario import AgentWorkload as WorkloadConfig
+from tasim.core.determinism import SHARED_PROMPT
+from tasim.core.model import Segment, chained_block_hashes
 from tasim.workloads import agent_script, plan_program
 
 DIST = TypeAdapter(Distribution)

@@ -17,19 +17,18 @@ from argparse import ArgumentParser, Namespace
 from collections.abc import Callable, Sequence
 
 from tasim import __version__
-from tasim.calibration import CalibrationError
 from tasim.cli import calibrate, compare, live, policies, report, scenarios, schema, simulate, tune, validate
 from tasim.cli.common import EXIT_INVARIANT, EXIT_USAGE, Parser
-from tasim.errors import UsageError
-from tasim.eventlog import EventLogError
-from tasim.lifecycle import exit_on_termination
-from tasim.live.errors import LiveError  # no Dynamo import: the core install has it
-from tasim.measurements.schema import MeasurementError
-from tasim.scenario import ScenarioError
+from tasim.config.scenario import ScenarioError
+from tasim.core.errors import LiveError, UsageError
+from tasim.core.lifecycle import exit_on_termination
+from tasim.results.eventlog import EventLogError
 from tasim.sim.checks import InvariantViolation
 from tasim.sim.drivers import WorkloadError
-from tasim.traces import TraceError
 from tasim.validation import ValidationUnavailable
+from tasim.validation.calibration import CalibrationError
+from tasim.validation.published.measurement_file import MeasurementError
+from tasim.workloads.trace_formats import TraceError
 
 __all__ = ["main"]
 

@@ -8,9 +8,9 @@ import importlib.util
 from pathlib import Path
 
 from tasim.cli.common import Commands, add_set_flag, output_dir, positive_int
-from tasim.errors import UsageError
-from tasim.presets import scenario_path
-from tasim.scenario import load_scenario, set_flags
+from tasim.config.presets import scenario_path
+from tasim.config.scenario import load_scenario, set_flags
+from tasim.core.errors import UsageError
 
 
 def add_parser(commands: Commands) -> None:
@@ -44,9 +44,9 @@ def add_parser(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("optuna") is None:
         raise UsageError("calibrate needs Optuna (make install, or pip install -e '.[calibrate]')")
-    from tasim.calibration.command import Request, run_calibration
-    from tasim.calibration.space import parse_space
-    from tasim.measurements.command import command_line
+    from tasim.validation.calibration.procedure import Request, run_calibration
+    from tasim.validation.calibration.space import parse_space
+    from tasim.validation.published.against_published import command_line
 
     path = scenario_path(args.scenario)
     scenario = load_scenario(path, set_flags(args.overrides))  # a bad file or --set costs no trial

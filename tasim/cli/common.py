@@ -9,10 +9,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn, TypeAlias
 
-from tasim.errors import UsageError
-from tasim.policy_spec import PolicySpec, PolicySpecError
-from tasim.presets import scenario_path
-from tasim.scenario import Override, Scenario, load_scenario, set_flags, shown
+from tasim.config.policy_spec import PolicySpec, PolicySpecError
+from tasim.config.presets import scenario_path
+from tasim.config.scenario import Override, Scenario, load_scenario, set_flags, shown
+from tasim.core.errors import UsageError
 
 EXIT_USAGE = 2
 EXIT_INVARIANT = 3  # `simulate --check` found a bug in tasim itself

@@ -10,10 +10,10 @@ from typing import Any
 from rich.console import Console
 
 from tasim.cli.common import Commands, add_set_flag, output_dir, positive_int, seeded
-from tasim.errors import UsageError
-from tasim.presets import scenario_path
-from tasim.render import print_unsquashed
-from tasim.rundir import write_json
+from tasim.config.presets import scenario_path
+from tasim.core.errors import UsageError
+from tasim.results.render import print_unsquashed
+from tasim.results.run_folder import write_json
 
 
 def add_parser(commands: Commands) -> None:
@@ -53,7 +53,7 @@ def add_parser(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasim import compare  # keeps `simulate` and `report` free of the pool and plotting code
+    from tasim.tools import compare  # keeps `simulate` and `report` free of the pool and plotting code
 
     specs = compare.parse_policies(args.policies)
     sweep = compare.parse_sweep(args.sweep) if args.sweep else None
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['calls_per_min']:.1f} calls/min"
         progress.print(line, markup=False, highlight=False, soft_wrap=True)  # one line each, however long the label
 
-    from tasim.parallel import BackendUnavailable, LocalPool, RayTasks
+    from tasim.tools.parallel import BackendUnavailable, LocalPool, RayTasks
 
     backend = LocalPool(jobs) if args.ray is None else RayTasks(args.ray, args.jobs)
     try:
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
         print_unsquashed(compare.comparison_table(plan, summaries))
-    from tasim.plots import write_plots
+    from tasim.tools.plots import write_plots
 
     plots = ", ".join(path.name for path in write_plots(plan, summaries, out, out / compare.RUNS_DIR))
     runs = f"{len(plan.runs)} run{'s' if len(plan.runs) > 1 else ''}"

@@ -10,10 +10,11 @@ from pathlib import Path
 from rich.console import Console
 
 from tasim.cli.common import POLICY_HELP, Commands, add_set_flag, output_dir, positive_float, positive_int, refuse_replacing, scenario_from_args
-from tasim.errors import UsageError
-from tasim.render import print_summary, print_unsquashed, side_by_side
-from tasim.rundir import SUMMARY_FILE, run_simulation
-from tasim.scenario import Override
+from tasim.config.scenario import Override
+from tasim.core.errors import UsageError
+from tasim.results.render import print_summary, print_unsquashed, side_by_side
+from tasim.results.run_folder import SUMMARY_FILE
+from tasim.sim.simulate import run_simulation
 
 
 def add_parser(commands: Commands) -> None:
@@ -54,8 +55,8 @@ def add_parser(commands: Commands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        from tasim.live.engines import check_engine
         from tasim.live.run import SIM_DIR, prepare_scenario, run_live, simulated_twin
+        from tasim.live.stack.engines import check_engine
     except ImportError as exc:
         raise UsageError(f"live mode needs the live extra (pip install -e '.[live]' or make install): {exc}") from None
     if args.programs is not None:

@@ -10,7 +10,7 @@ from rich.padding import Padding
 from rich.text import Text
 
 from tasim.cli.common import Commands
-from tasim.render import param_rows
+from tasim.results.render import param_rows
 
 
 def add_parser(commands: Commands) -> None:

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 from tasim.cli.common import Commands
-from tasim.render import print_summary
-from tasim.rundir import report_summary
+from tasim.results.render import print_summary
+from tasim.results.run_folder import report_summary
 
 
 def add_parser(commands: Commands) -> None:

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from tasim.cli.common import Commands
-from tasim.errors import UsageError
+from tasim.core.errors import UsageError
 
 
 def add_parser(commands: Commands) -> None:
@@ -17,7 +17,7 @@ def add_parser(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasim.presets import PRESET_DIR, presets
+    from tasim.config.presets import PRESET_DIR, presets
 
     directory = args.dir or PRESET_DIR
     if not directory.is_dir():

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from tasim.cli.common import Commands
-from tasim.scenario import Scenario
+from tasim.config.scenario import Scenario
 
 
 def add_parser(commands: Commands) -> None:

@@ -10,9 +10,10 @@ from pathlib import Path
 from rich.console import Console
 
 from tasim.cli.common import EXIT_INVARIANT, POLICY_HELP, Commands, add_set_flag, default_out, output_dir, scenario_from_args
-from tasim.eventlog import EVENTS_GZIP, EVENTS_PLAIN
-from tasim.render import print_summary
-from tasim.rundir import SUMMARY_FILE, run_simulation
+from tasim.results.eventlog import EVENTS_GZIP, EVENTS_PLAIN
+from tasim.results.render import print_summary
+from tasim.results.run_folder import SUMMARY_FILE
+from tasim.sim.simulate import run_simulation
 
 
 def add_parser(commands: Commands) -> None:

@@ -11,11 +11,11 @@ from pathlib import Path
 from rich.console import Console
 
 from tasim.cli.common import Commands, add_set_flag, output_dir, positive_int, seeded
-from tasim.errors import UsageError
-from tasim.policy_spec import file_safe
-from tasim.presets import scenario_path
-from tasim.rundir import write_json
-from tasim.scenario import Override, load_scenario, shown
+from tasim.config.policy_spec import file_safe
+from tasim.config.presets import scenario_path
+from tasim.config.scenario import Override, load_scenario, shown
+from tasim.core.errors import UsageError
+from tasim.results.run_folder import write_json
 
 
 def add_parser(commands: Commands) -> None:
@@ -48,8 +48,8 @@ def add_parser(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("optuna") is None:
         raise UsageError("tune needs Optuna (make install, or pip install -e '.[calibrate]')")
-    from tasim import tune
-    from tasim.parallel import BackendUnavailable, LocalPool, RayTasks
+    from tasim.tools import tune
+    from tasim.tools.parallel import BackendUnavailable, LocalPool, RayTasks
 
     path = str(scenario_path(args.scenario))
     # a bad file, --set or --policy costs no trial (the policy as tune.check sets it)

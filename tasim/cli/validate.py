@@ -10,11 +10,11 @@ from rich.console import Console
 
 from tasim import __version__
 from tasim.cli.common import Commands, Parser, add_set_flag, output_dir, positive_float, positive_int, scenario_from_args, seeded
-from tasim.errors import UsageError
-from tasim.presets import scenario_path
-from tasim.render import print_unsquashed
-from tasim.rundir import write_json
-from tasim.scenario import Override, load_scenario, shown
+from tasim.config.presets import scenario_path
+from tasim.config.scenario import Override, load_scenario, shown
+from tasim.core.errors import UsageError
+from tasim.results.render import print_unsquashed
+from tasim.results.run_folder import write_json
 
 
 def add_parser(commands: Commands) -> None:
@@ -141,7 +141,7 @@ def run_vllm(args: argparse.Namespace) -> int:
 
 
 def run_published(args: argparse.Namespace) -> int:
-    from tasim.measurements.command import Request, command_line, parse_system, validate_published
+    from tasim.validation.published.against_published import Request, command_line, parse_system, validate_published
 
     systems = dict(parse_system(text) for text in args.systems)
     if len(systems) != len(args.systems):

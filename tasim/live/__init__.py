@@ -1,9 +1,9 @@
 """Live mode: a tasim policy served as a Dynamo router in front of real Dynamo workers.
 
-``router`` is the Dynamo component (``python -m tasim.live.router``); ``host`` the policy and
-program table it wraps (no Dynamo imports); ``hashing`` Dynamo's block hashes; ``kv_events`` the
-workers' ZMQ KV-event stream; ``status`` its JSON status and Prometheus text; ``stack`` and
-``engines`` start and stop workers, router and frontend; ``tokens`` fills program plans with token
-ids; ``driver`` runs a scenario's programs over HTTP; ``run`` is the ``tasim live`` command; ``verl``
-holds the verl integration. The simulator and policies never import it.
-"""
+`router` is the Dynamo component and the live policy host it wraps; `stack` starts and stops
+workers, router and frontend; `clients` drive a scenario's programs through them; `verl` holds
+the verl integration; `run` is the ``tasim live`` command; `hashing` computes Dynamo's block
+hashes and `frames` batches the decision socket's frames, both shared by router and clients.
+
+May import: `tasim.hosting`, `tasim.workloads`, `tasim.results` and the layers below them;
+never `tasim.sim`."""

@@ -18,17 +18,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tasim import __version__
-from tasim import events as ev
-from tasim.eventlog import EVENTS_PLAIN, EventLogError, EventWriter, read_events
-from tasim.host import run_header
-from tasim.live.driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
-from tasim.live.observed import ObservedCalls
-from tasim.live.stack import Engine, LiveStack
-from tasim.live.tiny_model import vocab_size
-from tasim.metrics import MetricsFold
-from tasim.rundir import RUN_FILE, SUMMARY_FILE, write_json
-from tasim.scenario import Scenario, with_engine_flavour
-from tasim.view import cluster_view
+from tasim.config.scenario import Scenario, with_engine_flavour
+from tasim.config.workers import cluster_view
+from tasim.core import events as ev
+from tasim.hosting.policy_host import run_header
+from tasim.live.clients.http_driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
+from tasim.live.clients.observed import ObservedCalls
+from tasim.live.stack.launcher import Engine, LiveStack
+from tasim.live.stack.tiny_model import vocab_size
+from tasim.results.eventlog import EVENTS_PLAIN, EventLogError, EventWriter, read_events
+from tasim.results.metrics import MetricsFold
+from tasim.results.run_folder import RUN_FILE, SUMMARY_FILE, write_json
 
 SIM_DIR = "sim"
 STACK_DIR = "stack"  # discovery store, generated model, router config and process logs
@@ -74,13 +74,13 @@ def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None, e
             f"not {engine}: tasim's priority scheduling is vLLM's, and Dynamo 1.6.1's mocker has none; simulate it instead"
         )
     if scenario.live.routed_by_dynamo:
-        from tasim.live.dynamo_policies import plugin_config
+        from tasim.live.stack.dynamo_policies import plugin_config
 
         if driver == "verl":
             raise DriverError(f"the verl driver runs through tasim's router (live.routing proxy or pin), not {scenario.live.routing}")
         plugin_config(scenario, 1.0)
     if driver == "verl":
-        from tasim.live.verl.driver import rollout_workload
+        from tasim.live.verl.rollout_driver import rollout_workload
 
         rollout_workload(scenario)
         if programs is not None:
@@ -111,7 +111,7 @@ def run_live(
     with LiveStack(scenario, engine=engine, model_path=model_path, time_scale=time_scale, workdir=out / STACK_DIR, events_path=router_log) as stack:
         assert stack.model_path is not None and stack.workdir is not None
         if driver == "verl":  # it starts the run's clock itself, once verl is up
-            from tasim.live.verl.driver import run_verl_rollout
+            from tasim.live.verl.rollout_driver import run_verl_rollout
 
             record: dict[str, Any] = asdict(run_verl_rollout(scenario, stack, time_scale, stack.workdir))
         else:
@@ -136,7 +136,7 @@ def run_live(
                     observed.close()
             record = asdict(result) | {"errors": result.errors[:20], "calls": len(result.calls)}
             if dynamo_routes:
-                from tasim.live.dynamo_policies import plugin_summary
+                from tasim.live.stack.dynamo_policies import plugin_summary
 
                 record["dynamo_plugin"] = plugin_summary(stack.frontend_log)
         stack.end_run()

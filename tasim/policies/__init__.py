@@ -1,4 +1,9 @@
-"""Policy registry: scenario files and the CLI name policies by these keys."""
+"""Policies and their registry: scenario files and the CLI name policies by these keys.
+
+A policy is pure decision logic: no I/O, no clock, no knowledge of the world that hosts it.
+May import: `tasim.core` only (the host, simulation and live mode import policies, never the
+reverse).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from tasim.native import search_path
 
 __path__ = search_path(__name__, __path__)
 
+from tasim.core.cluster_view import ClusterView
 from tasim.policies.autellix import Autellix
 from tasim.policies.base import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.baselines import LeastLoaded, RandomRouting
@@ -21,7 +27,6 @@ from tasim.policies.continuum import Continuum
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent
-from tasim.view import ClusterView
 
 POLICIES: dict[str, type[Policy]] = {
     cls.name: cls for cls in (RoundRobin, RandomRouting, LeastLoaded, KvRouter, CacheAware, ThunderAgent, Continuum, Autellix)

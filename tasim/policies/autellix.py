@@ -35,9 +35,9 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import RequestSpec
 from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
-from tasim.view import ClusterView
 
 
 class AutellixParams(BaseModel):

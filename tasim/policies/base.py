@@ -14,9 +14,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
-from tasim.model import BlockHash, RequestSpec
-from tasim.records import record
-from tasim.view import ClusterView
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import BlockHash, RequestSpec
+from tasim.core.records import record
 
 # --- decisions ---------------------------------------------------------------------------------
 

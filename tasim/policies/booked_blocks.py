@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tasim.model import BlockHash, shared_prefix_end
+from tasim.core.model import BlockHash, shared_prefix_end
 
 
 class _Run:

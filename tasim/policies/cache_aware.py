@@ -33,11 +33,11 @@ from typing import ClassVar
 import numpy as np
 from pydantic import ConfigDict, Field
 
-from tasim.model import BlockHash, RequestSpec, blocks_for
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import BlockHash, RequestSpec, blocks_for
 from tasim.policies.base import ProgramDecision
 from tasim.policies.prefix_index import EventIndex
 from tasim.policies.session_affinity import AffinityParams, LoadCountingRouter
-from tasim.view import ClusterView
 
 
 class CacheAwareParams(AffinityParams):

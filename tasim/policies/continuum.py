@@ -22,9 +22,9 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import RequestSpec
 from tasim.policies.base import Pin, Policy, ProgramDecision, Route, TurnEnd
-from tasim.view import ClusterView
 
 
 class ContinuumParams(BaseModel):

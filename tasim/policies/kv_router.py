@@ -25,13 +25,13 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import RequestSpec
 from tasim.policies.base import ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
 from tasim.policies.session_affinity import AffinityParams, SessionAffinityPolicy
 from tasim.policies.worker_cost import WorkerCost
-from tasim.view import ClusterView
 
 
 class KvRouterParams(AffinityParams):

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from itertools import takewhile
 
-from tasim.model import BlockHash
+from tasim.core.model import BlockHash
 
 PRUNE_TO_FRACTION = 0.8
 

@@ -11,9 +11,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import RequestSpec
 from tasim.policies.session_affinity import AffinityParams, ProgramBlindRouter
-from tasim.view import ClusterView
 
 
 class RoundRobin(ProgramBlindRouter):

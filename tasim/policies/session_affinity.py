@@ -20,9 +20,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypeVar
 
-from tasim.model import RequestSpec
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import RequestSpec
 from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
-from tasim.view import ClusterView
 
 
 @dataclass(slots=True)

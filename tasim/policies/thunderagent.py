@@ -54,10 +54,10 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tasim.model import BlockHash, RequestSpec
+from tasim.core.cluster_view import ClusterView
+from tasim.core.model import BlockHash, RequestSpec
 from tasim.policies.base import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
 from tasim.policies.chars_per_token import LearnedCharsPerToken
-from tasim.view import ClusterView
 
 Variant = Literal["upstream", "dynamo"]
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tasim import events as ev
+from tasim.core import events as ev
 
 Emit = Callable[[ev.Event], None]
 

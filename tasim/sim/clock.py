@@ -1,7 +1,7 @@
 """The simulation clock: a discrete-event kernel with processes, exact absolute-time alarms, a
 fixed order for what happens at one instant, and a hook that runs before time advances.
 
-Engines fast-forward through decode steps without an event per step (see `tasim.sim.runs`), so
+Engines fast-forward through decode steps without an event per step (see `tasim.sim.engine.fast_forward`), so
 "what happens at one instant" must not depend on how many steps an engine folds into one
 alarm. At any instant ``t`` the order is:
 

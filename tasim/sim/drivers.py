@@ -8,17 +8,14 @@ when a finite workload (a trace, a number of RL steps) is complete, or None for 
 from __future__ import annotations
 
 from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING
 
-from tasim.scenario import AgentWorkload, DynamoTraceWorkload, MooncakeTraceWorkload, RolloutWorkload
+from tasim.config.scenario import AgentWorkload, DynamoTraceWorkload, MooncakeTraceWorkload, RolloutWorkload
 from tasim.sim.clock import Event
+from tasim.sim.program_runner import ProgramRunner
 from tasim.workloads import Script, agent_script, dynamo_trace_scripts, mooncake_scripts, plan_program
 
-if TYPE_CHECKING:
-    from tasim.sim.runner import Simulation
 
-
-def start_workload(sim: Simulation) -> Event | None:
+def start_workload(sim: ProgramRunner) -> Event | None:
     workload = sim.scenario.workload
     env = sim.env
     if isinstance(workload, AgentWorkload):
@@ -39,7 +36,7 @@ def start_workload(sim: Simulation) -> Event | None:
     raise TypeError(f"unsupported workload {workload!r}")
 
 
-def _agent(sim: Simulation, workload: AgentWorkload, index: int) -> Script:
+def _agent(sim: ProgramRunner, workload: AgentWorkload, index: int) -> Script:
     plan = plan_program(workload, sim.scenario.seed, index, sim.scenario.max_context_tokens)
     return agent_script(plan, sim.block_size)
 
@@ -53,7 +50,7 @@ class WorkloadError(ValueError):
     """The workload cannot make progress; the message says which setting to change."""
 
 
-def _closed_loop_slot(sim: Simulation, workload: AgentWorkload, counter: Iterator[int]) -> Generator[Event, object, None]:
+def _closed_loop_slot(sim: ProgramRunner, workload: AgentWorkload, counter: Iterator[int]) -> Generator[Event, object, None]:
     instant = 0
     for index in counter:  # shared by every slot; a finite workload ends when it runs out
         if sim.env.now >= sim.scenario.duration_s:
@@ -68,7 +65,7 @@ def _closed_loop_slot(sim: Simulation, workload: AgentWorkload, counter: Iterato
             )
 
 
-def _poisson_arrivals(sim: Simulation, workload: AgentWorkload, counter: Iterator[int]) -> Generator[Event, object, None]:
+def _poisson_arrivals(sim: ProgramRunner, workload: AgentWorkload, counter: Iterator[int]) -> Generator[Event, object, None]:
     assert workload.rate_per_s is not None
     programs = []  # kept only for a finite workload, whose end waits for them
     for index in counter:
@@ -79,7 +76,7 @@ def _poisson_arrivals(sim: Simulation, workload: AgentWorkload, counter: Iterato
     yield sim.env.all_of(programs)
 
 
-def _replay(sim: Simulation, starts: Iterator[tuple[float, Script]]) -> Generator[Event, object, None]:
+def _replay(sim: ProgramRunner, starts: Iterator[tuple[float, Script]]) -> Generator[Event, object, None]:
     """Start each script at its time; done when every program has finished."""
     programs = []
     for start_s, script in starts:

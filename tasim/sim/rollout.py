@@ -10,19 +10,16 @@ a prompt share its task prompt blocks.
 from __future__ import annotations
 
 from collections.abc import Generator
-from typing import TYPE_CHECKING
 
-from tasim import events as ev
-from tasim.determinism import training_rng
-from tasim.scenario import RolloutWorkload
+from tasim.config.scenario import RolloutWorkload
+from tasim.core import events as ev
+from tasim.core.determinism import training_rng
 from tasim.sim.clock import Event, Slots
-from tasim.workloads import agent_script, rollout_step_plans
-
-if TYPE_CHECKING:
-    from tasim.sim.runner import Simulation
+from tasim.sim.program_runner import ProgramRunner
+from tasim.workloads import ProgramPlan, agent_script, rollout_step_plans
 
 
-def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[Event, object, None]:
+def rollout_steps(sim: ProgramRunner, workload: RolloutWorkload) -> Generator[Event, object, None]:
     env = sim.env
     slots = Slots(env, workload.max_concurrency)
     training = training_rng(sim.scenario.seed)
@@ -38,7 +35,7 @@ def rollout_steps(sim: Simulation, workload: RolloutWorkload) -> Generator[Event
         sim.emit(ev.TrainingFinished(env.now, step))
 
 
-def _trajectory(sim: Simulation, slots: Slots, plan) -> Generator[Event, object, None]:  # type: ignore[no-untyped-def]
+def _trajectory(sim: ProgramRunner, slots: Slots, plan: ProgramPlan) -> Generator[Event, object, None]:
     with slots.request() as slot:
         yield slot
         yield sim.env.process(sim.run_program(agent_script(plan, sim.block_size)))

@@ -12,20 +12,20 @@ from collections.abc import Callable, Generator
 from dataclasses import replace
 from operator import itemgetter
 
-from tasim import events as ev
-from tasim.determinism import PRIVATE_OUTPUTS, arrival_rng
-from tasim.gc_pacing import fewer_collections
-from tasim.host import Emit, HostCore, build_policy, run_header
-from tasim.model import BlockHash, RequestSpec, with_private_tail
-from tasim.perf import make_perf_model
+from tasim.config.scenario import Scenario
+from tasim.config.workers import cluster_view
+from tasim.core import events as ev
+from tasim.core.determinism import PRIVATE_OUTPUTS, arrival_rng
+from tasim.core.gc_pacing import fewer_collections
+from tasim.core.model import BlockHash, RequestSpec, with_private_tail
+from tasim.hosting.policy_host import Emit, HostCore, build_policy, run_header
 from tasim.policies import Pin, Policy, Route
-from tasim.scenario import Scenario
 from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock, Event, Interrupt, Process
 from tasim.sim.drivers import start_workload
-from tasim.sim.engine import Engine, EngineFactory, EngineSetup, StepEngine
-from tasim.sim.runs import StepRun
-from tasim.view import cluster_view
+from tasim.sim.engine.fast_forward import StepRun
+from tasim.sim.engine.scheduler import Engine, EngineFactory, EngineSetup, StepEngine
+from tasim.sim.perf import make_perf_model
 from tasim.workloads import Script
 
 Progress = Callable[[float], None]

@@ -1,15 +1,15 @@
-"""How far tasim can be trusted: against Dynamo's own simulator and against the ThunderAgent paper.
+"""How far tasim can be trusted: against Dynamo's own simulator, vLLM's scheduler and published
+measurements, and calibration to the latter.
 
 Against Dynamo (``dynamo.replay``): one workload is written as a Mooncake-format trace
 (`workload_trace`), replayed through Dynamo's Rust replay of its mocker engines and real router
 (`dynamo_replay`) and through tasim with the same engine settings (`tasim_replay`); both sides'
 per-request records go through one set of metric definitions (`measures`), so a difference is
 the simulators', not the bookkeeping's. `against_dynamo` runs and tabulates one scenario
-(``tasim validate dynamo``); `matrix` runs every configuration for docs/validation.md.
+(``tasim validate dynamo``). Against vLLM: `against_vllm` with vLLM's scheduler as an engine
+(`vllm_engine`). Against published numbers: `published`; fitting to them: `calibration`.
 
-Against the paper: `paper_shapes` (``make paper-shapes``). Both generators write their section
-of docs/validation.md through `doc_section`.
-"""
+May import: `tasim.tools`, `tasim.sim`, `tasim.live` and every layer below them."""
 
 
 class ValidationUnavailable(ValueError):

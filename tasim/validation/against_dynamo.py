@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.table import Table
 
-from tasim.scenario import Scenario, with_engine_flavour
+from tasim.config.scenario import Scenario, with_engine_flavour
 from tasim.validation.dynamo_replay import Router, engine_args, run_dynamo
 from tasim.validation.measures import METRICS, Difference, Metric, all_within, differences, summarize
 from tasim.validation.tasim_replay import run_tasim

@@ -19,9 +19,9 @@ from typing import Any
 
 from rich.table import Table
 
-from tasim import events as ev
-from tasim.rundir import run_simulation
-from tasim.scenario import FLAVOUR_DEFAULTS, Override, ReplacedFields, Scenario, replaced_by, with_engine_flavour
+from tasim.config.scenario import FLAVOUR_DEFAULTS, Override, ReplacedFields, Scenario, replaced_by, with_engine_flavour
+from tasim.core import events as ev
+from tasim.sim.simulate import run_simulation
 from tasim.validation import ValidationUnavailable
 
 VALIDATION_FILE = "validation.json"

@@ -7,8 +7,8 @@ import os
 import time
 from typing import Any, Literal
 
-from tasim.live.engines import PREEMPTION_MODE
-from tasim.scenario import ClusterConfig
+from tasim.config.scenario import ClusterConfig
+from tasim.live.stack.engines import PREEMPTION_MODE
 from tasim.validation import ValidationUnavailable
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace

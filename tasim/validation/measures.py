@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasim.records import record
+from tasim.core.records import record
 
 
 @record

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasim import events as ev
-from tasim.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, ReplacedFields, Scenario, replaced_by
+from tasim.config.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, ReplacedFields, Scenario, replaced_by
+from tasim.core import events as ev
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace
 

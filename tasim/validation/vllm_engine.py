@@ -27,9 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tasim.model import BlockHash, RequestSpec
-from tasim.perf.base import PerfModel
-from tasim.sim.engine import EngineListener, EngineRequest, EngineSetup, Step, step_shape
+from tasim.core.model import BlockHash, RequestSpec
+from tasim.sim.engine.scheduler import EngineListener, EngineRequest, EngineSetup, Step, step_shape
+from tasim.sim.perf.base import PerfModel
 from tasim.validation import ValidationUnavailable
 
 VLLM_VERSION = "0.31.0"  # the version Dynamo 1.6.1's [vllm] extra pins, so the one its GPU workers run

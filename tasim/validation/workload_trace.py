@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasim.determinism import arrival_rng
-from tasim.model import blocks_for
-from tasim.scenario import AgentWorkload, MooncakeTraceWorkload, Scenario
-from tasim.traces.common import MAX_TRACE_ID, check_block_sizes
-from tasim.traces.mooncake import read_mooncake_records
+from tasim.config.scenario import AgentWorkload, MooncakeTraceWorkload, Scenario
+from tasim.core.determinism import arrival_rng
+from tasim.core.model import blocks_for, check_block_sizes
 from tasim.validation import ValidationUnavailable
 from tasim.workloads import plan_program
+from tasim.workloads.trace_formats.mooncake import read_mooncake_records
+from tasim.workloads.trace_formats.reading import MAX_TRACE_ID
 
 
 class UnsupportedWorkload(ValidationUnavailable):

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasim.determinism import PROGRAMS, PROMPT_GROUPS, SHARED_PROMPT, program_rng, prompt_group_rng
-from tasim.model import RequestSpec, Segment, chained_block_hashes
-from tasim.scenario import ProgramShape, RolloutWorkload
+from tasim.config.scenario import ProgramShape, RolloutWorkload
+from tasim.core.determinism import PROGRAMS, PROMPT_GROUPS, SHARED_PROMPT, program_rng, prompt_group_rng
+from tasim.core.model import RequestSpec, Segment, chained_block_hashes
 
 
 @dataclass(frozen=True, slots=True)

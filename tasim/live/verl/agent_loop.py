@@ -3,7 +3,7 @@
 verl's machinery stays in the path: `AgentLoopManager` splits the batch over its Ray workers,
 each worker instantiates this loop per sample and awaits ``run``, and every LLM call goes through
 the worker's server client (`DynamoProgramClient`). What the loop does per turn comes from the
-row's ``extra_info["tasim"]`` (built by `tasim.live.verl.driver` from the same program plans the
+row's ``extra_info["tasim"]`` (built by `tasim.live.verl.rollout_driver` from the same program plans the
 simulator draws): call the model for the turn's output tokens, wait the tool's latency (divided
 by the time scale), append the observation's token ids (masked 0, as tool output is for verl's
 trainer), and go on. On every exit path the trajectory's program is released with one
@@ -36,7 +36,7 @@ async def _release_later(server_manager: DynamoProgramClient, program: str, wait
 
 
 class TasimAgentLoop(AgentLoopBase):
-    # verl hands every loop the client the manager was created with: `tasim.live.verl.driver`
+    # verl hands every loop the client the manager was created with: `tasim.live.verl.rollout_driver`
     # creates it with a DynamoProgramClient, whose end_program the loop calls.
     server_manager: DynamoProgramClient
 

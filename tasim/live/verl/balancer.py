@@ -64,11 +64,11 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tasim import events as ev
-from tasim.determinism import policy_rng
-from tasim.live.host import Call, Held, PolicyHost
+from tasim.core import events as ev
+from tasim.core.cluster_view import ClusterView, WorkerInfo
+from tasim.core.determinism import policy_rng
+from tasim.live.router.live_host import Call, Held, PolicyHost
 from tasim.policies import POLICIES, make_policy, policy_class
-from tasim.view import ClusterView, WorkerInfo
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ and dropped, unlike the recipe's client, which broke on verl 0.9.1 that way. Tra
 408, 429 and 5xx are retried.
 
 With ``decisions_url`` (``live.routing: pin``) every turn asks the tasim router there for its
-worker and streams from the frontend pinned to it (`tasim.live.pinned`, which also sends a turn
+worker and streams from the frontend pinned to it (`tasim.live.clients.pinned`, which also sends a turn
 again when its worker fails), and ``end_program`` tells the router alone.
 
 The client is pickled into every verl agent-loop worker (a Ray actor); its HTTP session is made
@@ -30,7 +30,7 @@ from omegaconf import DictConfig
 from verl.workers.rollout.llm_server import LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
-from tasim.live.pinned import PinnedCalls
+from tasim.live.clients.pinned import PinnedCalls
 
 RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
 FINAL_PROMPT = [3]  # any token: the router answers a session-final without an engine

@@ -1,0 +1,3 @@
+from lab.paper_shapes.cli import main
+
+main()

@@ -1,8 +1,0 @@
-"""Errors every command reports the same way, defined outside the CLI so that the modules
-behind it can raise them without importing it."""
-
-from __future__ import annotations
-
-
-class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""

@@ -1,0 +1,7 @@
+"""The simulated engine of one worker, as vLLM v1 runs it: the scheduler (`scheduler`), the
+paged KV block pool with its prefix cache (`block_pool`) and the folding of runs of identical
+steps (`fast_forward`). Its modules may be compiled: see `tasim.native`."""
+
+from tasim.native import search_path
+
+__path__ = search_path(__name__, __path__)

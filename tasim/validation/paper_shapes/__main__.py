@@ -1,3 +1,0 @@
-from tasim.validation.paper_shapes.cli import main
-
-main()
