@@ -1,4 +1,4 @@
-"""Issue 8's speed and memory targets. Each run is the main job (`run_simulation`: event log
+"""The speed and memory targets. Each run is the main job (`run_simulation`: event log
 written to disk, metrics folded) in a fresh process, so its peak RSS is its own. The peak is
 the process's own high-water mark (``VmHWM``): ``ru_maxrss`` survives exec on Linux, so a child
 of a large pytest process would report its parent's peak. Where the compiled simulator core is in

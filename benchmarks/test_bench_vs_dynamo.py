@@ -1,6 +1,6 @@
 """tasim against Dynamo's own offline replay (Rust) on the Mooncake conversation trace: 12,031
-requests on 4 workers, both sides in the same run, same engine settings (issue 8's yardstick).
-Fidelity is asserted for both routers. Speed for ``kv_router``: issue 20's target is at most half
+requests on 4 workers, both sides in the same run, same engine settings (the speed yardstick).
+Fidelity is asserted for both routers. Speed for ``kv_router``: the target is at most half
 of Dynamo's wall time, judged on the median ratio of `SPEED_PAIRS` alternating pairs, since this
 machine's speed drifts (by up to 2x between minutes) and one pair can land on either side of a
 drift. ``round_robin``'s ratio is reported."""

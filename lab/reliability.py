@@ -7,8 +7,8 @@ runs): the simulator under random scenarios with every invariant checked; the li
 program table under 100,000 sessions that never end; and the live stack (Dynamo frontend, tasim
 router, Dynamo mocker workers on this machine) under 512 concurrent programs, and with a worker
 killed mid-run. Tests assert what the table shows, no lost request and no leaked program
-(tests/test_invariants.py, tests/test_live_hostile.py, tests/test_live_load.py,
-tests/test_live_faults.py).
+(tests/sim/test_checks.py, tests/live/router/test_service_hostile_input.py, tests/live/test_live_load.py,
+tests/lab/test_faults.py).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = REPO / "scenarios"
-TINY = str(Path(__file__).parent / "data" / "tiny.yaml")
+TEST_DATA = REPO / "tests" / "data"
+TINY = str(TEST_DATA / "tiny.yaml")
 
 
 class FakeClock:

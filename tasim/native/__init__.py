@@ -9,7 +9,7 @@ packages of those modules put that folder in front of their own on their module 
 (`search_path`) only when the manifest matches the sources as they are now and this Python; an
 edited source, a build for another Python, a failed build or ``TASIM_NATIVE=0`` all mean the
 plain modules, so a stale build can never run. Compiled and plain modules write byte-identical
-event logs (tests/test_native.py); a profile with py-spy needs the plain ones, since it cannot
+event logs (tests/native/test_native.py); a profile with py-spy needs the plain ones, since it cannot
 see into compiled code.
 
     python -m tasim.native          # build (or say why not) and print the state

@@ -1,5 +1,5 @@
 """`tasim.live.frames`: batching the decision socket's frames per turn of the event loop. The
-real WebSocket ends run in tests/test_live_pin.py; here a recording socket shows exactly which
+real WebSocket ends run in tests/live/router/test_decisions.py; here a recording socket shows exactly which
 messages leave, and when."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Scenarios that mean nothing, and errors that name their real source (issue 37, items 3 and 9).
+"""Scenarios that mean nothing, and errors that name their real source.
 
 An empty scenario file, or a count the simulator would silently raise (``turns: 0`` runs one
 turn), is refused in one line; an error caused by ``--set``, ``--seed`` or ``--policy`` names that

@@ -1,7 +1,7 @@
 """Decision-only routing (``live.routing: pin``) without Dynamo: the decision service
 (`tasim.live.router.decisions`) served over real HTTP and WebSocket on 127.0.0.1 around the live policy
 host, with the simulator's event checks on its log. The pin-mode stack itself runs in
-tests/test_live_e2e.py (``thunderagent@pin``), test_live_load.py and test_live_faults.py."""
+tests/live/test_live_e2e.py (``thunderagent@pin``), test_live_load.py and test_live_faults.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile input (issue 9): scenario files and traces malformed in every way we could think of
+"""Hostile input: scenario files and traces malformed in every way we could think of
 must end ``tasim simulate`` (and ``compare`` / ``validate dynamo``, which read the same files)
 with status 2 and one line on stderr naming the file (and line) and the field: never a
 traceback, a hang or a runaway allocation, and never at the cost of results already written.
@@ -25,7 +25,7 @@ from typing import Any, get_args
 
 import pytest
 import yaml
-from conftest import REPO, assert_usage_error
+from conftest import REPO, TEST_DATA, assert_usage_error
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
@@ -37,7 +37,7 @@ from tasim.workloads.trace_formats import TraceError, read_dynamo_agent_trace, r
 
 PRESETS = REPO / "scenarios"
 CONVERSATION = PRESETS / "traces" / "conversation_trace.jsonl"
-DYNAMO_TRACE = Path(__file__).resolve().parent / "data" / "dynamo_agent_trace.jsonl"
+DYNAMO_TRACE = TEST_DATA / "dynamo_agent_trace.jsonl"
 
 TIME_LIMIT_S = 30  # a valid run here simulates 5 s of a tiny cluster: well under a second
 MEMORY_HEADROOM = 2 << 30  # bytes a run may add to this process's address space
@@ -604,7 +604,7 @@ TRACE_DEFECTS = [  # (bad line 3, the message after "path:3: ")
     (b"[" * 100_000 + b"]" * 100_000, "invalid JSON (nested too deeply); expected one JSON object per line"),
     (_mooncake_line(output_length=10**15), "output_length must be at most 1048576 tokens (got 1000000000000000)"),
     (_mooncake_line(input_length=2**40, hash_ids=[0]), "input_length must be at most 1048576 tokens (got 1099511627776)"),
-    # already one line before issue 9; kept as the yardstick of the style
+    # the yardstick of the style: a one-line error naming path, line and field
     (
         b'{"timestamp": 0, "input_length": 600,',
         "invalid JSON (Expecting property name enclosed in double quotes at column 38); expected one JSON object per line",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import REPO, TINY, assert_usage_error, tasim
+from conftest import REPO, TEST_DATA, TINY, assert_usage_error, tasim
 
 from tasim.cli import main
 from tasim.config.policy_spec import PolicySpec
@@ -24,7 +24,7 @@ from tasim.validation.published.measurement_file import MEASUREMENT_DIR, Measure
 from tasim.validation.published.quantities import METRICS, MetricUnavailable, Outcome
 from tasim.validation.published.turn_latency import TurnLatencyFold
 
-DATA = Path(__file__).parent / "data"
+DATA = TEST_DATA
 TINY_FILE = DATA / "published-tiny.yaml"
 SHORT = ("--set", "duration_s=40")
 

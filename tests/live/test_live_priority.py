@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
 from tasim.config.scenario import load_scenario
 from tasim.live.router.decisions import PRIORITY_HEADER
@@ -27,7 +28,7 @@ from tasim.live.stack.launcher import LiveStack
 pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
-SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "live-mocker.yaml"
+SCENARIO = REPO / "scenarios" / "live-mocker.yaml"
 
 # The tasim router, recording the routing field of every request the frontend gives it.
 RECORDING_ROUTER = """

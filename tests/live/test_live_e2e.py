@@ -24,7 +24,7 @@ import aiohttp
 import msgpack
 import pytest
 import zmq
-from conftest import processes_with_environ
+from conftest import REPO, processes_with_environ
 
 from tasim.config.scenario import load_scenario
 from tasim.core import events as ev
@@ -39,7 +39,7 @@ from tasim.sim.simulate import run_simulation
 pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
-SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "live-mocker.yaml"
+SCENARIO = REPO / "scenarios" / "live-mocker.yaml"
 TIME_SCALE = 2.0
 
 

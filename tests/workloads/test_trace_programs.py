@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import SCENARIOS
+from conftest import SCENARIOS, TEST_DATA
 
 from tasim.config.scenario import load_scenario
 from tasim.sim.simulate import run_simulation
@@ -50,7 +50,7 @@ def test_dynamo_agent_trace_replays_sessions_with_their_gaps(tmp_path: Path) -> 
     from tasim.core import events as ev
     from tasim.sim.runner import Simulation
 
-    trace = Path(__file__).parent / "data" / "dynamo_agent_trace.jsonl"
+    trace = TEST_DATA / "dynamo_agent_trace.jsonl"
     scenario = parse_scenario(
         {"duration_s": 60, "cluster": {"engine": {"block_size": 4, "kv_blocks": 1000}}, "workload": {"kind": "dynamo_trace", "path": str(trace)}},
         "inline",

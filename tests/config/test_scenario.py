@@ -1,4 +1,4 @@
-"""``python -m tasim schema`` (issue 37, item 6): a JSON Schema (Draft 2020-12) that takes what the
+"""``python -m tasim schema``: a JSON Schema (Draft 2020-12) that takes what the
 loader takes, shorthands included, refuses what it refuses where a schema can say so, and lists
 the GPUs, models and policies a scenario may name."""
 

@@ -1,4 +1,4 @@
-"""Hostile input and faults at the live router (issue 9).
+"""Hostile input and faults at the live router.
 
 Host level, no processes: the idle TTL keeps the program table bounded (100,000 sessions that
 never send a session-final), session-finals for programs the router does not know, a session-final

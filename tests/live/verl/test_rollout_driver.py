@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from tasim.config.scenario import load_scenario
 from tasim.core import events as ev
@@ -24,8 +25,7 @@ pytest.importorskip("verl")
 pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = ROOT / "scenarios" / "rl-live-mocker.yaml"
+SCENARIO = REPO / "scenarios" / "rl-live-mocker.yaml"
 
 
 @pytest.mark.parametrize("routing", ["proxy", "pin"])
@@ -50,7 +50,7 @@ def test_verl_rollout_steps_run_through_the_tasim_router(routing: str, tmp_path:
         "--out",
         str(out),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
 
     scenario = load_scenario(SCENARIO)

@@ -3,10 +3,9 @@ KV events included, is identical to simulating every step on its own."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from conftest import REPO
 
 from tasim.config.scenario import Scenario, load_scenario
 from tasim.core import events as ev
@@ -15,7 +14,7 @@ from tasim.sim.perf import make_perf_model
 from tasim.sim.perf.base import decode_shape
 from tasim.sim.runner import Simulation
 
-PRESETS = Path(__file__).resolve().parent.parent / "scenarios"
+PRESETS = REPO / "scenarios"
 
 
 def _log(scenario: Scenario, fast_forward: bool, mixed: list[int] | None = None) -> tuple[list[ev.Event], int]:

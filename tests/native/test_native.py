@@ -11,10 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 
 from tasim import native
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -100,7 +99,7 @@ CASES = [
 
 def _run(disable: bool) -> list[str]:
     env = {**os.environ, native.DISABLE: "0"} if disable else {k: v for k, v in os.environ.items() if k != native.DISABLE}
-    done = subprocess.run([sys.executable, "-c", _RUN, *CASES], capture_output=True, text=True, cwd=ROOT, env=env, check=True)
+    done = subprocess.run([sys.executable, "-c", _RUN, *CASES], capture_output=True, text=True, cwd=REPO, env=env, check=True)
     return done.stdout.splitlines()
 
 

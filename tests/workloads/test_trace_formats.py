@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import SCENARIOS
+from conftest import SCENARIOS, TEST_DATA
 
 from tasim.workloads.trace_formats import (
     TRACE_HASH_NAMESPACE,
@@ -20,7 +20,7 @@ from tasim.workloads.trace_formats import (
 )
 
 TRACES = SCENARIOS / "traces"
-DYNAMO_TRACE = Path(__file__).resolve().parent / "data" / "dynamo_agent_trace.jsonl"
+DYNAMO_TRACE = TEST_DATA / "dynamo_agent_trace.jsonl"
 
 
 def write_lines(path: Path, lines: list[object]) -> Path:

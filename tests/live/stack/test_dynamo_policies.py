@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import REPO
 
 from tasim.config.scenario import load_scenario
 from tasim.core import events as ev
@@ -21,8 +22,7 @@ from tasim.sim.checks import EventChecks
 
 pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
 
-ROOT = Path(__file__).resolve().parents[1]
-SCENARIO = ROOT / "scenarios" / "live-mocker.yaml"
+SCENARIO = REPO / "scenarios" / "live-mocker.yaml"
 
 
 def test_thunderagent_plugin_gets_tasims_values_with_durations_scaled() -> None:
@@ -162,7 +162,7 @@ def test_the_rust_plugin_stack_runs_the_same_programs_on_cpu(routing: str, polic
     assert {e.worker for e in events if isinstance(e, ev.RequestRouted)} <= {"w0", "w1"}
     assert len({e.worker for e in events if isinstance(e, ev.RequestRouted)}) == 2
     # Dynamo's plug-in lands where tasim simulates its peer, within the live-vs-sim tolerance of
-    # tasim's own live runs (tests/test_live_e2e.py): the same programs on the same workers.
+    # tasim's own live runs (tests/live/test_live_e2e.py): the same programs on the same workers.
     simulated = run_simulation(simulated_twin(finite_scenario(scenario, None), "mocker"), tmp_path / "sim")
     assert abs(summary["prefix_hit_rate"] - simulated["prefix_hit_rate"]) <= 0.05
     assert abs(summary["output_tokens_per_s"] / simulated["output_tokens_per_s"] - 1) <= 0.15

@@ -7,13 +7,12 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from conftest import REPO
 from mypy import api as mypy_api
 
 from tasim.core.events import FirstToken
 from tasim.core.model import RequestSpec
 from tasim.core.records import record
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @record
@@ -52,7 +51,7 @@ def test_the_type_checker_refuses_writes(tmp_path: Path) -> None:
     )
     modules = ["tasim/core/records.py", "tasim/core/events.py", "tasim/core/model.py", "tasim/workloads/trace_formats/mooncake.py"]
     out, _, status = mypy_api.run(
-        [str(snippet), *(str(ROOT / m) for m in modules), "--follow-imports=skip", "--no-incremental", "--cache-dir=/dev/null", "--config-file="]
+        [str(snippet), *(str(REPO / m) for m in modules), "--follow-imports=skip", "--no-incremental", "--cache-dir=/dev/null", "--config-file="]
     )
     errors = [line.split(": error: ")[1] for line in out.splitlines() if ": error: " in line]
     assert status == 1

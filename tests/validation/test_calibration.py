@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import TINY, assert_usage_error, tasim
+from conftest import TEST_DATA, TINY, assert_usage_error, tasim
 
 from tasim.config.scenario import load_scenario
 from tasim.tools.search import Dimension, own_values
@@ -21,7 +21,7 @@ from tasim.validation.calibration.space import parse_space
 from tasim.validation.published.evaluate import PointResult
 from tasim.validation.published.measurement_file import load_measurements
 
-PUBLISHED = str(Path(__file__).parent / "data" / "published-tiny.yaml")
+PUBLISHED = str(TEST_DATA / "published-tiny.yaml")
 
 
 def test_knobs_parse_and_take_the_field_type_from_the_scenario() -> None:
