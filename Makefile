@@ -7,7 +7,7 @@ CORE   := $(VENV)/.core-installed
 STAMP  := $(VENV)/.installed
 NATIVE := build/native/manifest.json
 
-.PHONY: install demo test test-fast lint bench baseline validation vllm-validation reliability peers paper-shapes published reference-hashes clean
+.PHONY: install demo test test-fast lint bench baseline validation vllm-validation reliability peers paper-shapes published calibration-records reference-hashes reference-docs docs clean
 
 install: $(STAMP) $(NATIVE)
 
@@ -34,7 +34,7 @@ $(CORE): pyproject.toml Makefile
 $(STAMP): $(CORE)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps ai-dynamo-runtime==1.6.1 ai-dynamo==1.6.1
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps vllm==0.31.0 xgrammar==0.2.7 llguidance==1.7.6 apache-tvm-ffi==0.1.11
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test,lint,native]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[live,oracle,calibrate,test,lint,native,docs]'
 	touch $@
 
 # The README's first quickstart command (tests/test_readme.py holds them to each other).
@@ -67,37 +67,59 @@ bench: install
 baseline: install
 	$(BIN)/python -m lab.regression --update
 
-# Load held, faults injected and outcomes: rewrites the table in docs/reliability.md (~4 min).
+# Load held, faults injected and outcomes: rewrites the table in docs/results/reliability.md (~4 min).
 reliability: install
 	$(BIN)/python -m lab.reliability
 
 # tasim's ThunderAgent against Dynamo 1.6.1's Rust one, live (proxy and pin) and simulated, three
-# seeds each, on live-mocker and a four-times larger variant: rewrites docs/peers.md (~25 min).
+# seeds each, on live-mocker and a four-times larger variant: rewrites docs/results/peers.md (~25 min).
 peers: install
-	$(BIN)/python -m lab.peers scenarios/live-mocker.yaml --doc docs/peers.md --section live-mocker
-	$(BIN)/python -m lab.peers scenarios/live-mocker.yaml $(PEERS_LARGER) --doc docs/peers.md --section larger
+	$(BIN)/python -m lab.peers scenarios/live-mocker.yaml --doc docs/results/peers.md --section live-mocker
+	$(BIN)/python -m lab.peers scenarios/live-mocker.yaml $(PEERS_LARGER) --doc docs/results/peers.md --section larger
 
 PEERS_LARGER := --set workload.programs=96 --set workload.concurrency=48 --set cluster.engine.kv_blocks=320
 
-# Cross-validation against Dynamo's replay: rewrites the matrix in docs/validation.md (~20 min).
+# Cross-validation against Dynamo's replay: rewrites the matrix in docs/results/validation.md (~20 min).
 validation: install
 	$(BIN)/python -m lab.dynamo_matrix --json runs/validation-matrix.json
 
-# tasim's engine against vLLM's own scheduler: rewrites the vLLM matrix in docs/validation.md (~2 min).
+# tasim's engine against vLLM's own scheduler: rewrites the vLLM matrix in docs/results/validation.md (~2 min).
 vllm-validation: install
 	$(BIN)/python -m lab.vllm_matrix
 
 # tasim against the ThunderAgent paper's curves: rewrites the paper-shapes section of
-# docs/validation.md and docs/paper-shapes/*.png (40 runs, ~12 min on 2 idle cores).
+# docs/results/validation.md and docs/results/paper-shapes/*.png (40 runs, ~12 min on 2 idle cores).
 paper-shapes: install
 	$(BIN)/python -m lab.paper_shapes
 
 # tasim against every published measurement (measurements/*.yaml): rewrites section 4 of
-# docs/validation.md and docs/published/*.png, with the committed records of earlier tasim
+# docs/results/validation.md and docs/results/published/*.png, with the committed records of earlier tasim
 # (measurements/baseline-*.json) as columns (51 runs, ~8 min on 2 idle cores).
 published: install
 	$(BIN)/python -m tasim validate published $(sort $(wildcard measurements/*.yaml)) \
-		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/validation.md
+		$(foreach record,$(sort $(wildcard measurements/baseline-*.json)),--before $(record)) --doc docs/results/validation.md
+
+# The committed calibration records (measurements/calibrations/), one section each, in the order
+# the calibration prose of docs/results/validation.md tells them: rewrites docs/results/calibration-records.md (seconds).
+CALIBRATIONS := $(foreach name,rl-rollout-verl-recipe-1 rl-rollout-verl-recipe-2 rl-rollout-verl-recipe-3 \
+	swe-agent-thunderagent-paper-1 swe-agent-thunderagent-paper-2 swe-agent-thunderagent-paper-3 swe-agent-thunderagent-paper-4 \
+	openhands-thunderagent-paper-1 openhands-thunderagent-paper-2 swe-agent-qwen3-235b-thunderagent-paper-1 \
+	swe-agent-qwen3-235b-thunderagent-paper-2 scienceagent-thunderagent-paper-1 toolorchestra-thunderagent-paper-1 \
+	toolorchestra-thunderagent-paper-2,measurements/calibrations/$(name).json)
+
+calibration-records: install
+	$(BIN)/python -m lab.calibration_doc $(CALIBRATIONS)
+
+# The reference pages of the documentation (docs/reference: the CLI, the scenario file, the
+# policies and the summary keys), generated from the code; tests/lab/test_reference_docs.py fails
+# while they are not current.
+reference-docs: install
+	$(BIN)/python -m lab.reference_docs
+
+# The documentation site (mkdocs.yml), strict: a broken link, a missing anchor or a page left out of
+# the navigation fails the build. Open build/site/index.html, or serve it with `$(BIN)/mkdocs serve`.
+docs: install
+	$(BIN)/mkdocs build --strict --site-dir build/site
 
 # The event logs of a reference set of simulations (every regression case, every preset for 300 s,
 # the Mooncake replays in full, tasim's side of a few `validate dynamo` replays) against their

@@ -1,4 +1,4 @@
-"""How the simulator's cost grows with requests, workers and context length (docs/performance.md).
+"""How the simulator's cost grows with requests, workers and context length (docs/results/performance.md).
 
 One synthetic multi-turn agent workload on Dynamo-mocker-sized workers, varied one axis at a
 time; the figure is wall microseconds per completed request (and per engine iteration)."""

@@ -1,6 +1,6 @@
-"""The calibration span of docs/validation.md, from committed ``calibration.json`` records:
+"""The calibration span of docs/results/calibration-records.md, from committed ``calibration.json`` records:
 
-    python -m lab.calibration_doc RECORD.json... [--doc docs/validation.md]
+    python -m lab.calibration_doc RECORD.json... [--doc docs/results/calibration-records.md]
 
 Per record: the command that made it, the fitted values, and every point of the set-up with its
 role, the published value, tasim uncalibrated, calibrated (mean ± 95 % over seeds), its
@@ -92,7 +92,7 @@ def markdown(records: Sequence[Path]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", nargs="+", type=Path)
-    parser.add_argument("--doc", type=Path, default=Path("docs/validation.md"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/results/calibration-records.md"))
     args = parser.parse_args(argv)
     replace_section(args.doc, BEGIN, END, markdown(args.records))
 

@@ -1,7 +1,7 @@
-"""The cross-validation matrix of docs/validation.md: every workload x configuration x router
+"""The cross-validation matrix of docs/results/validation.md: every workload x configuration x router
 through `validate`, written as a markdown table between the document's markers.
 
-    python -m lab.dynamo_matrix [--jobs N] [--doc docs/validation.md]
+    python -m lab.dynamo_matrix [--jobs N] [--doc docs/results/validation.md]
 
 Workloads: both Mooncake traces (open loop) and the synthetic multi-turn agents preset (closed
 loop, sessions). Configurations: 2 and 8 workers x block sizes 16 and 64 x pools of 4,096 and
@@ -115,7 +115,7 @@ def markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--doc", type=Path, default=Path("docs/validation.md"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/results/validation.md"))
     parser.add_argument("--json", type=Path, help="also write every result as JSON here")
     args = parser.parse_args(argv)
     plan = configs()

@@ -13,7 +13,7 @@ Pauses: tasim logs every pause (``ProgramPaused``), the Rust ThunderAgent only l
 scheduler's state when it changes, so the comparable figure is the most programs paused at once.
 
     python -m lab.peers scenarios/live-mocker.yaml --seeds 3 --time-scale 2 \\
-        --doc docs/peers.md --section live-mocker
+        --doc docs/results/peers.md --section live-mocker
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The reliability table of docs/reliability.md: load held, faults injected, outcomes.
+"""The reliability table of docs/results/reliability.md: load held, faults injected, outcomes.
 
-    python -m lab.reliability [--doc docs/reliability.md] [--out DIR]
+    python -m lab.reliability [--doc docs/results/reliability.md] [--out DIR]
 
 Each row is one measurement, run here and now (about five minutes in all, most of it the live
 runs): the simulator under random scenarios with every invariant checked; the live router's
@@ -245,7 +245,7 @@ def render(outcomes: list[Outcome]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m lab.reliability", description=__doc__.splitlines()[0])
-    parser.add_argument("--doc", type=Path, default=Path("docs/reliability.md"), help="document whose table to rewrite")
+    parser.add_argument("--doc", type=Path, default=Path("docs/results/reliability.md"), help="document whose table to rewrite")
     parser.add_argument("--out", type=Path, help="keep the live runs here (default: a temporary directory)")
     args = parser.parse_args(argv)
     outcomes = [sim_invariants(), abandoned_sessions()]

@@ -1,8 +1,8 @@
-"""The vLLM matrix of docs/validation.md: configurations of engine, workload and policy, each
+"""The vLLM matrix of docs/results/validation.md: configurations of engine, workload and policy, each
 run on tasim's engine and on vLLM's own scheduler (`against_vllm.validate`), written as a
 markdown table between the document's markers.
 
-    python -m lab.vllm_matrix [--jobs N] [--doc docs/validation.md]
+    python -m lab.vllm_matrix [--jobs N] [--doc docs/results/validation.md]
 
 The configurations cover closed-loop agents with tool gaps (the cache holds every program, or
 programs evict each other during their tools, or the pool is so small that running requests
@@ -179,7 +179,7 @@ def _agreement(result: Comparison, decision: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--doc", type=Path, default=Path("docs/validation.md"))
+    parser.add_argument("--doc", type=Path, default=Path("docs/results/validation.md"))
     args = parser.parse_args(argv)
     results = list(zip(CONFIGS, map_in_processes(run_config, list(CONFIGS), args.jobs)))
     replace_section(args.doc, BEGIN, END, markdown(results))

@@ -1,9 +1,9 @@
-"""The paper-shape suite of docs/validation.md: tasim against the curves and tables the
+"""The paper-shape suite of docs/results/validation.md: tasim against the curves and tables the
 ThunderAgent paper publishes (arXiv 2602.13692 §6.2-6.4, entered in
 ``measurements/thunderagent-paper.yaml``).
 
     python -m lab.paper_shapes [--quick] [--jobs N] [--out DIR]
-                                            [--doc docs/validation.md] [--plots docs/paper-shapes] [--reuse]
+                                            [--doc docs/results/validation.md] [--plots docs/results/paper-shapes] [--reuse]
 
 Three experiments, each run with the shipped presets and only the concurrency (and, with
 ``--quick``, the length) overridden:
@@ -16,7 +16,7 @@ Three experiments, each run with the shipped presets and only the concurrency (a
 3. RL rollout steps/min on two nodes, N = 144 (paper Table 2).
 
 The generated markdown replaces only the span between the ``paper-shapes`` markers of the
-document, and the plots go to ``docs/paper-shapes/``. Every number in the text is measured by
+document, and the plots go to ``docs/results/paper-shapes/``. Every number in the text is measured by
 the run that writes it; direction checks (trends, orderings, ratios on either side of 1) mark
 where tasim misses the paper, with the measured quantities that point at the likely cause.
 

@@ -14,15 +14,15 @@ from lab.paper_shapes.plan import Mode, plan
 from lab.paper_shapes.runner import run_all
 from lab.paper_shapes.splice import splice
 
-DEFAULT_DOC = Path("docs/validation.md")
-DEFAULT_PLOTS = Path("docs/paper-shapes")
+DEFAULT_DOC = Path("docs/results/validation.md")
+DEFAULT_PLOTS = Path("docs/results/paper-shapes")
 DEFAULT_OUT = Path("runs/paper-shapes")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m lab.paper_shapes",
-        description="The paper-shape suite of docs/validation.md: tasim against the curves and tables the ThunderAgent paper publishes.",
+        description="The paper-shape suite of docs/results/validation.md: tasim against the curves and tables the ThunderAgent paper publishes.",
     )
     parser.add_argument("--quick", action="store_true", help="60 s runs, two points per sweep, tiny RL (for tests)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel simulation processes")

@@ -38,8 +38,10 @@ class _Dist(BaseModel):
 
 
 class Fixed(_Dist):
+    """Always ``value``; a bare number in a scenario is one."""
+
     kind: Literal["fixed"] = "fixed"
-    value: float = Field(ge=0, le=LIMIT)
+    value: float = Field(ge=0, le=LIMIT, description="the value every draw gives")
 
     def sample(self, rng: np.random.Generator) -> float:
         return self.value
@@ -53,8 +55,8 @@ class Fixed(_Dist):
 
 class Uniform(_Dist):
     kind: Literal["uniform"]
-    low: float = Field(ge=0, le=LIMIT)
-    high: float = Field(ge=0, le=LIMIT)
+    low: float = Field(ge=0, le=LIMIT, description="least value")
+    high: float = Field(ge=0, le=LIMIT, description="greatest value (at least low)")
 
     @model_validator(mode="after")
     def _ordered(self) -> Uniform:
@@ -76,10 +78,12 @@ class LogNormal(_Dist):
     """exp(N(ln median, sigma²)), optionally clipped to [min, max] (clipping shifts the mean)."""
 
     kind: Literal["lognormal"]
-    median: float = Field(gt=0, le=LIMIT)
-    sigma: float = Field(ge=0, le=5)
-    min: float = Field(default=0.0, ge=0, le=LIMIT)
-    max: float = Field(default=math.inf, gt=0, allow_inf_nan=True)  # inf: no cap (a cap only lowers samples)
+    median: float = Field(gt=0, le=LIMIT, description="the median, exp of the underlying normal's mean")
+    sigma: float = Field(ge=0, le=5, description="standard deviation of the underlying normal (the spread)")
+    min: float = Field(default=0.0, ge=0, le=LIMIT, description="draws below it are raised to it")
+    max: float = Field(
+        default=math.inf, gt=0, allow_inf_nan=True, description="draws above it are lowered to it (at least min)"
+    )  # inf: no cap (a cap only lowers samples)
 
     @model_validator(mode="after")
     def _ordered(self) -> LogNormal:
@@ -106,10 +110,12 @@ class Pareto(_Dist):
     (a tool timeout). Mean ``alpha * scale / (alpha - 1)`` for alpha > 1, uncapped."""
 
     kind: Literal["pareto"]
-    scale: float = Field(gt=0, le=LIMIT)
+    scale: float = Field(gt=0, le=LIMIT, description="the least value, where the tail starts")
     # from 0.1 up a sample stays finite for the smallest u (2**-53); near 0.05 u ** (1 / alpha) is 0
-    alpha: float = Field(ge=0.1)
-    max: float = Field(default=math.inf, gt=0, allow_inf_nan=True)  # inf: no cap (a cap only lowers samples)
+    alpha: float = Field(ge=0.1, description="tail index: the smaller, the heavier the tail")
+    max: float = Field(
+        default=math.inf, gt=0, allow_inf_nan=True, description="draws above it are lowered to it (at least scale)"
+    )  # inf: no cap (a cap only lowers samples)
 
     @model_validator(mode="after")
     def _ordered(self) -> Pareto:
@@ -133,8 +139,8 @@ class Empirical(_Dist):
     """Draws one of ``values`` (with optional ``weights``)."""
 
     kind: Literal["empirical"]
-    values: list[Annotated[float, Field(le=LIMIT)]] = Field(min_length=1)
-    weights: list[Annotated[float, Field(le=LIMIT)]] | None = None
+    values: list[Annotated[float, Field(le=LIMIT)]] = Field(min_length=1, description="the values a draw picks from")
+    weights: list[Annotated[float, Field(le=LIMIT)]] | None = Field(None, description="relative weight of each value (default: equal)")
 
     @model_validator(mode="after")
     def _weights_match(self) -> Empirical:

@@ -75,10 +75,10 @@ class EngineConfig(_Strict):
     kv_blocks: PositiveInt | Literal["auto"] = Field(
         "auto", description="KV pool size in blocks; 'auto' derives it from GPU memory left after weights"
     )
-    max_num_seqs: PositiveInt = Field(256, le=1_000_000)
-    max_num_batched_tokens: PositiveInt = Field(8192, le=10_000_000)
-    enable_prefix_caching: bool = True
-    enable_chunked_prefill: bool = True
+    max_num_seqs: PositiveInt = Field(256, le=1_000_000, description="most requests in one batch")
+    max_num_batched_tokens: PositiveInt = Field(8192, le=10_000_000, description="token budget of one engine step")
+    enable_prefix_caching: bool = Field(True, description="reuse cached full blocks of a prompt's prefix")
+    enable_chunked_prefill: bool = Field(True, description="split a long prompt over several steps")
     preemption: Literal["newest_first", "oldest_first"] = Field(
         "newest_first", description="which running request is preempted (recompute) when blocks run out (fcfs scheduling)"
     )
@@ -95,7 +95,7 @@ class EngineConfig(_Strict):
         description="a later prompt that contains a call's output hits its cached blocks (vLLM, SGLang); "
         "false for Dynamo's mocker, which caches generated blocks under its own random token ids",
     )
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory the engine may use (auto sizing)")
     activation_reserve_gib: NonNegativeFloat = Field(2.0, le=1024, description="per-GPU memory kept for activations (auto sizing)")
 
     @model_validator(mode="before")
@@ -126,7 +126,9 @@ class EngineConfig(_Strict):
 
 
 class PerfConfig(_Strict):
-    model: Literal["roofline", "dynamo_polynomial", "fixed"] = "roofline"
+    model: Literal["roofline", "dynamo_polynomial", "fixed"] = Field(
+        "roofline", description="how long a step takes: roofline from GPU and model specs, Dynamo mocker's polynomial, or a fixed step_ms"
+    )
     speedup_ratio: PositiveFloat = Field(1.0, description="divides every step time (Dynamo mocker semantics)")
     mfu: float = Field(0.5, gt=0, le=1, description="roofline: achieved fraction of peak FLOP/s")
     bandwidth_efficiency: float = Field(0.8, gt=0, le=1, description="roofline: achieved fraction of HBM bandwidth")
@@ -146,11 +148,11 @@ def _model_names(schema: JsonDict) -> None:
 class ClusterConfig(_Strict):
     backends: PositiveInt = Field(1, le=4096, description="engine replicas (data-parallel workers)")
     # the schema lists the names the validators below allow (tasim/sim/perf/data)
-    gpu: str = Field("H100", json_schema_extra=_gpu_names)
-    model: str = Field("Llama-3.1-8B", json_schema_extra=_model_names)
+    gpu: str = Field("H100", json_schema_extra=_gpu_names, description="GPU of every replica, by name (tasim/config/hardware_data/gpus.yaml)")
+    model: str = Field("Llama-3.1-8B", json_schema_extra=_model_names, description="model served, by name (tasim/config/hardware_data/models.yaml)")
     tp: PositiveInt = Field(1, le=64, description="tensor-parallel GPUs per replica")
-    weight_dtype: Literal["bf16", "fp8"] = "bf16"
-    kv_cache_dtype: Literal["bf16", "fp8"] = "bf16"
+    weight_dtype: Literal["bf16", "fp8"] = Field("bf16", description="precision of the weights (memory and roofline FLOP/s)")
+    kv_cache_dtype: Literal["bf16", "fp8"] = Field("bf16", description="precision of the KV cache (bytes per block)")
     engine: EngineConfig = EngineConfig()
     perf: PerfConfig = PerfConfig()
 
@@ -208,7 +210,7 @@ class Release(_Strict):
     the program there (README, "Clients that never release"). ``after``: ``delay_s`` seconds
     after the last call ended (a lazy client, or a lease)."""
 
-    kind: Literal["at_end", "never", "after"] = "at_end"
+    kind: Literal["at_end", "never", "after"] = Field("at_end", description="at_end: right after the last call; never; after: delay_s later")
     delay_s: PositiveFloat | None = Field(None, le=10_000_000, description="after: seconds from the last call's end to the release")
 
     @model_validator(mode="after")
@@ -240,7 +242,7 @@ class Tool(_Strict):
     calls it, relative to the others, and how long it runs."""
 
     share: PositiveFloat = Field(..., le=1_000_000, description="relative frequency among the tools")
-    latency_s: Distribution
+    latency_s: Distribution = Field(description="how long one call of this tool runs")
 
 
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
@@ -258,9 +260,9 @@ class ProgramShape(_Strict):
     system_prompt_tokens: NonNegativeInt = Field(0, le=10_000_000, description="shared by every program")
     # A number is a Fixed distribution; validate_default=True, as in the model config, also tells
     # type checkers that a default given as a number is validated into one.
-    task_prompt_tokens: Distribution = Field(1000, validate_default=True)
-    turns: Distribution = Field(10, validate_default=True)
-    output_tokens: Distribution = Field(200, validate_default=True)
+    task_prompt_tokens: Distribution = Field(1000, validate_default=True, description="per-program task prompt (per prompt group in rl_rollout)")
+    turns: Distribution = Field(10, validate_default=True, description="LLM calls per program")
+    output_tokens: Distribution = Field(200, validate_default=True, description="output tokens per call")
     tool_latency_s: Distribution | None = Field(
         None, description="tool time after each call (none after the last); unset: 1 s, or each named tool's with tools"
     )
@@ -268,7 +270,7 @@ class ProgramShape(_Strict):
         None,
         description="named tool kinds a turn's output calls, drawn by share, each with its own latency (replaces tool_latency_s)",
     )
-    observation_tokens: Distribution = Field(500, validate_default=True)
+    observation_tokens: Distribution = Field(500, validate_default=True, description="tool output appended to the context after each call")
     setup_s: Distribution = Field(0, validate_default=True, description="environment set-up before a program's first call")
     max_context_tokens: PositiveInt | None = Field(
         None, le=10_000_000, description="a program ends before a turn whose prompt would exceed this (default: model context)"
@@ -323,10 +325,10 @@ class AgentWorkload(ProgramShape):
     arrival: Literal["closed", "poisson"] = Field(
         "closed", description="closed: keep `concurrency` programs live; poisson: programs arrive at `rate_per_s`"
     )
-    concurrency: PositiveInt = Field(16, le=MAX_LIVE_PROGRAMS)
+    concurrency: PositiveInt = Field(16, le=MAX_LIVE_PROGRAMS, description="closed: live programs at once")
     # bounded so arrivals stay apart (at 1e300 per second the clock would never move) and the
     # programs they start stay near MAX_LIVE_PROGRAMS
-    rate_per_s: PositiveFloat | None = Field(None, le=10_000)
+    rate_per_s: PositiveFloat | None = Field(None, le=10_000, description="poisson: program arrival rate (required there)")
     programs: PositiveInt | None = Field(None, le=10_000_000, description="run exactly this many programs, then end (default: until duration_s)")
 
     @model_validator(mode="after")
@@ -408,8 +410,8 @@ def _policy_names(schema: JsonDict) -> None:
 
 
 class PolicyConfig(_Strict):
-    name: str = Field("round_robin", json_schema_extra=_policy_names)
-    params: dict[str, Any] = Field(default_factory=dict)
+    name: str = Field("round_robin", json_schema_extra=_policy_names, description="the routing policy, by its registered name")
+    params: dict[str, Any] = Field(default_factory=dict, description="the policy's parameters, validated per policy (tasim policies lists them)")
     defaults: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="per policy, the parameters this deployment gives it whichever policy a run selects (--policy, compare); params override them",
@@ -491,8 +493,10 @@ class Scenario(_Strict):
         max_length=100,
         description="names the default output directory: letters, digits, '.', '_' and '-'",
     )
-    description: str = ""
-    seed: NonNegativeInt = 0  # numpy seeds its generators with non-negative integers only
+    description: str = Field("", description="one line for `tasim scenarios`")
+    seed: NonNegativeInt = Field(
+        0, description="seeds every random stream: programs, arrivals, policy tie-breaks"
+    )  # numpy seeds its generators with non-negative integers only
     duration_s: PositiveFloat = Field(600.0, le=10_000_000, description="simulated seconds")
     cluster: ClusterConfig = ClusterConfig()
     workload: Workload = AgentWorkload()

@@ -1,4 +1,4 @@
-"""Generated sections of a hand-written document (docs/validation.md): text between two marker
+"""Generated sections of a hand-written document (docs/results/validation.md): text between two marker
 lines, replaced without touching the rest."""
 
 from __future__ import annotations

@@ -317,6 +317,55 @@ class MetricsFold:
         }
 
     def summary(self, wall_time_s: float | None = None) -> dict[str, Any]:
+        """The run's summary, one entry per key of SUMMARY_KEYS (the documentation's summary
+        reference is generated from this list):
+
+        ``scenario``: the scenario's name
+        ``policy``: the policy's name
+        ``seed``: the scenario's seed
+        ``workers``: engine replicas
+        ``requests_completed``: LLM calls finished inside the measurement window [metrics.warmup_s, duration_s]
+        ``programs_completed``: programs whose last call finished in the window, released or not
+        ``requests_dropped``: calls that could never run (larger than a worker's KV pool, or refused as longer than the engine serves)
+        ``requests_unfinished``: calls still in flight when the run stopped at duration_s
+        ``requests_retried``: live mode: calls sent again because their worker was lost (0 in simulation)
+        ``workers_lost``: live mode: workers lost during the run (0 in simulation)
+        ``calls_per_min``: LLM calls completed per minute of the window (the ThunderAgent paper calls these
+            steps/min: an agent step is one call)
+        ``output_tokens_per_s``: output tokens of those calls per second of the window
+        ``prefix_hit_rate``: prompt tokens served from the prefix cache at each call's first admission, over
+            all prompt tokens of the calls in the window
+        ``prefix_hit_rate_since_start``: the same over every first admission since the run started, window or
+            not: vLLM's cumulative prefix_cache_hits / prefix_cache_queries read at the end of the run, as
+            ThunderAgent's --metrics monitor reports them
+        ``ttft_s``: time to first token (arrival, including any hold, to first token): mean, p50, p90, p99
+        ``tpot_s``: time per output token after the first: mean, p50, p90, p99
+        ``e2e_s``: arrival-to-finish time of a call: mean, p50, p90, p99
+        ``recomputed_tokens``: tokens prefilled again that had been computed before: history a perfect cache
+            would have served (thrashing) plus recompute after preemption
+        ``preemptions``: engine preemptions (recompute)
+        ``pauses``: programs paused by the policy (a new program queued for room counts as one)
+        ``resumes``: paused programs resumed
+        ``forced_resumes``: resumes forced by a timeout, without a capacity check (ThunderAgent)
+        ``pins``: KV pins taken (Continuum)
+        ``ttfr_by_prompt_s``: time to first response of programs' first calls (arrival, including any hold,
+            to first token) by prompt size, <2k, 2k-8k, 8k-32k and >=32k tokens: statistics and count each
+        ``kv_pool_tokens``: KV pool of one worker in tokens
+        ``mean_kv_utilization``: mean fraction of each worker's blocks referenced by running calls (sampled
+            every metrics.sample_interval_s)
+        ``kv_imbalance``: mean and max over sample times of the spread (max - min) of KV utilisation across
+            workers
+        ``working_set_ratio``: time-averaged sum of live programs' context tokens over all workers' KV pool
+            tokens: above 1 the offered working set does not fit
+        ``rollout``: rl_rollout workloads only (else null): steps; step_time_s (rollout start to end of
+            training) and rollout_time_s statistics; rollout_tokens_per_s (generated tokens over rollout time)
+            and step_tokens_per_s (over the full step time); trajectory_latency_s statistics; straggler_share
+            (mean over steps of the share of the rollout spent after 95 % of its trajectories had finished)
+        ``engine_iterations``: engine steps simulated
+        ``sim_time_s``: simulated seconds the run lasted
+        ``wall_time_s``: wall-clock seconds the run took (read from run.json by `tasim report`: not a property
+            of the simulated run)
+        """
         if self.header is None or self.end is None:
             raise ValueError("event log is incomplete: it needs a run_started and a run_ended event")
         h = self.header

@@ -1,6 +1,6 @@
 """The fault test on the real live stack, in proxy and pin mode: SIGKILL one of two Dynamo
 mocker workers while its calls stream, restart it, then kill both (`lab.faults.kill_a_worker`, which also fills
-the fault row of docs/reliability.md). No client may see an error or a broken reply, the
+the fault row of docs/results/reliability.md). No client may see an error or a broken reply, the
 programs pinned to the dead worker must be re-placed, and the restarted worker must serve again.
 """
 

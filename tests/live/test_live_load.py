@@ -1,7 +1,7 @@
 """The load test: 512 concurrent programs for two minutes through the real live stack
 (Dynamo frontend, tasim router under ThunderAgent, two Dynamo mocker workers), with zero failed
 requests and zero leaked programs, with calls through the router (proxy) and pinned to its
-decisions (pin). The same function fills the load row of docs/reliability.md."""
+decisions (pin). The same function fills the load row of docs/results/reliability.md."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from tasim.tools.parallel import map_in_processes
 def _run(args: tuple[Path, str]) -> dict:
     # The preset's own 10 -> 70 min window (ThunderAgent still ramps up in the first minutes) and
     # named tools: Continuum pins before its quick shell commands (their average is under its 2 s
-    # threshold), not before its Python runs (docs/validation.md section 5)
+    # threshold), not before its Python runs (docs/results/validation.md section 5)
     out, policy = args
     scenario = load_scenario(SCENARIOS / "swe-agent.yaml", ["workload.concurrency=96", f"policy.name={policy}"])
     return run_simulation(scenario, out / policy)

@@ -1,4 +1,4 @@
-"""The generated span of docs/validation.md for ``validate published --doc``: per measurement
+"""The generated span of docs/results/validation.md for ``validate published --doc``: per measurement
 file its sources, its systems, a table of every point (published, each earlier tasim, tasim now)
 and its plots."""
 

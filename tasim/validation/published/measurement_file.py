@@ -31,7 +31,7 @@ from tasim.validation.published.quantities import METRICS
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # The checkout's measurements/, not shipped in the wheel as the presets are: no installed command
 # reads it (`validate published` and `calibrate` take measurement files as paths); only the
-# paper-shape suite, which rewrites the checkout's docs/validation.md, and the tests do.
+# paper-shape suite, which rewrites the checkout's docs/results/validation.md, and the tests do.
 MEASUREMENT_DIR = Path(__file__).resolve().parents[3] / "measurements"
 
 
