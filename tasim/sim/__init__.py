@@ -1,4 +1,4 @@
-"""The simulator: simpy processes for programs, workers and the policy host in simulated time
+"""The simulator: processes for programs, workers and the policy host in simulated time, on tasim's own event kernel
 (`runner`, `clock`), the workload drivers (`drivers`, `rollout`), invariant checks (`checks`),
 one simulation written as a run folder (`simulate`), the engine of each worker (`engine`) and
 the perf models that time its steps (`perf`). Its hottest modules may be compiled: see
