@@ -1,13 +1,16 @@
-"""Every command in the README's ``sh`` blocks runs exactly as written, from a repository root.
+"""Every command in the ``sh`` blocks of the README and the documentation (docs/, the generated
+reference aside) runs exactly as written, from a repository root.
 
 A user copies a command into a shell at the root of a fresh clone: relative paths, default output
 folders and all. So each command runs here as a subprocess of a shell, from a copy of the
 repository root (its entries linked, with a ``runs/`` of its own), with the one addition the
-README's Quickstart names: ``--set duration_s=1200`` on the simulations. Each then leaves no
-process behind: every process started carries a marker in its environment, looked for after.
+README names: ``--set duration_s=1200`` on the simulations of presets that run for simulated
+hours. Each then leaves no process behind: every process started carries a marker in its
+environment, looked for after. A command shown twice (the README's in a how-to too) runs once.
 
 A new command in a ``sh`` block fails `test_every_shown_command_has_a_check` until a check of what
-it must do is written below.
+it must do is written below; a command the documentation shows but no test machine can run (a GPU
+host, a cluster of several machines) goes in a ``text`` block instead.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import pytest
 from conftest import REPO, ProcessMark
 
 README = REPO / "README.md"
-SHORTER = " --set duration_s=1200"  # the addition the README's Quickstart names
+# the README first (its commands run first: a how-to may report on a run of the quickstart), then
+# docs/ in path order; the reference pages are generated from the code and show no commands
+PAGES = [README, *sorted(page for page in (REPO / "docs").rglob("*.md") if "reference" not in page.parts)]
+SHORTER = " --set duration_s=1200"  # the addition the README names
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
@@ -41,6 +47,11 @@ def shown_commands(text: str) -> list[str]:
             if command and not command.startswith("#"):
                 commands.append(re.sub(r"\s+", " ", command))
     return commands
+
+
+def every_shown_command() -> list[str]:
+    """The commands of every page, each once, in the order they are first shown."""
+    return list(dict.fromkeys(command for page in PAGES for command in shown_commands(page.read_text())))
 
 
 @dataclass(frozen=True)
@@ -122,6 +133,63 @@ def check_live(run_dir: str, calls: int) -> Callable[[Outcome, Path], None]:
     return check
 
 
+def check_ok(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+
+
+def check_printed(*fragments: str) -> Callable[[Outcome, Path], None]:
+    def check(outcome: Outcome, root: Path) -> None:
+        _ok(outcome)
+        for fragment in fragments:
+            assert fragment in outcome.stdout
+
+    return check
+
+
+def check_checked_simulation(outcome: Outcome, root: Path) -> None:
+    """``simulate --check --quiet``: the run completes with every invariant held, silently."""
+    _ok(outcome)
+    run = json.loads((root / "runs" / "live-mocker-thunderagent-s5" / "run.json").read_text())
+    assert run["scenario"]["policy"]["params"] == {"variant": "dynamo"}
+
+
+def check_compared(out: str, runs: int) -> Callable[[Outcome, Path], None]:
+    def check(outcome: Outcome, root: Path) -> None:
+        _ok(outcome)
+        assert len(json.loads((root / "runs" / out / "compare.json").read_text())) == runs
+        assert (root / "runs" / out / "throughput.png").is_file()
+
+    return check
+
+
+def check_replay(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    summary = json.loads((root / "runs" / "mooncake-conversation-kv_router-s0" / "summary.json").read_text())
+    assert summary["requests_completed"] == 500 and summary["requests_dropped"] == 0
+
+
+def check_calibrated(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    out = root / "runs" / "calibrate-toolorchestra-demo"
+    record = json.loads((out / "calibration.json").read_text())
+    assert list(record["fitted_values"]) == ["cluster.perf.bandwidth_efficiency"]
+    assert (out / "toolorchestra-calibrated.yaml").is_file()
+
+
+def check_live_report(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    summary = json.loads((root / "runs" / "live-live-mocker-thunderagent-s5" / "summary.json").read_text())
+    assert f"{summary['prefix_hit_rate']:.4f}" in outcome.stdout
+
+
+def check_written(path: str) -> Callable[[Outcome, Path], None]:
+    def check(outcome: Outcome, root: Path) -> None:
+        _ok(outcome)
+        assert (root / path).is_file()
+
+    return check
+
+
 def check_refused_without_gpus(outcome: Outcome, root: Path) -> None:
     """On a machine without the GPUs the command asks for: one line, exit 2, at once, nothing
     started or written."""
@@ -137,9 +205,9 @@ def _gpus() -> int:
     return int(torch.cuda.device_count())
 
 
-# Each shown command, in the README's order, with what it must do. `make` commands are checked
-# for what they run (the demo is the Quickstart's first command); `make test` and `make install`
-# are what runs this file.
+# Each shown command, in the order of every_shown_command, with what it must do. `make` commands
+# are checked for what they run (the demo is the Quickstart's first command; `make test` and
+# `make install` are what runs this file; the others rewrite committed files) and not run here.
 COMPARE = "python -m tasim compare swe-agent-2x --policies round_robin,kv_router,thunderagent --seeds 3 --set workload.concurrency=96"
 TUNE = (
     "python -m tasim tune swe-agent-2x --policy thunderagent --set workload.concurrency=96 --space policy.params.scheduler_interval_s=1:20:log "
@@ -150,22 +218,48 @@ GPU_ROLLOUT = (
     "--model /models/Qwen3-Coder-30B-A3B --set policy.name=thunderagent --out runs/rl-gpu"
 )
 CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
+    # README.md
     "make demo": None,
     "make test": None,
     COMPARE: (SHORTER, check_compare),
     TUNE: (SHORTER, check_tune),
+    "python -m tasim live scenarios/live-mocker.yaml --compare-sim": ("", check_live("live-live-mocker-thunderagent-s5", 98)),
+    # docs/howto/add-a-perf-model.md
+    "python -m tasim compare live-mocker --policies round_robin --sweep cluster.perf.model=roofline,dynamo_polynomial,fixed --jobs 1 "
+    "--out runs/compare-perf-models": ("", check_compared("compare-perf-models", 3)),
+    # docs/howto/add-a-policy.md
+    "make reference-docs": None,
+    "make baseline": None,
+    "python -m tasim policies": ("", check_printed("round_robin", "thunderagent", "autellix")),
+    "python -m tasim simulate live-mocker --policy 'thunderagent[variant=dynamo]' --check --quiet": ("", check_checked_simulation),
+    # docs/howto/add-a-workload.md
+    "python -m tasim simulate mooncake-conversation --set workload.max_requests=500 --quiet": ("", check_replay),
+    # docs/howto/calibrate.md
+    "python -m tasim calibrate toolorchestra --against measurements/thunderagent-paper.yaml --fit cluster.perf.bandwidth_efficiency=0.2:0.5 "
+    "--points fig4-toolorchestra-vllm-48 --trials 2 --loo-trials 0 --seeds 1 --out runs/calibrate-toolorchestra-demo": ("", check_calibrated),
+    # docs/howto/compare.md
     "python -m tasim simulate swe-agent --policy thunderagent": (SHORTER, check_simulate),
     "python -m tasim report runs/swe-agent-thunderagent-s0": ("", check_report),
-    "python -m tasim live scenarios/live-mocker.yaml --compare-sim": ("", check_live("live-live-mocker-thunderagent-s5", 98)),
+    "python -m tasim compare live-mocker --policies 'round_robin,kv_router,thunderagent[variant=upstream],thunderagent[variant=dynamo]' "
+    "--sweep workload.concurrency=8,16,24": ("", check_compared("compare-live-mocker", 12)),
+    # docs/howto/run-live.md
+    "python -m tasim report runs/live-live-mocker-thunderagent-s5": ("", check_live_report),
+    # docs/howto/run-with-verl.md
     "python -m tasim live scenarios/rl-live-mocker.yaml --driver verl --engine mocker": ("", check_live("live-rl-live-mocker-thunderagent-s3", 101)),
     "make install": None,
     GPU_ROLLOUT: ("", check_refused_without_gpus),
+    # docs/howto/validate.md
+    "python -m tasim validate vllm live-mocker": ("", check_written("runs/validate-vllm-live-mocker/validation.json")),
+    "python -m tasim validate dynamo multiturn-validation --set duration_s=120 --repeats 1": ("", check_written("runs/validate-multiturn-validation/validation.json")),
+    "python -m tasim validate published measurements/verl-recipe-h20.yaml": ("", check_written("runs/published/published.json")),
+    # docs/scenarios.md
+    "python -m tasim scenarios": ("", check_printed("swe-agent.yaml", "live-mocker.yaml")),
 }
 RUNNABLE = [command for command, check in CHECKS.items() if check is not None]
 
 
 def test_every_shown_command_has_a_check() -> None:
-    assert shown_commands(README.read_text()) == list(CHECKS)
+    assert every_shown_command() == list(CHECKS)
 
 
 def test_make_demo_runs_the_quickstarts_first_command() -> None:
