@@ -46,7 +46,7 @@ def queue_reason(m: Measured, policy: str, prev: int, c: int) -> str:
 def plateau_reason(m: Measured, policy: str, prev: int, c: int) -> str:
     return (
         f"tasim's {PAPER_NAMES[policy]} is on its plateau from {prev} workflows ({m.steps(policy, prev):.0f} → "
-        f"{m.steps(policy, c):.0f} steps/min, hit rate {m.hit(policy, c):.0f} %, "
+        f"{m.steps(policy, c):.0f} calls/min, hit rate {m.hit(policy, c):.0f} %, "
         f"{m.summary(policy, c)['pauses']} pauses in the window at {c}): it keeps the resident programs within "
         f"the pool (working set offered: {m.working_set(policy, prev):.2f}× at {prev}), so further programs wait "
         "and add no throughput. The paper's curve still rises here, so its pool holds more of these programs: "
@@ -108,7 +108,7 @@ def order_reason(m: Measured, conflicts: Sequence[tuple[str, str]], c: int, hits
     if not parts:
         parts.append(
             "no single measured cause: tasim "
-            + ", ".join(f"{PAPER_NAMES[p]} {m.steps(p, c):.1f} steps/min at {m.hit(p, c):.0f} % hits" for p in sorted(involved))
+            + ", ".join(f"{PAPER_NAMES[p]} {m.steps(p, c):.1f} calls/min at {m.hit(p, c):.0f} % hits" for p in sorted(involved))
         )
     return "; ".join(parts) + "."
 
@@ -118,7 +118,7 @@ def little_reason(m: Measured, prev: int, c: int, paper_steps: dict[int, Publish
     steps = (m.steps("round_robin", prev), m.steps("round_robin", c))
     tasim = (
         f"{LITTLES_LAW}: tasim's vLLM throughput goes "
-        f"{steps[0]:.1f} → {steps[1]:.1f} steps/min while programs go {prev} → {c}, so its step time must go "
+        f"{steps[0]:.1f} → {steps[1]:.1f} calls/min while programs go {prev} → {c}, so its step time must go "
         f"{prev * 60 / steps[0]:.0f} → {c * 60 / steps[1]:.0f} s"
     )
     if prev not in paper_steps or c not in paper_steps:

@@ -75,6 +75,6 @@ def per_node_note(m: Measured, serving: ServingCase, case: RlCase, base: float, 
     )
     return (
         f"- {case.title}: per node the rollout carries {per_node} trajectories; tasim's one-node "
-        f"`{serving.preset}` vLLM at {per_node} workflows gives {one:.1f} steps/min, × {backends} = "
+        f"`{serving.preset}` vLLM at {per_node} workflows gives {one:.1f} calls/min, × {backends} = "
         f"{one * backends:.1f}, against its RL baseline's {base:.1f}: {verdict}.{paper_text}"
     )

@@ -73,7 +73,7 @@ def throughput_section(results: Results, case: ServingCase, points: Sequence[int
         f"#### {case.title} (`{case.preset}.yaml`)",
         "",
         *table.markdown(),
-        f"tasim at every point ({'/'.join(map(str, points))} workflows, steps/min): {curves}.",
+        f"tasim at every point ({'/'.join(map(str, points))} workflows, calls/min): {curves}.",
         "",
         f"![throughput against concurrency, {case.preset}]({plots}/throughput-{case.preset}.png)",
         "",

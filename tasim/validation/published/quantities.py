@@ -118,7 +118,7 @@ METRICS: dict[str, Metric] = {
         ),
         Metric(
             "rollout_steps_per_min",
-            "rollout steps/min",
+            "rollout calls/min",
             "",
             ",.1f",
             "LLM calls per minute of rollout time, training left out (the ThunderAgent paper's Table 2); needs every planned RL step completed",
