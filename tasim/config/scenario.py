@@ -207,7 +207,7 @@ class Release(_Strict):
 
     ``at_end``: right after the last call, as tasim's own clients and the verl recipe's do.
     ``never``: not at all, as many agent harnesses do; then only the policy's own expiry ends
-    the program there (README, "Clients that never release"). ``after``: ``delay_s`` seconds
+    the program there (docs/policies.md, "Clients that never release"). ``after``: ``delay_s`` seconds
     after the last call ended (a lazy client, or a lease)."""
 
     kind: Literal["at_end", "never", "after"] = Field("at_end", description="at_end: right after the last call; never; after: delay_s later")
