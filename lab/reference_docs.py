@@ -164,8 +164,6 @@ def _default_text(field: FieldInfo) -> str:
     if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True, validated_data={})
-    if isinstance(value, BaseModel):
-        return _cell(value.model_dump(exclude_defaults=False)).replace("'", "")
     if isinstance(value, float) and math.isinf(value):
         return "∞ (none)"
     if value is None:

@@ -250,7 +250,10 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
     GPU_ROLLOUT: ("", check_refused_without_gpus),
     # docs/howto/validate.md
     "python -m tasim validate vllm live-mocker": ("", check_written("runs/validate-vllm-live-mocker/validation.json")),
-    "python -m tasim validate dynamo multiturn-validation --set duration_s=120 --repeats 1": ("", check_written("runs/validate-multiturn-validation/validation.json")),
+    "python -m tasim validate dynamo multiturn-validation --set duration_s=120 --repeats 1": (
+        "",
+        check_written("runs/validate-multiturn-validation/validation.json"),
+    ),
     "python -m tasim validate published measurements/verl-recipe-h20.yaml": ("", check_written("runs/published/published.json")),
     # docs/scenarios.md
     "python -m tasim scenarios": ("", check_printed("swe-agent.yaml", "live-mocker.yaml")),

@@ -67,7 +67,9 @@ def add_parser(commands: Commands) -> None:
     published.add_argument("--jobs", type=positive_int, help="runs in parallel (default: CPUs, at most the number of runs)")
     published.add_argument("--out", type=Path, default=Path("runs/published"), help="directory of published.json (default: runs/published)")
     published.add_argument("--doc", type=Path, help="rewrite the published-measurements span of this document (docs/results/validation.md)")
-    published.add_argument("--plots", type=Path, default=Path("docs/results/published"), help="PNG directory for --doc (default: docs/results/published)")
+    published.add_argument(
+        "--plots", type=Path, default=Path("docs/results/published"), help="PNG directory for --doc (default: docs/results/published)"
+    )
     published.add_argument(
         "--before",
         action="append",
