@@ -25,10 +25,10 @@ step would.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from operator import itemgetter
+from typing import Final, TypeVar
 
-from tasim.core.model import BlockHash, blocks_for
+from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
@@ -51,13 +51,17 @@ class RequestBlocks:
         self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
 
 
-@dataclass(frozen=True, slots=True)
 class ComputedBlocks:
-    """A request's leading blocks whose KV is already computed somewhere (`get_computed_blocks`)."""
+    """A request's leading blocks whose KV is already computed somewhere (`get_computed_blocks`).
+    Read-only (``Final``); a plain class, not a frozen dataclass: compiled, a dataclass is built by
+    its interpreted ``__init__``, and one is built for every admission the scheduler tries."""
 
-    gpu_blocks: int  # cached in the GPU pool
-    gpu_active_blocks: int  # of those, referenced already: a new reference costs no capacity
-    host_blocks: int = 0  # the next ones, in a slower tier: computed, but not on the GPU (none yet)
+    __slots__ = ("gpu_blocks", "gpu_active_blocks", "host_blocks")
+
+    def __init__(self, gpu_blocks: int, gpu_active_blocks: int, host_blocks: int = 0) -> None:
+        self.gpu_blocks: Final = gpu_blocks  # cached in the GPU pool
+        self.gpu_active_blocks: Final = gpu_active_blocks  # of those, referenced already: a new reference costs no capacity
+        self.host_blocks: Final = host_blocks  # the next ones, in a slower tier: computed, but not on the GPU (none yet)
 
     @property
     def blocks(self) -> int:
@@ -77,6 +81,17 @@ class BlockBoundary:
     def __init__(self, index: int) -> None:
         self.index = index  # 1-based step number within the run
         self.reserves: list[tuple[RequestBlocks, int]] = []
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    """`tasim.core.model.blocks_for`, compiled with this module: a call from here to that one, an
+    interpreted function, costs more than all else `allocate_slots` does."""
+    return -(-tokens // block_size)
+
+
+# any request with blocks: a step's list of the engine's own records is passed as it is (a typed
+# list, which compiled code walks without the generic sequence protocol)
+_Request = TypeVar("_Request", bound=RequestBlocks)
 
 
 class KVCacheManager:
@@ -124,7 +139,7 @@ class KVCacheManager:
     def fits(self, num_tokens: int, computed: ComputedBlocks) -> bool:
         """Whether blocks for all ``num_tokens`` tokens could be had now, given the request's
         computed prefix (vLLM's ``full_sequence_must_fit``)."""
-        return blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available
+        return _blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available
 
     def allocate_slots(
         self, request: RequestBlocks, num_tokens: int, new_computed: ComputedBlocks | None = None, release_pin: str | None = None
@@ -146,7 +161,7 @@ class KVCacheManager:
         bs = self.block_size
         phys = request.phys
         if num_tokens > phys * bs:  # a block to take
-            need = blocks_for(num_tokens, bs) - phys
+            need = _blocks_for(num_tokens, bs) - phys
             if not self.block_pool.allocate(need):
                 return False
             request.phys = phys + need
@@ -221,8 +236,8 @@ class KVCacheManager:
 
     def plan_boundaries(
         self,
-        decoders: Sequence[tuple[RequestBlocks, int]],
-        prefill: tuple[RequestBlocks, int] | None,
+        decoders: list[tuple[_Request, int]],
+        prefill: tuple[_Request, int] | None,
         last: int,
         head_blocks: Sequence[BlockHash],
     ) -> tuple[int, list[BlockBoundary]] | None:
@@ -238,7 +253,7 @@ class KVCacheManager:
         head_depth = len(head_blocks)
         # (step, running position, 0 = take a block | 1 = complete one | 2 = a prefill chunk,
         # request, the tokens its slots reach in that step)
-        touches: list[tuple[int, int, int, RequestBlocks, int]] = []
+        touches: list[tuple[int, int, int, _Request, int]] = []
         prefill_phys = 0  # the prefilling request's blocks, as `allocate_slots` will find them step by step
         if prefill is not None:
             req, chunk = prefill
@@ -273,7 +288,7 @@ class KVCacheManager:
                 if depth < head_depth and head_blocks[depth] == req.block_hashes[depth]:
                     last = k  # the queue's head may fit after this step
             else:  # takes blocks: one, or the chunk's
-                need = 1 if kind == 0 else max(0, blocks_for(upto, bs) - prefill_phys)
+                need = 1 if kind == 0 else max(0, _blocks_for(upto, bs) - prefill_phys)
                 available -= need
                 if available < 0:  # step k would preempt: it is scheduled on its own
                     boundaries.pop()
