@@ -6,9 +6,9 @@ applies its outcome at the step's end. Per step:
 
 1. A token budget of ``max_num_batched_tokens``. Running requests, in admission order, each get
    ``min(known tokens - computed, budget)``: 1 for a decode, the next chunk for a prefill. If the
-   KV cache manager cannot find slots for those tokens, the newest (or oldest) running request is preempted
-   (recompute: its blocks are released, it goes back to the front of the waiting queue) until
-   they can; the request may preempt itself. Under priority scheduling the victim is the
+   KV cache manager has no slots for those tokens, the newest (or oldest) running request is
+   preempted (recompute: its blocks are freed, it goes back to the front of the waiting queue)
+   until it has; the request may preempt itself. Under priority scheduling the victim is the
    running request with the highest (priority, arrival), as vLLM's ``--scheduling-policy
    priority`` picks it, and the queue is kept in (priority, arrival) order, so a preempted
    request goes back to its place there rather than to the front.
@@ -428,8 +428,8 @@ class Engine(FoldableEngine):
                     continue
                 break
             self.waiting.popleft()
-            # the request now holds what its program's pin kept
-            if not kv_cache.allocate_slots(req, cached + chunk, computed, req.spec.program):  # cannot fail after `fits`
+            # the request now holds what its program's pin kept; cannot fail after `fits`
+            if not kv_cache.allocate_slots(req, cached + chunk, computed, release_pin=req.spec.program):
                 raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
             req.computed = cached
             req.admissions += 1
