@@ -25,13 +25,13 @@ RUNS = 16
 
 
 def _plan() -> Any:
-    from tasim.tools.compare import parse_policies, plan_runs
+    from tasim.tools.comparison import parse_policies, plan_runs
 
     return plan_runs(str(TINY), parse_policies("round_robin,kv_router"), None, ["duration_s=40"], seeds=RUNS // 2)
 
 
 def _sweep(backend: Any, out: Path) -> float:
-    from tasim.tools.compare import execute
+    from tasim.tools.comparison import execute
 
     started = time.perf_counter()
     execute(_plan(), out, backend, lambda run, summary: None)

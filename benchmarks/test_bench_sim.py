@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import RESULTS
 
 from tasim.config.scenario import load_scenario
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 SCENARIO = Path(__file__).resolve().parent.parent / "scenarios" / "swe-agent.yaml"
 

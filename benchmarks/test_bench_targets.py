@@ -24,7 +24,7 @@ PRESETS = ROOT / "scenarios"
 _CHILD = """
 import json, sys, time
 from pathlib import Path
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.config.scenario import load_scenario
 scenario = load_scenario(Path(sys.argv[1]), sys.argv[3:])
 started = time.perf_counter()

@@ -32,7 +32,7 @@ from tasim.results.doc_section import replace_section
 from tasim.results.eventlog import EVENTS_PLAIN, read_events
 from tasim.results.run_folder import SUMMARY_FILE
 from tasim.results.stats import METHOD, mean_interval, paired_ratio
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 # (column, how the run is made): live routing, or None for the simulation
 SIDES: tuple[tuple[str, str | None], ...] = (

@@ -15,7 +15,7 @@ The reference set (`reference_runs`), each run under a key of the table:
   handful of the validation matrix's configurations (`lab.dynamo_matrix`): the scenario
   as `tasim.validation.tasim_replay.replay_scenario` configures it for each router, first seed.
 
-Each run writes its event log as `tasim simulate` does (`tasim.sim.simulate.run_simulation`). The
+Each run writes its event log as `tasim simulate` does (`tasim.sim.simulation.run_simulation`). The
 table, ``lab/reference_hashes.json``, maps each key to the log's digest and line count. By
 default the digests are checked against it (one line per difference, exit status 1 on any);
 ``--update`` rewrites it.
@@ -39,7 +39,7 @@ from lab.regression import CASES
 from tasim.config.presets import PRESET_DIR
 from tasim.config.scenario import Scenario, load_scenario, with_engine_flavour
 from tasim.results.eventlog import EVENTS_PLAIN
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.tools.parallel import map_in_processes
 from tasim.validation.dynamo_replay import ROUTERS
 from tasim.validation.tasim_replay import replay_scenario

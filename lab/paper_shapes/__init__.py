@@ -25,10 +25,10 @@ The paper's values are the points of ``measurements/thunderagent-paper.yaml``, t
 with are that command's too (`tasim.validation.published`). This suite adds what a table of points
 cannot: the curves over the paper's concurrency axes and the direction checks along them.
 
-Modules: ``paper`` (the presets and axes, and the file's values), ``plan`` and ``runner`` (which
-simulations, and running them), ``measured`` (numbers read from the runs), ``checks``, ``ordering``
-and ``reasons`` (direction checks and the likely reasons for a miss), ``report`` (markdown tables),
+Modules: ``paper`` (the presets and axes, and the file's values), ``plan`` and ``execution`` (which
+simulations, and running them), ``measured`` (numbers read from the runs), ``directions``, ``ordering``
+and ``reasons`` (direction checks and the likely reasons for a miss), ``tables`` (markdown tables),
 one module per document section (``thrashing``, ``throughput``, ``policy_metrics``,
-``rl_rollout``), ``document`` and ``splice`` (the generated span and its place in the document),
-``plots`` and ``cli``.
+``rl_rollout``), ``markdown`` and ``splice`` (the generated span and its place in the document),
+``curves`` (the plots) and ``command`` (the command line).
 """

@@ -1,3 +1,3 @@
-from lab.paper_shapes.cli import main
+from lab.paper_shapes.command import main
 
 main()

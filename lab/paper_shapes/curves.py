@@ -9,6 +9,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from lab.paper_shapes.execution import Results
 from lab.paper_shapes.measured import Measured, rl_steps
 from lab.paper_shapes.paper import (
     PAPER_NAMES,
@@ -23,7 +24,6 @@ from lab.paper_shapes.paper import (
     serving_case,
 )
 from lab.paper_shapes.plan import Job, Mode
-from lab.paper_shapes.runner import Results
 from tasim.validation.published.measurement_file import Published
 
 DPI = 120

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lab.paper_shapes.checks import FLAT
+from lab.paper_shapes.directions import FLAT
+from lab.paper_shapes.execution import Results
 from lab.paper_shapes.paper import SERVING, THRASHING_PRESET, serving_case
 from lab.paper_shapes.plan import Job, Mode, scenario_of
 from lab.paper_shapes.policy_metrics import policy_metrics_section
-from lab.paper_shapes.report import Report
 from lab.paper_shapes.rl_rollout import rl_section
-from lab.paper_shapes.runner import Results
+from lab.paper_shapes.tables import Report
 from lab.paper_shapes.thrashing import thrashing_section
 from lab.paper_shapes.throughput import throughput_section
 from tasim import __version__

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from lab.paper_shapes.execution import Results
 from lab.paper_shapes.paper import hit_metric
 from lab.paper_shapes.plan import Job
-from lab.paper_shapes.runner import Results
 from tasim.config.scenario import RolloutWorkload, Scenario
 from tasim.validation.published.quantities import METRICS
 

@@ -3,11 +3,11 @@ differently from the paper."""
 
 from __future__ import annotations
 
-from lab.paper_shapes.checks import FLAT
+from lab.paper_shapes.directions import FLAT
 from lab.paper_shapes.measured import Measured
 from lab.paper_shapes.paper import PAPER_NAMES
 from lab.paper_shapes.reasons import order_reason
-from lab.paper_shapes.report import Report
+from lab.paper_shapes.tables import Report
 
 
 def order(values: dict[str, float]) -> str:

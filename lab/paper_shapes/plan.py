@@ -11,7 +11,7 @@ from lab.paper_shapes.paper import RL, RL_BASELINE, SERVING, SERVING_POLICIES, S
 from tasim.config.policy_spec import PolicySpec
 from tasim.config.presets import PRESET_DIR
 from tasim.config.scenario import Scenario
-from tasim.tools.compare import Run, Sweep, plan_runs
+from tasim.tools.comparison import Run, Sweep, plan_runs
 
 CONCURRENCY = "workload.concurrency"
 

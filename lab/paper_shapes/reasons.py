@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lab.paper_shapes.checks import FLAT, direction
+from lab.paper_shapes.directions import FLAT, direction
 from lab.paper_shapes.measured import Measured
 from lab.paper_shapes.paper import PAPER_NAMES
 from tasim.validation.published.measurement_file import Published

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from lab.paper_shapes.checks import FLAT, ratio_note
+from lab.paper_shapes.directions import FLAT, ratio_note
+from lab.paper_shapes.execution import Results
 from lab.paper_shapes.measured import Measured, rl_steps, rollout_of
 from lab.paper_shapes.paper import PAPER_NAMES, RL, RL_BASELINE, RlCase, ServingCase, serving_case
 from lab.paper_shapes.plan import Job, Mode, scenario_of
-from lab.paper_shapes.report import Report, Table, num, times
-from lab.paper_shapes.runner import Results
+from lab.paper_shapes.tables import Report, Table, num, times
 
 
 def rl_section(results: Results, jobs: Sequence[Job], mode: Mode, plots: str, report: Report) -> None:

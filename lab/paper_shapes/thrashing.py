@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import partial
 
-from lab.paper_shapes.checks import trend_note
+from lab.paper_shapes.directions import trend_note
+from lab.paper_shapes.execution import Results
 from lab.paper_shapes.measured import Measured
 from lab.paper_shapes.paper import (
     THRASHING_E2E,
@@ -15,8 +16,7 @@ from lab.paper_shapes.paper import (
     serving_case,
 )
 from lab.paper_shapes.reasons import cliff_reason, little_reason
-from lab.paper_shapes.report import Report, Table, num, pct, times
-from lab.paper_shapes.runner import Results
+from lab.paper_shapes.tables import Report, Table, num, pct, times
 
 
 def thrashing_section(results: Results, points: Sequence[int], plots: str, report: Report) -> None:

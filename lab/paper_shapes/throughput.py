@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lab.paper_shapes.checks import ratio_note, trend_note
+from lab.paper_shapes.directions import ratio_note, trend_note
+from lab.paper_shapes.execution import Results
 from lab.paper_shapes.measured import Measured
 from lab.paper_shapes.ordering import check_order
 from lab.paper_shapes.paper import PAPER_NAMES, SERVING_POLICIES, ServingCase
 from lab.paper_shapes.reasons import trend_reason
-from lab.paper_shapes.report import Report, Table, num, times
-from lab.paper_shapes.runner import Results
+from lab.paper_shapes.tables import Report, Table, num, times
 from tasim.validation.published.measurement_file import Published
 
 

@@ -53,20 +53,20 @@ def add_parser(commands: Commands) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tasim.tools import compare  # keeps `simulate` and `report` free of the pool and plotting code
+    from tasim.tools import comparison  # keeps `simulate` and `report` free of the pool and plotting code
 
-    specs = compare.parse_policies(args.policies)
-    sweep = compare.parse_sweep(args.sweep) if args.sweep else None
-    compare.check_overrides(args.overrides, sweep, args.seed)
+    specs = comparison.parse_policies(args.policies)
+    sweep = comparison.parse_sweep(args.sweep) if args.sweep else None
+    comparison.check_overrides(args.overrides, sweep, args.seed)
     if args.baseline is not None and args.seeds == 1:
         raise UsageError(f"--baseline {args.baseline}: ratios with intervals need --seeds N (N > 1)")
-    plan = compare.plan_runs(str(scenario_path(args.scenario)), specs, sweep, seeded(args), args.seeds, args.baseline)
+    plan = comparison.plan_runs(str(scenario_path(args.scenario)), specs, sweep, seeded(args), args.seeds, args.baseline)
     out = output_dir(args.out or Path("runs") / f"compare-{plan.scenario.name}")
-    jobs = min(args.jobs or compare.default_jobs(plan), len(plan.runs))
+    jobs = min(args.jobs or comparison.default_jobs(plan), len(plan.runs))
     progress = Console(stderr=True)
     done = iter(range(1, len(plan.runs) + 1))
 
-    def on_done(run: compare.Run, summary: dict[str, Any]) -> None:
+    def on_done(run: comparison.Run, summary: dict[str, Any]) -> None:
         line = f"[{next(done)}/{len(plan.runs)}] {run.label}: {summary['calls_per_min']:.1f} calls/min"
         progress.print(line, markup=False, highlight=False, soft_wrap=True)  # one line each, however long the label
 
@@ -74,20 +74,20 @@ def run(args: argparse.Namespace) -> int:
 
     backend = LocalPool(jobs) if args.ray is None else RayTasks(args.ray, args.jobs)
     try:
-        summaries = compare.execute(plan, out, backend, on_done)
+        summaries = comparison.execute(plan, out, backend, on_done)
     except BackendUnavailable as error:
         raise UsageError(str(error)) from None
     out.mkdir(parents=True, exist_ok=True)
     if plan.multi_seed:
-        write_json(out / compare.COMPARE_FILE, compare.seeded_records(plan, summaries))
-        print_unsquashed(compare.interval_table(plan, summaries))
+        write_json(out / comparison.COMPARE_FILE, comparison.seeded_records(plan, summaries))
+        print_unsquashed(comparison.interval_table(plan, summaries))
     else:
-        write_json(out / compare.COMPARE_FILE, compare.records(plan, summaries))
-        print_unsquashed(compare.comparison_table(plan, summaries))
+        write_json(out / comparison.COMPARE_FILE, comparison.records(plan, summaries))
+        print_unsquashed(comparison.comparison_table(plan, summaries))
     from tasim.tools.plots import write_plots
 
-    plots = ", ".join(path.name for path in write_plots(plan, summaries, out, out / compare.RUNS_DIR))
+    plots = ", ".join(path.name for path in write_plots(plan, summaries, out, out / comparison.RUNS_DIR))
     runs = f"{len(plan.runs)} run{'s' if len(plan.runs) > 1 else ''}"
-    line = f"wrote {out}/{compare.COMPARE_FILE}, {plots} and {runs} under {out}/{compare.RUNS_DIR}"
+    line = f"wrote {out}/{comparison.COMPARE_FILE}, {plots} and {runs} under {out}/{comparison.RUNS_DIR}"
     Console().print(line, markup=False, highlight=False)
     return 0

@@ -14,7 +14,7 @@ from tasim.config.scenario import Override
 from tasim.core.errors import UsageError
 from tasim.results.render import print_summary, print_unsquashed, side_by_side
 from tasim.results.run_folder import SUMMARY_FILE
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 
 def add_parser(commands: Commands) -> None:

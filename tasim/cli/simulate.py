@@ -13,7 +13,7 @@ from tasim.cli.common import EXIT_INVARIANT, POLICY_HELP, Commands, add_set_flag
 from tasim.results.eventlog import EVENTS_GZIP, EVENTS_PLAIN
 from tasim.results.render import print_summary
 from tasim.results.run_folder import SUMMARY_FILE
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 
 def add_parser(commands: Commands) -> None:

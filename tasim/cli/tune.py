@@ -48,19 +48,19 @@ def add_parser(commands: Commands) -> None:
 def run(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("optuna") is None:
         raise UsageError("tune needs Optuna (make install, or pip install -e '.[calibrate]')")
-    from tasim.tools import tune
+    from tasim.tools import tuning
     from tasim.tools.parallel import BackendUnavailable, LocalPool, RayTasks
 
     path = str(scenario_path(args.scenario))
-    # a bad file, --set or --policy costs no trial (the policy as tune.check sets it)
+    # a bad file, --set or --policy costs no trial (the policy as tuning.check sets it)
     scenario = load_scenario(path, [*seeded(args), Override.parse(f"policy.name={args.policy}", f"--policy {shown(args.policy)}")])
     out = output_dir(args.out or Path("runs") / f"tune-{scenario.name}-{file_safe(args.policy)}")
-    request = tune.Request(
+    request = tuning.Request(
         path,
         args.policy,
-        tune.parse_space(args.space),
-        tune.parse_objective(args.objective),
-        tuple(tune.parse_constraint(c) for c in args.constraint),
+        tuning.parse_space(args.space),
+        tuning.parse_objective(args.objective),
+        tuple(tuning.parse_constraint(c) for c in args.constraint),
         args.trials,
         tuple(range(scenario.seed, scenario.seed + args.seeds)),
         tuple(args.overrides),
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         args.storage or f"sqlite:///{(out / 'study.db').resolve()}",
         out,
     )
-    request = tune.check(request)
+    request = tuning.check(request)
     jobs = args.jobs or os.cpu_count() or 1
     backend = LocalPool(jobs) if args.ray is None else RayTasks(args.ray, args.jobs)
     console = Console(stderr=True)
@@ -81,14 +81,14 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         backend.check()
-        study = tune.run_study(request, backend, -(-jobs // args.seeds), progress)  # trials at once: enough runs for every job
+        study = tuning.run_study(request, backend, -(-jobs // args.seeds), progress)  # trials at once: enough runs for every job
     except BackendUnavailable as error:
         raise UsageError(str(error)) from None
-    report = tune.report(request, study)
+    report = tuning.report(request, study)
     target = out / f"{scenario.name}-tuned.yaml"
-    target.write_text(tune.tuned_yaml(report, scenario.name, target))
-    write_json(out / tune.TUNE_FILE, tune.record(report))
+    target.write_text(tuning.tuned_yaml(report, scenario.name, target))
+    write_json(out / tuning.TUNE_FILE, tuning.record(report))
     for line in report.lines():
         Console().print(line, markup=False, highlight=False)
-    Console().print(f"wrote {out / tune.TUNE_FILE} and {target}; study {study.study_name} in {request.storage}", markup=False, highlight=False)
+    Console().print(f"wrote {out / tuning.TUNE_FILE} and {target}; study {study.study_name} in {request.storage}", markup=False, highlight=False)
     return 0

@@ -27,7 +27,7 @@ from tasim.core.cluster_view import ClusterView
 from tasim.core.determinism import policy_rng
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
-from tasim.policies.base import ProgramDecision, RequestDecision
+from tasim.policies.interface import ProgramDecision, RequestDecision
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ MODULES = (
     "sim/engine/kv_manager.py",
     "sim/engine/block_pool.py",
     "sim/engine/fast_forward.py",
-    "sim/perf/base.py",
+    "sim/perf/perf_model.py",
     "sim/perf/fixed.py",
     "sim/perf/polynomial.py",
     "sim/perf/roofline.py",

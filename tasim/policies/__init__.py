@@ -20,10 +20,10 @@ __path__ = search_path(__name__, __path__)
 
 from tasim.core.cluster_view import ClusterView
 from tasim.policies.autellix import Autellix
-from tasim.policies.base import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.baselines import LeastLoaded, RandomRouting
 from tasim.policies.cache_aware import CacheAware
 from tasim.policies.continuum import Continuum
+from tasim.policies.interface import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tasim.core.cluster_view import ClusterView
 from tasim.core.model import RequestSpec
-from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
+from tasim.policies.interface import Policy, ProgramDecision, Route, TurnEnd
 
 
 class AutellixParams(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from tasim.core.model import RequestSpec
-from tasim.policies.base import pick_uniform
+from tasim.policies.interface import pick_uniform
 from tasim.policies.session_affinity import LoadCountingRouter, ProgramBlindRouter
 
 

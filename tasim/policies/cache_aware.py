@@ -35,7 +35,7 @@ from pydantic import ConfigDict, Field
 
 from tasim.core.cluster_view import ClusterView
 from tasim.core.model import BlockHash, RequestSpec, blocks_for
-from tasim.policies.base import ProgramDecision
+from tasim.policies.interface import ProgramDecision
 from tasim.policies.prefix_index import EventIndex
 from tasim.policies.session_affinity import AffinityParams, LoadCountingRouter
 

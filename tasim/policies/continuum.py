@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tasim.core.cluster_view import ClusterView
 from tasim.core.model import RequestSpec
-from tasim.policies.base import Pin, Policy, ProgramDecision, Route, TurnEnd
+from tasim.policies.interface import Pin, Policy, ProgramDecision, Route, TurnEnd
 
 
 class ContinuumParams(BaseModel):

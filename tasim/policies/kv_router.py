@@ -27,8 +27,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.core.cluster_view import ClusterView
 from tasim.core.model import RequestSpec
-from tasim.policies.base import ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.booked_blocks import BookedBlocks
+from tasim.policies.interface import ProgramDecision, Route, TurnEnd, pick_uniform
 from tasim.policies.prefix_index import ApproxIndex, EventIndex, PredictOnRouteIndex
 from tasim.policies.session_affinity import AffinityParams, SessionAffinityPolicy
 from tasim.policies.worker_cost import WorkerCost

@@ -22,7 +22,7 @@ from typing_extensions import TypeVar
 
 from tasim.core.cluster_view import ClusterView
 from tasim.core.model import RequestSpec
-from tasim.policies.base import Policy, ProgramDecision, Route, TurnEnd
+from tasim.policies.interface import Policy, ProgramDecision, Route, TurnEnd
 
 
 @dataclass(slots=True)

@@ -56,8 +56,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.core.cluster_view import ClusterView
 from tasim.core.model import BlockHash, RequestSpec
-from tasim.policies.base import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
 from tasim.policies.chars_per_token import LearnedCharsPerToken
+from tasim.policies.interface import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
 
 Variant = Literal["upstream", "dynamo"]
 

@@ -1,6 +1,6 @@
 """The simulator: processes for programs, workers and the policy host in simulated time, on tasim's own event kernel
 (`runner`, `clock`), the workload drivers (`drivers`, `rollout`), invariant checks (`checks`),
-one simulation written as a run folder (`simulate`), the engine of each worker (`engine`) and
+one simulation written as a run folder (`simulation`), the engine of each worker (`engine`) and
 the perf models that time its steps (`perf`). Its hottest modules may be compiled: see
 `tasim.native`.
 

@@ -27,7 +27,7 @@ from tasim.results.stats import Interval, complete_interval
 
 if TYPE_CHECKING:
     from tasim.config.policy_spec import PolicySpec
-    from tasim.tools.compare import Plan
+    from tasim.tools.comparison import Plan
 
 DPI = 120
 TIME_LABEL = "simulated time (s)"

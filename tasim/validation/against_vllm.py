@@ -21,7 +21,7 @@ from rich.table import Table
 
 from tasim.config.scenario import FLAVOUR_DEFAULTS, Override, ReplacedFields, Scenario, replaced_by, with_engine_flavour
 from tasim.core import events as ev
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.validation import ValidationUnavailable
 
 VALIDATION_FILE = "validation.json"

@@ -29,7 +29,7 @@ from typing import Any
 
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.sim.engine.scheduler import EngineListener, EngineRequest, EngineSetup, Step, step_shape
-from tasim.sim.perf.base import PerfModel
+from tasim.sim.perf.perf_model import PerfModel
 from tasim.validation import ValidationUnavailable
 
 VLLM_VERSION = "0.31.0"  # the version Dynamo 1.6.1's [vllm] extra pins, so the one its GPU workers run

@@ -244,7 +244,7 @@ def test_an_override_that_would_be_lost_is_refused(tmp_path: Path, args: list[st
 
 # What simulate and report must never load: every command module is imported to build the parser,
 # so a heavy import at the top of one (rather than in its handler) would slow every command.
-_HEAVY = "matplotlib optuna torch dynamo verl ray tasim.tools.compare tasim.tools.tune tasim.tools.parallel tasim.tools.plots tasim.live.run"
+_HEAVY = "matplotlib optuna torch dynamo verl ray tasim.tools.comparison tasim.tools.tuning tasim.tools.parallel tasim.tools.plots tasim.live.run"
 _LOADED_HEAVY = f"""
 import sys
 from tasim.cli import main

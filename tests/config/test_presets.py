@@ -9,7 +9,7 @@ from conftest import SCENARIOS, tasim
 
 from tasim.config.presets import PRESET_DIR, scenario_path
 from tasim.config.scenario import ScenarioError, load_scenario
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 PRESETS = sorted(SCENARIOS.glob("*.yaml"))
 

@@ -26,7 +26,7 @@ from tasim.core.events import to_record
 from tasim.core.model import RequestSpec
 from tasim.live.router.live_host import Call, Held, PolicyHost
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
-from tasim.policies.base import ProgramDecision, RequestDecision
+from tasim.policies.interface import ProgramDecision, RequestDecision
 from tasim.sim.runner import Simulation
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.paper_shapes.cli import main
+from lab.paper_shapes.command import main
 from lab.paper_shapes.splice import BEGIN, END, splice
 
 HEAD = "# Validation\n\nText another generator owns.\n\n<!-- other:begin -->\nkept\n<!-- other:end -->\n\n"

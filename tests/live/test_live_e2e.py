@@ -34,7 +34,7 @@ from tasim.live.run import finite_scenario, live_summary, simulated_twin
 from tasim.live.stack.launcher import LiveStack, StackError
 from tasim.live.stack.tiny_model import vocab_size
 from tasim.results.eventlog import EVENTS_PLAIN, read_events
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]

@@ -34,8 +34,8 @@ def _rewrite(path: Path, **changes: object) -> None:
 def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
     assert native.state() == (
         "compiled modules (hosting/policy_host.py, sim/runner.py, sim/clock.py, sim/engine/scheduler.py, sim/engine/kv_manager.py, "
-        "sim/engine/block_pool.py, sim/engine/fast_forward.py, sim/perf/base.py, sim/perf/fixed.py, sim/perf/polynomial.py, sim/perf/roofline.py, "
-        "policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
+        "sim/engine/block_pool.py, sim/engine/fast_forward.py, sim/perf/perf_model.py, sim/perf/fixed.py, sim/perf/polynomial.py, "
+        "sim/perf/roofline.py, policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
         f"from {manifest.parent}"
     )
     assert native.search_path("tasim.sim", ["/src/tasim/sim"]) == [str(manifest.parent / "tasim" / "sim"), "/src/tasim/sim"]
@@ -74,7 +74,7 @@ from pathlib import Path
 from tasim.policies import prefix_index
 from tasim.sim.engine import block_pool, fast_forward, scheduler
 from tasim.sim.perf import roofline
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.config.scenario import load_scenario
 for module in (scheduler, block_pool, fast_forward, roofline, prefix_index):
     print(Path(module.__file__).suffix)

@@ -120,7 +120,7 @@ def test_a_simulated_continuum_pins_by_the_tool_each_turn_calls(tmp_path) -> Non
     from tasim.config.scenario import Scenario
     from tasim.core import events as ev
     from tasim.results.eventlog import EVENTS_PLAIN, read_events
-    from tasim.sim.simulate import run_simulation
+    from tasim.sim.simulation import run_simulation
     from tasim.workloads import plan_program
 
     scenario = Scenario.model_validate(

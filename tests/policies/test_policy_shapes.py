@@ -10,7 +10,7 @@ import pytest
 from conftest import SCENARIOS
 
 from tasim.config.scenario import load_scenario
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.tools.parallel import map_in_processes
 
 

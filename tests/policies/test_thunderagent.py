@@ -17,8 +17,8 @@ from tasim.core import events as ev
 from tasim.core.cluster_view import ClusterView, WorkerInfo
 from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Pause, Resume, Route, TurnEnd, make_policy
-from tasim.policies.base import ProgramDecision
 from tasim.policies.chars_per_token import LearnedCharsPerToken
+from tasim.policies.interface import ProgramDecision
 from tasim.policies.thunderagent import Phase, ProgramState, ThunderAgent, ThunderAgentParams
 from tasim.sim.runner import Simulation
 

@@ -14,7 +14,7 @@ from tasim.sim.drivers import WorkloadError
 from tasim.sim.engine.block_pool import BlockPool, Claim
 from tasim.sim.engine.scheduler import Engine, EngineSetup
 from tasim.sim.runner import Simulation
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 
 def _scenario(**overrides) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasim.config import hardware
-from tasim.sim.perf.base import StepShape
+from tasim.sim.perf.perf_model import StepShape
 from tasim.sim.perf.polynomial import DynamoPolynomial, decode_ms, prefill_ms
 from tasim.sim.perf.roofline import Roofline
 

@@ -10,7 +10,7 @@ from tasim.config.scenario import Scenario
 from tasim.core import events as ev
 from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route
-from tasim.policies.base import NoParams, ProgramDecision
+from tasim.policies.interface import NoParams, ProgramDecision
 from tasim.sim.runner import Simulation
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from conftest import SCENARIOS
 
 from tasim.config.scenario import load_scenario
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 
 def _run(tmp_path: Path, concurrency: int) -> dict:

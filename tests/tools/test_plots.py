@@ -19,7 +19,7 @@ from matplotlib.transforms import Bbox
 
 from tasim.cli import main
 from tasim.config.scenario import Override, set_flags
-from tasim.tools.compare import Plan, parse_policies, parse_sweep, plan_runs
+from tasim.tools.comparison import Plan, parse_policies, parse_sweep, plan_runs
 from tasim.tools.plots import figures
 
 SCENARIO = str(SCENARIOS / "swe-agent.yaml")

@@ -127,7 +127,7 @@ def test_a_pool_one_block_larger_is_caught(tmp_path: Path) -> None:
     """The comparison finds a real difference: given vLLM's null block as one more block for KV,
     tasim does not preempt p51's second turn at step 129, where vLLM (one block short) does and
     re-admits it a step later with 1,088 of its tokens still cached."""
-    from tasim.sim.simulate import run_simulation
+    from tasim.sim.simulation import run_simulation
     from tasim.validation.vllm_engine import VllmEngine
 
     scenario = oracle_scenario(parse_scenario(TOOL_LOOP, "tool-loop"), STEP_MS)

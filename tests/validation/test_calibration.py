@@ -16,7 +16,7 @@ from tasim.config.scenario import load_scenario
 from tasim.tools.search import Dimension, own_values
 from tasim.validation.calibration import CalibrationError
 from tasim.validation.calibration.fit import MISSING_PENALTY, loss
-from tasim.validation.calibration.report import interval
+from tasim.validation.calibration.outcome import interval
 from tasim.validation.calibration.space import parse_space
 from tasim.validation.published.evaluate import PointResult
 from tasim.validation.published.measurement_file import load_measurements

@@ -9,7 +9,7 @@ import pytest
 from conftest import SCENARIOS, TEST_DATA
 
 from tasim.config.scenario import load_scenario
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 
 UNBOUNDED = [
     "cluster.engine.flavour=mocker",  # serves any request: the ideal is the whole trace's

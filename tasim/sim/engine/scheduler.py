@@ -39,7 +39,7 @@ from typing import Literal, Protocol
 from tasim.core.model import BlockHash, RequestSpec, blocks_for
 from tasim.sim.engine.block_pool import Eviction
 from tasim.sim.engine.kv_manager import BlockBoundary, KVCacheManager, RequestBlocks
-from tasim.sim.perf.base import PerfModel, StepShape, decode_shape, summed
+from tasim.sim.perf.perf_model import PerfModel, StepShape, decode_shape, summed
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,8 +9,8 @@ from tasim.native import search_path
 
 __path__ = search_path(__name__, __path__)
 
-from tasim.sim.perf.base import PerfModel, StepShape
 from tasim.sim.perf.fixed import FixedStep
+from tasim.sim.perf.perf_model import PerfModel, StepShape
 from tasim.sim.perf.polynomial import DynamoPolynomial
 from tasim.sim.perf.roofline import Roofline
 

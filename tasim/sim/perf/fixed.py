@@ -6,7 +6,7 @@ decisions at the same instants exactly when their schedulers agree (``tasim vali
 
 from __future__ import annotations
 
-from tasim.sim.perf.base import StepShape
+from tasim.sim.perf.perf_model import StepShape
 
 
 class FixedStep:

@@ -14,7 +14,7 @@ Dynamo 1.6.1's replay: a 4 x 3,000-token burst's second step takes prefill(3,808
 
 from __future__ import annotations
 
-from tasim.sim.perf.base import StepShape
+from tasim.sim.perf.perf_model import StepShape
 
 PREFILL_COEFFS_MS = (4.209989e-7, 1.518344e-2, 16.50142)
 DECODE_COEFFS_MS = (-25.74, 54.01, 5.74)

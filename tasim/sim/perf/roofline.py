@@ -11,7 +11,7 @@ point of continuous batching with chunked prefill.
 from __future__ import annotations
 
 from tasim.config.hardware import DTYPE_BYTES, GpuSpec, ModelSpec
-from tasim.sim.perf.base import StepShape
+from tasim.sim.perf.perf_model import StepShape
 
 ACTIVATION_BYTES = 2  # all-reduce payloads are bf16 activations
 

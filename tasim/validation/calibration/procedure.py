@@ -22,7 +22,7 @@ from tasim.results.render import print_unsquashed
 from tasim.tools.search import Dimension
 from tasim.validation.calibration import CalibrationError
 from tasim.validation.calibration.fit import Problem, Search, evaluate_values, runs_per_evaluation, search
-from tasim.validation.calibration.report import PointReport, Report, knob_table, point_table, summary_lines, write_outputs
+from tasim.validation.calibration.outcome import PointReport, Report, knob_table, point_table, summary_lines, write_outputs
 from tasim.validation.published.measurement_file import Measurements, chooses_policy
 
 

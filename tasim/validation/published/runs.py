@@ -10,7 +10,7 @@ from typing import Any
 from tasim.config.scenario import RolloutWorkload, Scenario
 from tasim.core import events as ev
 from tasim.results.metrics import MetricsFold
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.validation.published.quantities import Outcome
 from tasim.validation.published.turn_latency import TurnLatencyFold
 

@@ -28,7 +28,7 @@ from conftest import LIVE_BLOCK_SIZE, FakeClock, live_host, live_view, routed
 
 from tasim.core import events as ev
 from tasim.live.router.live_host import MAX_PROGRAM_ID_CHARS, Held, InvalidProgramId, PolicyHost
-from tasim.policies.base import ProgramDecision
+from tasim.policies.interface import ProgramDecision
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import Phase, ThunderAgent

@@ -143,7 +143,7 @@ def test_the_clients_log_keeps_the_simulators_invariants(tmp_path: Path) -> None
 def test_the_rust_plugin_stack_runs_the_same_programs_on_cpu(routing: str, policy: str, tmp_path: Path) -> None:
     pytest.importorskip("dynamo.llm")
     from tasim.live.run import finite_scenario, run_live, simulated_twin
-    from tasim.sim.simulate import run_simulation
+    from tasim.sim.simulation import run_simulation
 
     scenario = load_scenario(SCENARIO, [f"live.routing={routing}", f"policy.name={policy}", "policy.params={}"])
     out = tmp_path / "run"

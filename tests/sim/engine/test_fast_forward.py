@@ -11,7 +11,7 @@ from tasim.config.scenario import Scenario, load_scenario
 from tasim.core import events as ev
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock
 from tasim.sim.perf import make_perf_model
-from tasim.sim.perf.base import decode_shape
+from tasim.sim.perf.perf_model import decode_shape
 from tasim.sim.runner import Simulation
 
 PRESETS = REPO / "scenarios"

@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from lab.paper_shapes.curves import write_plots
+from lab.paper_shapes.execution import run_all
 from lab.paper_shapes.markdown import markdown
 from lab.paper_shapes.plan import Mode, plan
-from lab.paper_shapes.runner import run_all
 from lab.paper_shapes.splice import splice
 
 DEFAULT_DOC = Path("docs/results/validation.md")

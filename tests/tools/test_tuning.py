@@ -133,12 +133,12 @@ def test_a_ratio_the_seeds_do_not_change_has_no_verdict(tmp_path: Path) -> None:
 def test_a_range_follows_the_fields_declared_type_not_its_bounds(tmp_path: Path) -> None:
     import optuna
 
-    from tasim.tools import tune
+    from tasim.tools import tuning
 
-    space = tune.parse_space(["policy.params.scheduler_interval_s=1:20:log", "workload.concurrency=8:64", "workload.output_tokens.median=50:200"])
-    objective = tune.parse_objective("calls_per_min")
+    space = tuning.parse_space(["policy.params.scheduler_interval_s=1:20:log", "workload.concurrency=8:64", "workload.output_tokens.median=50:200"])
+    objective = tuning.parse_objective("calls_per_min")
     # tiny's own policy is round_robin: the float knob is typed by thunderagent's params model
-    request = tune.check(tune.Request(TINY, "thunderagent", space, objective, (), 1, (1,), (), 0, "sqlite://", tmp_path))
+    request = tuning.check(tuning.Request(TINY, "thunderagent", space, objective, (), 1, (1,), (), 0, "sqlite://", tmp_path))
     trial = optuna.create_study().ask()
     for dimension in request.space:
         dimension.suggest(trial)

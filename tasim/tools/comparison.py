@@ -31,7 +31,7 @@ from tasim.config.scenario import Override, Scenario, ScenarioError, as_override
 from tasim.core.errors import UsageError
 from tasim.results.metrics import summary_value
 from tasim.results.stats import METHOD, Interval, complete_interval, paired_ratio
-from tasim.sim.simulate import run_simulation
+from tasim.sim.simulation import run_simulation
 from tasim.tools.parallel import Backend
 
 RUNS_DIR = "runs"
