@@ -1,8 +1,8 @@
 """Compiled builds of the simulator's hottest modules, used only while they match the sources.
 
-The policy host and the simulation around it, the clock, the engine, its KV block pool, the
-folded runs of steps, the perf models that time them and the KV router's block indexes and cost
-(`MODULES`) are the inner loop of every simulation. `make install` compiles them with mypyc (the
+The policy host and the simulation around it, the clock, the engine, its KV cache manager and
+block pool, the folded runs of steps, the perf models that time them and the KV router's block
+indexes and cost (`MODULES`) are the inner loop of every simulation. `make install` compiles them with mypyc (the
 compiler that ships with mypy: the same code, type-checked, translated to C) into
 ``build/native/`` of the checkout, with a manifest of the sources' hashes. `tasim` and the
 packages of those modules put that folder in front of their own on their module search paths
@@ -39,6 +39,7 @@ MODULES = (
     "sim/runner.py",
     "sim/clock.py",
     "sim/engine/scheduler.py",
+    "sim/engine/kv_manager.py",
     "sim/engine/block_pool.py",
     "sim/engine/fast_forward.py",
     "sim/perf/base.py",

@@ -66,7 +66,8 @@ class Simulation(HostCore):
     simulates every decode step on its own (same outcome, much slower; for checking).
     ``check=True`` checks the invariants of `tasim.sim.checks` as it runs and raises
     `InvariantViolation` at the first broken one. ``engine_factory`` builds each worker's engine
-    (default: tasim's `Engine`; only it folds decode steps)."""
+    (default: tasim's `Engine`; only an engine with a `StepEngine.foldable` folds decode
+    steps)."""
 
     def __init__(
         self,
@@ -259,8 +260,8 @@ class Simulation(HostCore):
         while True:
             now = self.env.now
             for engine in self.engines.values():
-                pool = engine.pool
-                self.emit(ev.WorkerSample(now, engine.worker, pool.active, pool.cached_blocks, len(engine.running), len(engine.waiting)))
+                kv_cache = engine.kv_cache
+                self.emit(ev.WorkerSample(now, engine.worker, kv_cache.active, kv_cache.cached_blocks, len(engine.running), len(engine.waiting)))
             yield self.env.timeout(interval)
 
     def _progress(self, report: Progress) -> Generator[Event, object, None]:

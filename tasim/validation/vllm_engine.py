@@ -147,7 +147,7 @@ def build_scheduler(config: EngineSetup) -> Scheduler:
 
 
 class _PoolCounts:
-    """A worker sample's view of vLLM's block pool."""
+    """A worker sample's view of vLLM's KV cache."""
 
     def __init__(self, engine: VllmEngine) -> None:
         self._engine = engine
@@ -178,7 +178,7 @@ class VllmEngine:
         init_none_hash(hash_fn)
         self._hasher = get_request_block_hasher(config.block_size, hash_fn)
         self.iterations = 0
-        self.pool = _PoolCounts(self)
+        self.kv_cache = _PoolCounts(self)
         self.cached: dict[Any, BlockHash] = {}  # vLLM block hash -> tasim hash, for cached blocks
         self._copies: dict[Any, int] = {}  # vLLM block hash -> physical copies cached
         self._records: dict[str, EngineRequest] = {}
@@ -198,6 +198,10 @@ class VllmEngine:
     @property
     def has_work(self) -> bool:
         return bool(self.scheduler.running or self.scheduler.waiting)
+
+    @property
+    def foldable(self) -> None:
+        return None  # vLLM's scheduler decides every step: none can be planned ahead
 
     def audit(self, every_block: bool = False) -> str | None:
         return None  # vLLM's state is vLLM's; tasim's invariants are about tasim's engine

@@ -117,7 +117,7 @@ def _engine(eviction: str = "lru") -> Engine:
 
 def _pinned(engine: Engine, hashes: tuple[int, ...]) -> None:
     """Cache ``hashes`` through a holder, release it, and pin them again: a consistent state."""
-    pool = engine.pool
+    pool = engine.kv_cache.block_pool
     claim = pool.acquire(hashes, 0)
     assert pool.allocate(len(hashes))
     pool.register_run(claim, 0, len(hashes))
@@ -146,7 +146,7 @@ def test_a_consistent_engine_passes_its_audit() -> None:
 def test_each_pool_check_fires(corrupt, message: str) -> None:  # type: ignore[no-untyped-def]
     engine = _engine()
     _pinned(engine, (1, 2, 3))
-    corrupt(engine.pool)
+    corrupt(engine.kv_cache.block_pool)
     problem = engine.audit()
     assert problem is not None and re.search(message, problem), problem
 

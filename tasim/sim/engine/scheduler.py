@@ -6,33 +6,39 @@ applies its outcome at the step's end. Per step:
 
 1. A token budget of ``max_num_batched_tokens``. Running requests, in admission order, each get
    ``min(known tokens - computed, budget)``: 1 for a decode, the next chunk for a prefill. If the
-   KV blocks for those tokens cannot be had, the newest (or oldest) running request is preempted
-   (recompute: its blocks are released, it goes back to the front of the waiting queue) until
-   they can; the request may preempt itself. Under priority scheduling the victim is the
+   KV cache manager has no slots for those tokens, the newest (or oldest) running request is
+   preempted (recompute: its blocks are freed, it goes back to the front of the waiting queue)
+   until it has; the request may preempt itself. Under priority scheduling the victim is the
    running request with the highest (priority, arrival), as vLLM's ``--scheduling-policy
    priority`` picks it, and the queue is kept in (priority, arrival) order, so a preempted
    request goes back to its place there rather than to the front.
 2. If nothing was preempted, waiting requests are admitted in queue order while fewer than
-   ``max_num_seqs`` run and budget remains: the longest cached prefix of full blocks is reused
+   ``max_num_seqs`` run and budget remains: the longest computed prefix of full blocks is reused
    (at least one token is always computed); the whole sequence must fit in the blocks that are
-   free or evictable, else admission stops (head-of-line); blocks are taken only for the
+   free or evictable, else admission stops (head-of-line); slots are taken only for the
    scheduled chunk. Without chunked prefill the rest of the prompt must fit the budget.
 3. Blocks that this step completes are cached under their hash at scheduling time (KV stored
    events); evictions happen while allocating (KV removed events).
 4. At the end of the step every request whose known tokens are all computed emits one token:
    the first one when its prefill completes, then one per decode step. A request that has
-   emitted its last token finishes and releases its blocks (they stay cached until evicted).
+   emitted its last token finishes and frees its blocks (they stay cached until evicted).
+
+The engine reaches KV blocks only through its KV cache manager (`tasim.sim.engine.kv_manager`:
+computed prefixes, slots, freeing, KV events, pins). It is a `FoldableEngine`: it plans the
+runs of identical steps that `tasim.sim.engine.fast_forward` folds.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from tasim.core.model import BlockHash, RequestSpec, blocks_for
-from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
+from tasim.sim.engine.block_pool import Eviction
+from tasim.sim.engine.kv_manager import BlockBoundary, KVCacheManager, RequestBlocks
 from tasim.sim.perf.base import PerfModel, StepShape, decode_shape, summed
 
 
@@ -72,7 +78,7 @@ class EngineListener(Protocol):
 
 
 class BlockCounts(Protocol):
-    """What a worker sample reads of a KV pool."""
+    """What a worker sample reads of an engine's KV cache."""
 
     @property
     def active(self) -> int: ...
@@ -88,9 +94,9 @@ class StepEngine(Protocol):
     worker: str
     iterations: int
 
-    # read-only here, so an engine may hold its own kinds of pool and queues
+    # read-only here, so an engine may hold its own kinds of KV cache and queues
     @property
-    def pool(self) -> BlockCounts: ...
+    def kv_cache(self) -> BlockCounts: ...
 
     @property
     def running(self) -> Sized: ...
@@ -100,6 +106,10 @@ class StepEngine(Protocol):
 
     @property
     def has_work(self) -> bool: ...
+
+    @property
+    def foldable(self) -> FoldableEngine | None:
+        """The engine as `tasim.sim.engine.fast_forward` folds its runs of steps; None if it cannot."""
 
     def submit(self, spec: RequestSpec, priority: int = 0) -> None: ...
 
@@ -123,18 +133,14 @@ class StepEngine(Protocol):
 EngineFactory = Callable[[str, EngineSetup, PerfModel, EngineListener], StepEngine]
 
 
-class EngineRequest:
-    """Engine-side state of one request."""
+class EngineRequest(RequestBlocks):
+    """Engine-side state of one request (its blocks: see `RequestBlocks`)."""
 
     __slots__ = (
         "spec",
         "prompt",
         "target",
         "generated",
-        "computed",
-        "claim",
-        "phys",
-        "full_done",
         "cached_tokens",
         "admissions",
         "lost",
@@ -143,16 +149,13 @@ class EngineRequest:
     )
 
     def __init__(self, spec: RequestSpec, priority: int = 0, arrival: int = 0) -> None:
+        super().__init__(spec.id, spec.block_hashes)
         self.spec = spec
         self.priority = priority  # priority scheduling: lower goes first
         self.arrival = arrival  # the engine's submission count: vLLM's arrival order
         self.prompt = spec.prompt_tokens
         self.target = spec.output_tokens
         self.generated = 0
-        self.computed = 0
-        self.claim = Claim(spec.block_hashes)  # the cached blocks it references
-        self.phys = 0  # physical blocks this request occupies (held + private copies + tail)
-        self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
         self.cached_tokens = 0  # prefix-cache hit at first admission
         self.admissions = 0
         self.lost = 0  # tokens of computed KV freed by the last preemption
@@ -187,20 +190,58 @@ class Step:
         return self.start + self.duration
 
 
-class Engine:
+class RunPlan:
+    """The run of steps that a step starts, as a `FoldableEngine` plans it: ``steps`` in all,
+    the first one ``first`` (scheduled as usual), each later one repeating its shape; when each
+    step ends; the later steps that touch the KV cache (`BlockBoundary`), in order; and the
+    run's prefilling request with its chunk per step, if it folds one besides the decodes."""
+
+    __slots__ = ("first", "steps", "ends", "boundaries", "prefill")
+
+    def __init__(
+        self, first: Step, steps: int, ends: list[float], boundaries: list[BlockBoundary], prefill: tuple[EngineRequest, int] | None
+    ) -> None:
+        self.first = first
+        self.steps = steps
+        self.ends = ends  # step k + 1 (1-based) starts at ends[k]
+        self.boundaries = boundaries
+        self.prefill = prefill
+
+
+class FoldableEngine(ABC):
+    """An engine whose runs of identical steps `tasim.sim.engine.fast_forward` folds: it plans a
+    run, reserves the slots of each of its boundaries as the simulation catches up with them, and
+    completes the run's steps at once."""
+
+    @abstractmethod
+    def plan_run(self, first: Step, max_steps: int) -> RunPlan | None:
+        """The run of up to ``max_steps`` steps that the scheduled step ``first`` starts, or None
+        when no later step can be folded into it."""
+
+    @abstractmethod
+    def apply_boundary(self, boundary: BlockBoundary) -> tuple[list[BlockHash], list[BlockHash]]:
+        """Reserve the slots of a boundary of the run being folded, when its step starts; returns
+        the KV events (stored, removed) to publish when the step ends."""
+
+    @abstractmethod
+    def complete_run(self, plan: RunPlan, steps: int, now: float) -> None:
+        """The run's first ``steps`` steps (fewer than planned if it was cut) have run, their
+        boundaries applied: advance the requests through them and apply the last one's outcome."""
+
+
+class Engine(FoldableEngine):
     def __init__(self, worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> None:
         self.worker = worker
         self.config = config
         self.perf = perf
         self.listener = listener
-        self.pool = BlockPool(config.num_blocks, config.eviction, config.cache_duplicates)
+        self.kv_cache = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching, config.eviction, config.cache_duplicates)
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.iterations = 0
         self._lifo = config.preemption == "newest_first"
         self._by_priority = config.scheduling_policy == "priority"
         self._arrivals = 0
-        self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
 
     # --- public API ------------------------------------------------------------------------
 
@@ -214,7 +255,7 @@ class Engine:
         req = EngineRequest(spec, priority, self._arrivals)
         if self._by_priority:
             self._queue_in_order(req)
-        elif spec.program in self._pins:
+        elif self.kv_cache.has_pin(spec.program):
             self.waiting.appendleft(req)
         else:
             self.waiting.append(req)
@@ -231,45 +272,32 @@ class Engine:
     def pin(self, program: str, hashes: tuple[BlockHash, ...]) -> int:
         """Reference the resident leading blocks of ``hashes`` so they cannot be evicted;
         returns how many. Replaces an earlier pin of the program."""
-        self.unpin(program)
-        hits, _ = self.pool.prefix_hits(hashes, len(hashes))
-        self._pins[program] = self.pool.acquire(hashes, hits)
-        return hits
+        return self.kv_cache.pin(program, hashes)
 
     def unpin(self, program: str) -> bool:
         """Release the program's pin here; returns whether it had one."""
-        claim = self._pins.pop(program, None)
-        if claim is None:
-            return False
-        self.pool.release(claim)
-        return True
+        return self.kv_cache.unpin(program)
 
     def has_pin(self, program: str) -> bool:
-        return program in self._pins
-
-    @property
-    def pinned_blocks(self) -> int:
-        return sum(claim.blocks for claim in self._pins.values())
+        return self.kv_cache.has_pin(program)
 
     def audit(self, every_block: bool = False) -> str | None:
         """The first broken invariant of the engine's state, or None (``tasim simulate --check``;
         ``every_block``: see `BlockPool.audit`)."""
         if len(self.running) > self.config.max_num_seqs:
             return f"{len(self.running)} requests running, max_num_seqs is {self.config.max_num_seqs}"
-        for req in self.waiting:
-            if req.phys or req.claim.blocks:
-                return f"queued request {req.spec.id} occupies {req.phys} blocks"
-        private = 0
         for req in self.running:
-            if req.phys < req.claim.blocks or req.computed > req.length:
-                return f"request {req.spec.id}: {req.phys} blocks for {req.claim.blocks} held, {req.computed} of {req.length} tokens computed"
-            private += req.phys - req.claim.blocks
-        claims = [req.claim for req in self.running] + list(self._pins.values())
-        return self.pool.audit(claims, private, every_block)
+            if req.computed > req.length:
+                return f"request {req.spec.id}: {req.computed} of {req.length} tokens computed"
+        return self.kv_cache.audit(self.running, self.waiting, every_block)
 
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)
+
+    @property
+    def foldable(self) -> FoldableEngine:
+        return self
 
     def begin_step(self, now: float) -> Step:
         """Schedule one iteration at ``now``; the caller waits ``step.duration`` then calls
@@ -279,7 +307,7 @@ class Engine:
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
             self._admit_waiting(step, budget, now)
-        step.stored, step.removed = self.pool.drain_events()
+        step.stored, step.removed = self.kv_cache.take_events()
         if step.scheduled:
             self.iterations += 1
             step.shape = self._shape(step, decodes)
@@ -311,12 +339,12 @@ class Engine:
             # Report first: a policy reacting to the turn's end (e.g. pinning its blocks) must
             # see them still referenced, before the next step's allocations can evict them.
             self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
-            self._release(req)
+            self.kv_cache.free(req)
 
     def clear_prefix_cache(self, now: float) -> None:
         """Evict every unreferenced cached block, reporting the removals."""
-        self.pool.clear()
-        self.publish_kv(*self.pool.drain_events(), now)
+        self.kv_cache.reset_prefix_cache()
+        self.publish_kv(*self.kv_cache.take_events(), now)
 
     def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
         """Report blocks stored and evicted. Blocks are allocated (and evicted) when a step is
@@ -326,36 +354,6 @@ class Engine:
         prefix that the running step had already evicted.)"""
         if stored or removed:
             self.listener.on_kv(self.worker, stored, removed, now)
-
-    def waiting_stays_blocked(self, budget: int) -> tuple[bool, Sequence[BlockHash]]:
-        """Whether decode steps that leave ``budget`` tokens and free no block can admit nobody
-        from the queue; and the head's leading blocks whose registration would change that (a
-        block that turns active costs the head no capacity), a prefix of its chain. False when
-        unsure."""
-        cfg = self.config
-        if not self.waiting or len(self.running) >= cfg.max_num_seqs or budget <= 0:
-            return True, ()
-        if not cfg.enable_chunked_prefill:
-            return False, ()  # the head's fate there also depends on its cached prefix
-        head = self.waiting[0]
-        total_blocks = blocks_for(head.length, cfg.block_size)
-        if total_blocks > cfg.num_blocks:
-            return False, ()  # due to be dropped
-        # Decode steps only take blocks, so a head that does not fit now fits no better later.
-        if total_blocks - self._cached_prefix(head)[1] > self.pool.available:
-            return True, head.spec.block_hashes[: self._cacheable_blocks(head)]
-        return False, ()
-
-    def _cacheable_blocks(self, req: EngineRequest) -> int:
-        """Leading full blocks a prefix hit may cover: at least one token is always computed,
-        as vLLM does for a fully cached prompt."""
-        return (req.length - 1) // self.config.block_size
-
-    def _cached_prefix(self, req: EngineRequest) -> tuple[int, int]:
-        """The request's leading blocks in the cache, and how many of those are active."""
-        if not self.config.enable_prefix_caching:
-            return 0, 0
-        return self.pool.prefix_hits(req.spec.block_hashes, self._cacheable_blocks(req))
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -367,7 +365,7 @@ class Engine:
         decodes = _Decodes()
         others = decodes.others
         count = context = 0
-        bs = self.config.block_size
+        kv_cache = self.kv_cache
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -376,22 +374,20 @@ class Engine:
             pending = n = req.prompt + generated - computed
             if n > budget:
                 n = budget
-            upto = computed + n
-            if upto > req.phys * bs or upto // bs > req.full_done:  # a block to take or fill
-                victim_was_self = False
-                while not self.reserve(req, upto):
-                    victim = self._victim()
-                    budget += self._preempt(victim, step, now)
-                    step.preempted = True
-                    if victim is req:
-                        victim_was_self = True
-                        break
-                    if running.index(req) < i:  # an earlier request was removed
-                        i -= 1
-                if victim_was_self:
-                    if self._by_priority:  # vLLM schedules no later running request (fcfs: it was the last)
-                        break
-                    continue
+            victim_was_self = False
+            while not kv_cache.allocate_slots(req, computed + n):
+                victim = self._victim()
+                budget += self._preempt(victim, step, now)
+                step.preempted = True
+                if victim is req:
+                    victim_was_self = True
+                    break
+                if running.index(req) < i:  # an earlier request was removed
+                    i -= 1
+            if victim_was_self:
+                if self._by_priority:  # vLLM schedules no later running request (fcfs: it was the last)
+                    break
+                continue
             scheduled.append((req, n))
             if pending == 1 and generated:  # its one pending token: a decode (see `decode_shape`)
                 count += 1
@@ -405,7 +401,7 @@ class Engine:
 
     def _admit_waiting(self, step: Step, budget: int, now: float) -> None:
         cfg = self.config
-        pool = self.pool
+        kv_cache = self.kv_cache
         bs = cfg.block_size
         while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
             req = self.waiting[0]
@@ -415,10 +411,10 @@ class Engine:
                 self.waiting.popleft()
                 self.listener.on_dropped(self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now)
                 continue
-            hits, active_hits = self._cached_prefix(req)
-            if total_blocks - active_hits > pool.available:
+            computed = kv_cache.get_computed_blocks(req, length)
+            if not kv_cache.fits(length, computed):
                 break
-            cached = hits * bs
+            cached = computed.blocks * bs
             chunk = min(length - cached, budget)
             if not cfg.enable_chunked_prefill and chunk < length - cached:
                 if length - cached > cfg.max_num_batched_tokens:
@@ -432,12 +428,10 @@ class Engine:
                     continue
                 break
             self.waiting.popleft()
-            req.claim = pool.acquire(req.spec.block_hashes, hits)
-            self.unpin(req.spec.program)  # the request now holds what the pin kept
-            req.phys = req.full_done = hits
-            req.computed = cached
-            if not self.reserve(req, cached + chunk):  # cannot happen after the check above
+            # the request now holds what its program's pin kept; cannot fail after `fits`
+            if not kv_cache.allocate_slots(req, cached + chunk, computed, release_pin=req.spec.program):
                 raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
+            req.computed = cached
             req.admissions += 1
             first = req.admissions == 1
             if first:
@@ -447,21 +441,6 @@ class Engine:
             budget -= chunk
             recompute = 0 if first else max(0, req.lost - cached)
             self.listener.on_admitted(self.worker, req.spec, cached, recompute, first, now)
-
-    def reserve(self, req: EngineRequest, upto_tokens: int) -> bool:
-        """Hold blocks for the first ``upto_tokens`` tokens and cache the blocks they complete
-        (scheduling a chunk; `tasim.sim.engine.fast_forward` calls it for the chunks of steps it folds)."""
-        bs = self.config.block_size
-        need = blocks_for(upto_tokens, bs) - req.phys
-        if need > 0:
-            if not self.pool.allocate(need):
-                return False
-            req.phys += need
-        full = upto_tokens // bs
-        if full > req.full_done and self.config.enable_prefix_caching:
-            self.pool.register_run(req.claim, req.full_done, full)
-        req.full_done = max(req.full_done, full)
-        return True
 
     def _victim(self) -> EngineRequest:
         running = self.running
@@ -483,7 +462,7 @@ class Engine:
                 break
         lost = victim.lost = victim.computed
         self.running.remove(victim)
-        self._release(victim)
+        self.kv_cache.free(victim)
         victim.computed = 0
         if self._by_priority:
             self._queue_in_order(victim)
@@ -491,11 +470,6 @@ class Engine:
             self.waiting.appendleft(victim)
         self.listener.on_preempted(self.worker, victim.spec, lost, now)
         return refund
-
-    def _release(self, req: EngineRequest) -> None:
-        self.pool.release_private(req.phys - req.claim.blocks)
-        self.pool.release(req.claim)
-        req.phys = req.full_done = 0
 
     def _shape(self, step: Step, decodes: _Decodes) -> StepShape:
         """`step_shape` of the step, with the running decodes summed as they were scheduled
@@ -508,6 +482,125 @@ class Engine:
         admitted = step.scheduled[decodes.count + len(decodes.others) :]
         return summed(decode_shape(decodes.count, decodes.context, capacity), step_shape(decodes.others + admitted, capacity))
 
+    # --- folded runs of steps (`FoldableEngine`) -------------------------------------------
+
+    def plan_run(self, first: Step, max_steps: int) -> RunPlan | None:
+        """The steps after ``first`` that repeat its shape (see `tasim.sim.engine.fast_forward`).
+        Two shapes repeat:
+
+        * pure decode: every running request computes its one pending token;
+        * decode plus one chunked prefill: the newest running request is partway through a
+          prompt longer than the budget, and takes all the tokens the decodes before it leave.
+          Nothing can be admitted while it does (the budget is spent), and each step its chunk
+          is the same; the run stops before the chunk that would complete its prompt.
+
+        The run ends with the step at whose end a request finishes, and earlier where the KV
+        cache says so (`KVCacheManager.plan_boundaries`)."""
+        scheduled = first.scheduled
+        count = len(self.running)
+        if first.preempted or not scheduled or len(scheduled) != count:
+            return None
+        decoders = scheduled
+        budget = self.config.max_num_batched_tokens
+        last = max_steps
+        prefill = None
+        newest, chunk = scheduled[-1]
+        if chunk > 1 and chunk == budget - (count - 1):
+            # Steps 2..k still take a full chunk while more than one chunk is left before them.
+            last = min(last, (newest.length - newest.computed - 1) // chunk)
+            prefill = (newest, chunk)
+            decoders = scheduled[:-1]
+        elif chunk != 1 or newest.length - newest.computed != 1:
+            return None  # the newest request is prefilling: checked first, as it is the usual misfit
+        context = 0  # tokens the decoders have computed before the first step
+        for req, n in decoders:
+            generated = req.generated
+            computed = req.computed
+            if n != 1 or not generated or req.prompt + generated - computed != 1:
+                return None
+            context += computed
+            # At the end of step k (1-based), a request that had generated g tokens has g + k.
+            if req.target - generated < last:
+                last = req.target - generated
+        head_blocks: Sequence[BlockHash] = ()
+        if prefill is None:
+            blocked, head_blocks = self._waiting_stays_blocked(budget - count)
+            if not blocked:
+                return None
+        if last < 2:
+            return None
+        planned = self.kv_cache.plan_boundaries(decoders, prefill, last, head_blocks)
+        if planned is None:
+            return None
+        last, boundaries = planned
+        capacity = self.config.num_blocks * self.config.block_size
+        if prefill is None:
+            ends = [first.end, *self.perf.decode_step_ends(first.end, count, context + count, last - 1, capacity)]
+        else:
+            ends = self._mixed_step_ends(first.end, last, len(decoders), context, prefill, capacity)
+        return RunPlan(first, last, ends, boundaries, prefill)
+
+    def apply_boundary(self, boundary: BlockBoundary) -> tuple[list[BlockHash], list[BlockHash]]:
+        kv_cache = self.kv_cache
+        for req, upto in boundary.reserves:
+            if not kv_cache.allocate_slots(req, upto):  # planned within the available blocks
+                raise AssertionError(f"{self.worker}: a fast-forwarded step found no blocks for {req.request_id}")
+        return kv_cache.take_events()
+
+    def complete_run(self, plan: RunPlan, steps: int, now: float) -> None:
+        folded = steps - 1
+        self.iterations += folded
+        decoders = plan.first.scheduled
+        if plan.prefill is not None:
+            prefilling, chunk = plan.prefill
+            prefilling.computed += folded * chunk
+            decoders = decoders[:-1]
+        for req, _ in decoders:
+            req.computed += folded
+            req.generated += folded
+        # A folded run's last step scheduled the same one token per request as its first.
+        self.complete_step(plan.first, now)
+
+    def _waiting_stays_blocked(self, budget: int) -> tuple[bool, Sequence[BlockHash]]:
+        """Whether decode steps that leave ``budget`` tokens and free no block can admit nobody
+        from the queue; and the head's leading blocks whose registration would change that (a
+        block that turns active costs the head no capacity), a prefix of its chain. False when
+        unsure."""
+        cfg = self.config
+        if not self.waiting or len(self.running) >= cfg.max_num_seqs or budget <= 0:
+            return True, ()
+        if not cfg.enable_chunked_prefill:
+            return False, ()  # the head's fate there also depends on its cached prefix
+        head = self.waiting[0]
+        length = head.length
+        if blocks_for(length, cfg.block_size) > cfg.num_blocks:
+            return False, ()  # due to be dropped
+        # Decode steps only take blocks, so a head that does not fit now fits no better later.
+        kv_cache = self.kv_cache
+        if not kv_cache.fits(length, kv_cache.get_computed_blocks(head, length)):
+            return True, head.block_hashes[: kv_cache.cacheable_blocks(length)]
+        return False, ()
+
+    def _mixed_step_ends(
+        self, first_end: float, last: int, decoders: int, context: int, prefill: tuple[EngineRequest, int], capacity: int
+    ) -> list[float]:
+        """End times of steps 1..``last`` of a decode-plus-prefill run. Step k's shape is that of
+        its decodes (their computed tokens ``context`` plus ``(k - 1) * decoders``) plus that of
+        its chunk, ``(k - 1) * chunk`` further into the prompt: `step_shape` sums the same terms,
+        and every term of ``attn_pairs`` is a multiple of 1/2 far below 2**53, so the sum is
+        exact in either order."""
+        req, chunk = prefill
+        step_time = self.perf.step_time
+        at = _ChunkStart(req)
+        ends = [first_end]
+        end = first_end
+        for k in range(1, last):
+            at.computed = req.computed + k * chunk
+            shape = summed(decode_shape(decoders, context + k * decoders, capacity), step_shape([(at, chunk)], capacity))
+            end = end + step_time(shape)
+            ends.append(end)
+        return ends
+
 
 class _Decodes:
     """The decodes among a step's running requests, as `decode_shape` takes them, and the
@@ -519,6 +612,17 @@ class _Decodes:
         self.count = 0
         self.context = 0  # their computed tokens before the step
         self.others: list[tuple[EngineRequest, int]] = []
+
+
+class _ChunkStart:
+    """A prefilling request as `step_shape` reads it, at the start of a later step's chunk."""
+
+    __slots__ = ("computed", "prompt", "generated")
+
+    def __init__(self, req: EngineRequest) -> None:
+        self.computed = req.computed
+        self.prompt = req.prompt
+        self.generated = req.generated
 
 
 class ScheduledWork(Protocol):

@@ -28,15 +28,15 @@ def run_until_idle(engine: Engine, now: float = 0.0, max_steps: int = 10_000) ->
 
 
 def check_conservation(engine: Engine) -> None:
-    pool = engine.pool
+    pool = engine.kv_cache.block_pool
     assert pool.free + pool.active + pool.inactive == pool.num_blocks
     assert min(pool.free, pool.active, pool.inactive) >= 0
     # Every active block is either a private block of a running request or a cached block
     # referenced exactly as many times as running requests hold it.
     refs: dict[int, int] = {}
     private = 0
-    for claim in engine._pins.values():
-        for block in claim.block_hashes():
+    for pinned in engine.kv_cache.pinned_hashes():
+        for block in pinned:
             refs[block] = refs.get(block, 0) + 1
     for req in engine.running:
         private += req.phys - req.claim.blocks
@@ -231,16 +231,16 @@ def test_pin_keeps_blocks_until_the_next_request_is_admitted(recorder: Recorder)
     engine.submit(spec("a", 8, 1, [1, 2]))
     run_until_idle(engine)
     assert engine.pin("p-a", (1, 2, 3)) == 2  # blocks 1 and 2 are resident; 3 never existed
-    assert (engine.pool.active, engine.pool.inactive) == (2, 0)
+    assert (engine.kv_cache.block_pool.active, engine.kv_cache.block_pool.inactive) == (2, 0)
     engine.submit(spec("b", 16, 1, [10, 11, 12, 13]))  # needs 4 blocks: only 4 are evictable/free
     run_until_idle(engine)
-    assert engine.pool.is_cached(1) and engine.pool.is_cached(2)  # pinned blocks survived
+    assert engine.kv_cache.block_pool.is_cached(1) and engine.kv_cache.block_pool.is_cached(2)  # pinned blocks survived
     engine.submit(spec("c", 4, 1, [20]))
     engine.submit(RequestSpec("a2", "p-a", 1, 9, 1, 8, (1, 2)))  # the pinned program returns
     step = engine.begin_step(10.0)
     assert [req.spec.id for req, _ in step.scheduled] == ["a2", "c"]  # it jumped the queue
     assert step.scheduled[0][1] == 1  # 8 cached tokens reused, 1 computed
-    assert engine.pinned_blocks == 0  # admission released the pin; the request holds the blocks
+    assert engine.kv_cache.pinned_blocks == 0  # admission released the pin; the request holds the blocks
     engine.end_step(step, step.end)
     check_conservation(engine)
 
@@ -269,7 +269,7 @@ def test_block_conservation_and_completion(requests, num_blocks, budget, preempt
     run_until_idle(engine)
     done = set(recorder.kinds("finished")) | set(recorder.kinds("dropped"))
     assert done == set(ids)
-    assert engine.pool.active == 0
+    assert engine.kv_cache.block_pool.active == 0
 
 
 def test_kv_events_are_published_when_the_step_completes(recorder: Recorder) -> None:
@@ -282,7 +282,7 @@ def test_kv_events_are_published_when_the_step_completes(recorder: Recorder) -> 
     assert (recorder.stored, recorder.removed) == ([1, 2], [])
     engine.submit(spec("b", 8, 1, [3, 4]))  # two blocks: the free one and a's leaf block 2
     step = engine.begin_step(5.0)
-    assert engine.pool.is_cached(3) and not engine.pool.is_cached(2)  # changed by scheduling...
+    assert engine.kv_cache.block_pool.is_cached(3) and not engine.kv_cache.block_pool.is_cached(2)  # changed by scheduling...
     assert (recorder.stored, recorder.removed) == ([1, 2], [])  # ...but not yet reported
     engine.end_step(step, step.end)
     assert (recorder.stored, recorder.removed) == ([1, 2, 3, 4], [2])

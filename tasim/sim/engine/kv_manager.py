@@ -1,0 +1,301 @@
+"""The KV cache manager: the scheduler's one way to the KV blocks, shaped like vLLM v1's
+``KVCacheManager`` (``vllm/v1/core/kv_cache_manager.py``).
+
+The scheduler asks it for a request's computed prefix (`KVCacheManager.get_computed_blocks`),
+whether the whole request fits (`KVCacheManager.fits`), for slots for the tokens it schedules
+(`KVCacheManager.allocate_slots`: blocks taken, evicting cached ones if need be, and the blocks
+the tokens complete cached under their hashes), to free a request's blocks, and for the KV
+events since it last asked (`KVCacheManager.take_events`). It also keeps the pins (blocks held
+for a program between its turns) and the counters a worker sample reads. Behind it is the block
+pool (`tasim.sim.engine.block_pool`), which only it touches.
+
+A request's blocks are kept on the request itself (`RequestBlocks`, which the engine's request
+record extends), as plain attributes the compiled scheduler reads at C speed.
+
+A computed prefix (`ComputedBlocks`) counts the blocks on the GPU apart from blocks found in a
+slower tier (``host_blocks``, vLLM's externally computed tokens): those would need no computing
+but do need GPU blocks to be loaded into, which `allocate_slots` takes as it takes any others.
+There is no such tier yet: ``host_blocks`` is always 0.
+
+Folding runs of steps (`tasim.sim.engine.fast_forward`) asks it which of the next steps touch
+the pool (`KVCacheManager.plan_boundaries`); each such step then reserves slots as a scheduled
+step would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import itemgetter
+from typing import Final, TypeVar
+
+from tasim.core.model import BlockHash
+from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
+
+# touches of the pool in a folded run: step, running position, then taking a block (0) before
+# completing one (1); a prefill chunk (2) comes last in running order
+_TOUCH_ORDER = itemgetter(0, 1, 2)
+
+
+class RequestBlocks:
+    """One request's KV blocks, as the KV cache manager keeps them (the engine's request record
+    extends it), and its tokens whose KV is computed, which the scheduler advances."""
+
+    __slots__ = ("request_id", "block_hashes", "computed", "claim", "phys", "full_done")
+
+    def __init__(self, request_id: str, block_hashes: Sequence[BlockHash]) -> None:
+        self.request_id = request_id
+        self.block_hashes = block_hashes  # the chained hash of each of its full blocks
+        self.computed = 0  # tokens whose KV is computed (or cached)
+        self.claim = Claim(block_hashes)  # the cached blocks it references
+        self.phys = 0  # physical blocks it occupies (held + private copies + tail)
+        self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
+
+
+class ComputedBlocks:
+    """A request's leading blocks whose KV is already computed somewhere (`get_computed_blocks`).
+    Read-only (``Final``); a plain class, not a frozen dataclass: compiled, a dataclass is built by
+    its interpreted ``__init__``, and one is built for every admission the scheduler tries."""
+
+    __slots__ = ("gpu_blocks", "gpu_active_blocks", "host_blocks")
+
+    def __init__(self, gpu_blocks: int, gpu_active_blocks: int, host_blocks: int = 0) -> None:
+        self.gpu_blocks: Final = gpu_blocks  # cached in the GPU pool
+        self.gpu_active_blocks: Final = gpu_active_blocks  # of those, referenced already: a new reference costs no capacity
+        self.host_blocks: Final = host_blocks  # the next ones, in a slower tier: computed, but not on the GPU (none yet)
+
+    @property
+    def blocks(self) -> int:
+        """Leading blocks the request need not compute."""
+        return self.gpu_blocks + self.host_blocks
+
+
+_NOTHING_COMPUTED = ComputedBlocks(0, 0)
+
+
+class BlockBoundary:
+    """A folded step that touches the pool (`KVCacheManager.plan_boundaries`): the requests that
+    take or complete a block in it, in running order, each with the tokens its slots reach then."""
+
+    __slots__ = ("index", "reserves")
+
+    def __init__(self, index: int) -> None:
+        self.index = index  # 1-based step number within the run
+        self.reserves: list[tuple[RequestBlocks, int]] = []
+
+
+def _blocks_for(tokens: int, block_size: int) -> int:
+    """`tasim.core.model.blocks_for`, compiled with this module: a call from here to that one, an
+    interpreted function, costs more than all else `allocate_slots` does."""
+    return -(-tokens // block_size)
+
+
+# any request with blocks: a step's list of the engine's own records is passed as it is (a typed
+# list, which compiled code walks without the generic sequence protocol)
+_Request = TypeVar("_Request", bound=RequestBlocks)
+
+
+class KVCacheManager:
+    """One engine's KV blocks, as its scheduler asks for them (see the module docstring)."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_caching: bool = True, eviction: Eviction = "lru", cache_duplicates: bool = False
+    ) -> None:
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, eviction, cache_duplicates)
+        self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
+
+    # --- what a worker sample reads ----------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        """Blocks referenced by requests or pins, or occupied by a request outside the cache."""
+        return self.block_pool.active
+
+    @property
+    def cached_blocks(self) -> int:
+        return self.block_pool.cached_blocks
+
+    @property
+    def available(self) -> int:
+        """Blocks an allocation can get: free plus evictable."""
+        return self.block_pool.available
+
+    # --- requests ----------------------------------------------------------------------------
+
+    def cacheable_blocks(self, num_tokens: int) -> int:
+        """Leading full blocks of ``num_tokens`` tokens that a prefix hit may cover: at least one
+        token is always computed, as vLLM does for a fully cached prompt."""
+        return (num_tokens - 1) // self.block_size
+
+    def get_computed_blocks(self, request: RequestBlocks, num_tokens: int) -> ComputedBlocks:
+        """The longest computed prefix of the request's first ``num_tokens`` tokens (none without
+        prefix caching)."""
+        if not self.enable_caching:
+            return _NOTHING_COMPUTED
+        hits, active = self.block_pool.prefix_hits(request.block_hashes, self.cacheable_blocks(num_tokens))
+        return ComputedBlocks(hits, active)
+
+    def fits(self, num_tokens: int, computed: ComputedBlocks) -> bool:
+        """Whether blocks for all ``num_tokens`` tokens could be had now, given the request's
+        computed prefix (vLLM's ``full_sequence_must_fit``)."""
+        return _blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available
+
+    def allocate_slots(
+        self, request: RequestBlocks, num_tokens: int, new_computed: ComputedBlocks | None = None, release_pin: str | None = None
+    ) -> bool:
+        """Hold blocks for the request's first ``num_tokens`` tokens and cache the full blocks they
+        complete; False, with nothing taken, when the blocks cannot be had.
+
+        ``new_computed``: on admission, the computed prefix the request starts from, which it then
+        references (ask `fits` first: the request keeps those references if its new blocks cannot
+        be had). ``release_pin``: a pin whose blocks the request takes over, released once the
+        request references its prefix and before allocating, so what the pin kept beyond it can
+        be evicted for the request."""
+        if new_computed is not None:
+            hits = new_computed.gpu_blocks
+            request.claim = self.block_pool.acquire(request.block_hashes, hits)
+            request.phys = request.full_done = hits
+            if release_pin is not None:
+                self.unpin(release_pin)
+        bs = self.block_size
+        phys = request.phys
+        if num_tokens > phys * bs:  # a block to take
+            need = _blocks_for(num_tokens, bs) - phys
+            if not self.block_pool.allocate(need):
+                return False
+            request.phys = phys + need
+        full = num_tokens // bs
+        if full > request.full_done:  # a block to fill
+            if self.enable_caching:
+                self.block_pool.register_run(request.claim, request.full_done, full)
+            request.full_done = full
+        return True
+
+    def free(self, request: RequestBlocks) -> None:
+        """Release the request's blocks, its deepest first (they are evicted first); its cached
+        ones stay cached until evicted."""
+        self.block_pool.release_private(request.phys - request.claim.blocks)
+        self.block_pool.release(request.claim)
+        request.phys = request.full_done = 0
+
+    def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
+        """Blocks stored and blocks removed since the last call (see `BlockPool.drain_events`)."""
+        return self.block_pool.drain_events()
+
+    def reset_prefix_cache(self) -> None:
+        """Evict every unreferenced cached block (its removals come with the next events)."""
+        self.block_pool.clear()
+
+    # --- pins --------------------------------------------------------------------------------
+
+    def pin(self, program: str, hashes: Sequence[BlockHash]) -> int:
+        """Reference the resident leading blocks of ``hashes`` so they cannot be evicted;
+        returns how many. Replaces an earlier pin of the program."""
+        self.unpin(program)
+        hits, _ = self.block_pool.prefix_hits(hashes, len(hashes))
+        self._pins[program] = self.block_pool.acquire(hashes, hits)
+        return hits
+
+    def unpin(self, program: str) -> bool:
+        """Release the program's pin; returns whether it had one."""
+        claim = self._pins.pop(program, None)
+        if claim is None:
+            return False
+        self.block_pool.release(claim)
+        return True
+
+    def has_pin(self, program: str) -> bool:
+        return program in self._pins
+
+    @property
+    def pinned_blocks(self) -> int:
+        return sum(claim.blocks for claim in self._pins.values())
+
+    def pinned_hashes(self) -> list[list[BlockHash]]:
+        """Each pin's blocks (for tests and debugging)."""
+        return [claim.block_hashes() for claim in self._pins.values()]
+
+    # --- checks ------------------------------------------------------------------------------
+
+    def audit(self, running: Sequence[RequestBlocks], waiting: Sequence[RequestBlocks], every_block: bool = False) -> str | None:
+        """The first broken invariant of the blocks of the engine's ``running`` and ``waiting``
+        requests and of the pool, or None (``every_block``: see `BlockPool.audit`)."""
+        for request in waiting:
+            if request.phys or request.claim.blocks:
+                return f"queued request {request.request_id} occupies {request.phys} blocks"
+        private = 0
+        for request in running:
+            if request.phys < request.claim.blocks:
+                return f"request {request.request_id}: {request.phys} blocks for {request.claim.blocks} held"
+            private += request.phys - request.claim.blocks
+        claims = [request.claim for request in running] + list(self._pins.values())
+        return self.block_pool.audit(claims, private, every_block)
+
+    # --- folded runs of steps ----------------------------------------------------------------
+
+    def plan_boundaries(
+        self,
+        decoders: list[tuple[_Request, int]],
+        prefill: tuple[_Request, int] | None,
+        last: int,
+        head_blocks: Sequence[BlockHash],
+    ) -> tuple[int, list[BlockBoundary]] | None:
+        """The steps 2..``last`` of a run that touch the pool, with ``last`` lowered where the run
+        must stop early; None when no step can be folded. Step k of the run computes token
+        ``computed + k`` of each of ``decoders`` (in running order; each scheduled for one token,
+        the pair as the step lists it), counting ``computed`` before the first step, and after
+        them ``chunk`` more tokens of ``prefill`` (request, chunk), which reserves every step.
+        The run stops before a step whose blocks cannot be had (it would preempt), and after one
+        that completes a block of ``head_blocks``, a chain prefix the queue's head waits for
+        (chained hashes: a block is in it only at its own depth)."""
+        bs = self.block_size
+        head_depth = len(head_blocks)
+        # (step, running position, 0 = take a block | 1 = complete one | 2 = a prefill chunk,
+        # request, the tokens its slots reach in that step)
+        touches: list[tuple[int, int, int, _Request, int]] = []
+        prefill_phys = 0  # the prefilling request's blocks, as `allocate_slots` will find them step by step
+        if prefill is not None:
+            req, chunk = prefill
+            computed = req.computed
+            touches += [(k, len(decoders), 2, req, computed + k * chunk) for k in range(2, last + 1)]
+            prefill_phys = req.phys
+        for order, (req, _) in enumerate(decoders):
+            c = req.computed
+            # The first step reserved through token c + 1; later steps need a block when their
+            # token passes the blocks held, and complete one when it fills the next block. Runs
+            # are mostly shorter than a block, so most requests have no touch at all.
+            k = req.phys * bs - c + 1
+            while k <= last:
+                touches.append((k, order, 0, req, c + k))
+                k += bs
+            if self.enable_caching:
+                k = (req.full_done + 1) * bs - c
+                while k <= last:
+                    touches.append((k, order, 1, req, c + k))
+                    k += bs
+        touches.sort(key=_TOUCH_ORDER)
+        available = self.block_pool.available
+        boundaries: list[BlockBoundary] = []
+        for k, _, kind, req, upto in touches:
+            if k > last:
+                break
+            if not boundaries or boundaries[-1].index != k:
+                boundaries.append(BlockBoundary(k))
+            reserves = boundaries[-1].reserves
+            if kind == 1:
+                depth = upto // bs - 1  # the block it completes
+                if depth < head_depth and head_blocks[depth] == req.block_hashes[depth]:
+                    last = k  # the queue's head may fit after this step
+            else:  # takes blocks: one, or the chunk's
+                need = 1 if kind == 0 else max(0, _blocks_for(upto, bs) - prefill_phys)
+                available -= need
+                if available < 0:  # step k would preempt: it is scheduled on its own
+                    boundaries.pop()
+                    last = k - 1
+                    break
+                if kind == 2:
+                    prefill_phys += need
+            if not reserves or reserves[-1][0] is not req:  # a block taken and one completed: one reservation
+                reserves.append((req, upto))
+        return (last, boundaries) if last >= 2 else None
