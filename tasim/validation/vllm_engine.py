@@ -203,6 +203,10 @@ class VllmEngine:
     def foldable(self) -> None:
         return None  # vLLM's scheduler decides every step: none can be planned ahead
 
+    @property
+    def next_transfer_done(self) -> float:
+        return float("inf")  # no host tier here
+
     def audit(self, every_block: bool = False) -> str | None:
         return None  # vLLM's state is vLLM's; tasim's invariants are about tasim's engine
 

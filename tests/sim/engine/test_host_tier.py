@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane, host_capacity_blocks, host_hit
+from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane, host_hit
 
 BS = 16
 A = [1, 2, 3, 4]
@@ -246,20 +246,6 @@ def test_host_hit_arithmetic() -> None:
     assert host_hit(32, 0, 80, BS) == (0, 32)
     assert host_hit(0, 4, 70, BS) == (64, 64)  # a partial last block is never on the host
     assert host_hit(48, 1, 64, BS) == (16, 63)  # the whole prompt: its last token is computed
-
-
-def test_host_capacity() -> None:
-    assert host_capacity_blocks(BS, blocks=100) == 100
-    # 16 tokens x 128 KiB = 2 MiB a block: 512 in a GiB.
-    assert host_capacity_blocks(BS, gib=1, kv_bytes_per_token=131072) == 512
-    # vLLM's CPU oracle: a 64-byte block takes a 4096-byte page, so N pages give N blocks.
-    assert host_capacity_blocks(BS, gib=64 * 4096 / 2**30, kv_bytes_per_token=4) == 64
-    # SGLang's hicache_ratio: (int(G * ratio) // page + 1) * page tokens.
-    assert host_capacity_blocks(BS, ratio=2.0, gpu_blocks=8) == 17
-    assert host_capacity_blocks(BS, ratio=0.5, gpu_blocks=10) == 6
-    for bad in ({}, {"blocks": 1, "ratio": 2.0}, {"gib": 1.0}, {"ratio": 2.0}):
-        with pytest.raises(ValueError):
-            host_capacity_blocks(BS, **bad)  # type: ignore[arg-type]
 
 
 def test_invalid_settings() -> None:
