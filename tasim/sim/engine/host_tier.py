@@ -32,13 +32,16 @@ slots, never one the current store offers.
 
 from __future__ import annotations
 
-import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from tasim.core.model import BlockHash
 
 _PENDING = -1  # ChunkStatus.ref_cnt of a chunk whose store is in flight (cpu/policies/base.py:25-45)
+
+
+def _depth(position: tuple[BlockHash, int]) -> int:
+    return position[1]
 
 
 class TransferLane:
@@ -80,11 +83,10 @@ class HostAccess:
 class _Slot:
     """``refs``: -1 while the store is in flight, else the loads holding it (cpu/policies/base.py)."""
 
-    __slots__ = ("refs", "rank")
+    __slots__ = ("refs",)
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self) -> None:
         self.refs = _PENDING
-        self.rank = rank
 
 
 class HostPool:
@@ -105,8 +107,6 @@ class HostPool:
         "_slots",
         "_pending",
         "_evictable",
-        "_next_rank",
-        "_heap",
         "_offers",
         "_events",
     )
@@ -120,13 +120,11 @@ class HostPool:
         self.hits = 0  # blocks handed to loads
         self.stored = 0  # blocks whose store completed
         self.evicted = 0
-        self._slots: dict[BlockHash, _Slot] = {}
+        # In LRU rank order, oldest first: a rank is given by moving a key to the end (vLLM's
+        # ranks only grow, cpu/policies/lru.py), so eviction walks from the front.
+        self._slots: OrderedDict[BlockHash, _Slot] = OrderedDict()
         self._pending = 0
         self._evictable = 0
-        self._next_rank = 0
-        # (rank, key) of slots that were evictable when pushed; an entry is stale unless its
-        # slot is still evictable with that rank (vLLM's lazy heap, cpu/policies/lru.py).
-        self._heap: list[tuple[int, BlockHash]] = []
         # Offer counts, least recently offered first; only with a threshold (cpu/manager.py:84-87).
         self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
         # KV events since the last drain: key -> stored (else removed), in the order of each key's last event.
@@ -204,7 +202,6 @@ class HostPool:
             slot.refs -= 1
             if slot.refs == 0:
                 self._evictable += 1
-                self._push(key, slot)
 
     # --- stores ----------------------------------------------------------------------------
 
@@ -238,8 +235,7 @@ class HostPool:
         if need > 0 and (need > self._evictable or not self._evict(need, set(keys))):
             return None
         for key in new:
-            self._next_rank += 1
-            slots[key] = _Slot(self._next_rank)
+            slots[key] = _Slot()
         self._pending += len(new)
         return new
 
@@ -255,7 +251,6 @@ class HostPool:
             self._pending -= 1
             self._evictable += 1
             self.stored += 1
-            self._push(key, slot)
             events.pop(key, None)
             events[key] = True
 
@@ -267,14 +262,9 @@ class HostPool:
         rank too and keep it for when they become evictable. Clears ``access``."""
         positions = access.positions
         slots = self._slots
-        for _, key in sorted([(depth, key) for key, depth in positions.items()], reverse=True):
-            slot = slots.get(key)
-            if slot is None:
-                continue
-            self._next_rank += 1
-            slot.rank = self._next_rank
-            if slot.refs == 0:
-                self._push(key, slot)
+        for key, _ in sorted(positions.items(), key=_depth, reverse=True):
+            if key in slots:
+                slots.move_to_end(key)
         positions.clear()
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
@@ -292,48 +282,25 @@ class HostPool:
         evictable = sum(1 for slot in self._slots.values() if slot.refs == 0)
         if (pending, evictable) != (self._pending, self._evictable):
             return f"counted {pending} pending, {evictable} evictable host slots; the pool says {self._pending}, {self._evictable}"
-        current = {key for rank, key in self._heap if self._is_current(rank, key)}
-        if len(current) != evictable:
-            return f"{evictable} evictable host slots, {len(current)} reachable for eviction"
         return None
 
     # --- internals -------------------------------------------------------------------------
 
-    def _is_current(self, rank: int, key: BlockHash) -> bool:
-        slot = self._slots.get(key)
-        return slot is not None and slot.refs == 0 and slot.rank == rank
-
-    def _push(self, key: BlockHash, slot: _Slot) -> None:
-        heapq.heappush(self._heap, (slot.rank, key))
-        if len(self._heap) >= max(64, 2 * self._evictable):
-            self._heap = [(other.rank, other_key) for other_key, other in self._slots.items() if other.refs == 0]
-            heapq.heapify(self._heap)
-
     def _evict(self, count: int, offered: set[BlockHash]) -> bool:
         """Evict ``count`` evictable slots, lowest rank first, none of ``offered``; all or nothing
         (cpu/policies/lru.py:115-159)."""
-        heap = self._heap
-        chosen: list[tuple[int, BlockHash]] = []
-        chosen_keys: set[BlockHash] = set()
-        skipped: list[tuple[int, BlockHash]] = []
-        while heap and len(chosen) < count:
-            rank, key = heapq.heappop(heap)
-            if not self._is_current(rank, key) or key in chosen_keys:
-                continue  # stale, or a duplicate entry left by a pin and unpin at one rank
-            if key in offered:
-                skipped.append((rank, key))
-                continue
-            chosen.append((rank, key))
-            chosen_keys.add(key)
-        for entry in skipped:
-            heapq.heappush(heap, entry)
+        chosen: list[BlockHash] = []
+        for key, slot in self._slots.items():
+            if slot.refs == 0 and key not in offered:
+                chosen.append(key)
+                if len(chosen) == count:
+                    break
         if len(chosen) < count:
-            for entry in chosen:
-                heapq.heappush(heap, entry)
             return False
+        slots = self._slots
         events = self._events
-        for _, key in chosen:
-            del self._slots[key]
+        for key in chosen:
+            del slots[key]
             events.pop(key, None)
             events[key] = False
         self._evictable -= count

@@ -722,7 +722,10 @@ class Engine(FoldableEngine):
             return False, ()  # due to be dropped
         # Decode steps only take blocks, so a head that does not fit now fits no better later.
         kv_cache = self.kv_cache
-        if not kv_cache.fits(length, kv_cache.get_computed_blocks(head, length)):
+        computed = kv_cache.get_computed_blocks(head, length)
+        if computed.host_deferred or head.host_jobs:
+            return False, ()  # skipped for its host copies: a request behind it may be admitted
+        if not kv_cache.fits(length, computed):
             return True, head.block_hashes[: kv_cache.cacheable_blocks(length)]
         return False, ()
 
