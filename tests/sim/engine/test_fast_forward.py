@@ -73,6 +73,7 @@ CASES = {
     "long prompts, no prefix caching": _agents("round_robin", task_prompt_high=5000, kv_blocks=1600, enable_prefix_caching=False),
     # a host tier of a third of the pool, copies slow enough to cut runs and to park requests for steps
     "host tier": _agents("round_robin", host_tier={"blocks": 200, "kv_bytes_per_token": 131072, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
+    "host tier, mocker": _agents("kv_router", flavour="mocker", host_tier={"ratio": 0.5, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
 }
 
 
