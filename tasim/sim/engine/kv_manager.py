@@ -195,10 +195,10 @@ class KVCacheManager:
         blocks, deferred = host.lookup(request.block_hashes, hits, num_tokens // self.block_size)
         return ComputedBlocks(hits, active, blocks, deferred)
 
-    def fits(self, num_tokens: int, computed: ComputedBlocks) -> bool:
+    def fits(self, num_tokens: int, computed: ComputedBlocks, reserved: int = 0) -> bool:
         """Whether blocks for all ``num_tokens`` tokens could be had now, given the request's
-        computed prefix (vLLM's ``full_sequence_must_fit``)."""
-        return _blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available
+        computed prefix (vLLM's ``full_sequence_must_fit``), leaving ``reserved`` blocks."""
+        return _blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available - reserved
 
     def allocate_slots(
         self,

@@ -464,6 +464,8 @@ class Engine(FoldableEngine):
             if not kv_cache.fits(length, computed):
                 break
             if computed.host_blocks:
+                if not kv_cache.fits(length, computed, self._prefill_reserve(step)):
+                    break
                 del waiting[at]
                 self._park(req, computed, length)
                 continue
@@ -520,6 +522,22 @@ class Engine(FoldableEngine):
         req.computed = computed_tokens
         req.host_tokens = computed_tokens - gpu_tokens
         self.parked.append(req)
+
+    def _prefill_reserve(self, step: Step) -> int:
+        """Blocks that the requests still prefilling after this step (loading, loaded, or
+        scheduled short of their last token) need beyond what they hold: vLLM admits a host hit
+        only if it fits without them (``_inflight_prefill_reserved_blocks``), so that requests
+        holding blocks without progress cannot starve each other."""
+        bs = self.config.block_size
+        reserve = 0
+        for req in self.parked:
+            reserve += blocks_for(req.length, bs) - req.phys
+        for req in self.loaded:
+            reserve += blocks_for(req.length, bs) - req.phys
+        for req, n in step.scheduled:
+            if req.computed + n < req.length:
+                reserve += blocks_for(req.length, bs) - req.phys
+        return reserve
 
     def _complete_transfers(self, now: float) -> None:
         """At the first step that starts once a copy is done: complete it; a loaded request goes
