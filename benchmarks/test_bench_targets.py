@@ -93,8 +93,8 @@ def test_speed_and_memory_targets(benchmark, name: str, tmp_path: Path) -> None:
 
 
 @pytest.mark.xfail(
-    reason="not met yet: 63.5 s against 1.5 s (compiled). The tier turns the thrashing hour into hits (prefix hit "
-    "rate 0.08 -> 0.98, 5,072 -> 22,500 calls, 35k -> 103k steps, 407M tokens loaded), and the host pool works block "
+    reason="not met yet: 63 s against 1.5 s (compiled). The tier turns the thrashing hour into hits (prefix hit "
+    "rate 0.08 -> 0.98, 5,072 -> 22,556 calls, 35k -> 103k steps, 408M tokens loaded), and the host pool works block "
     "by block where the GPU pool works on extents",
     strict=False,
 )
