@@ -90,3 +90,25 @@ def test_speed_and_memory_targets(benchmark, name: str, tmp_path: Path) -> None:
         assert figures["requests_completed"] == 100_000
     if wall_limit is not None:
         assert figures["wall_s"] < wall_limit, f"{name}: {figures['wall_s']:.1f} s wall, target < {wall_limit:.0f} s"
+
+
+@pytest.mark.xfail(
+    reason="not met yet: 63 s against 1.5 s (compiled). The tier turns the thrashing hour into hits (prefix hit "
+    "rate 0.08 -> 0.98, 5,072 -> 22,556 calls, 35k -> 103k steps, 408M tokens loaded), and the host pool works block "
+    "by block where the GPU pool works on extents",
+    strict=False,
+)
+def test_a_host_tier_costs_at_most_half_again(benchmark, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The swe-agent hour with a host tier twice the GPU pool, against the same hour without."""
+    preset, overrides, _ = TARGETS["swe-agent, 96 programs, one simulated hour"]
+    runs: list[dict] = []
+    tiered = [*overrides, "cluster.engine.host_tier.ratio=2"]
+    benchmark.pedantic(lambda: runs.append(_measure(preset, tiered, tmp_path / "tiered")), rounds=1, iterations=1)
+    figures = runs[0]
+    figures["gpu_only_wall_s"] = _measure(preset, overrides, tmp_path / "gpu-only")["wall_s"]
+    figures["tiered_over_gpu_only"] = figures["wall_s"] / figures["gpu_only_wall_s"]
+    figures["native"] = native.in_use()
+    benchmark.extra_info.update(figures)
+    RESULTS.append(("swe-agent hour with a host tier (ratio 2)", figures))
+    assert figures["peak_rss_mib"] < 1024
+    assert figures["tiered_over_gpu_only"] <= 1.5, f"{figures['wall_s']:.1f} s with the tier, {figures['gpu_only_wall_s']:.1f} s without"

@@ -187,6 +187,9 @@ def _field_rows(model: type[BaseModel], prefix: str) -> Iterator[Row]:
             yield from _field_rows(annotation, f"{prefix}{name}.")
         else:
             yield prefix + name, model, name
+            members = [m for m in get_args(annotation) if m is not type(None)]
+            if len(members) == 1 and isinstance(members[0], type) and issubclass(members[0], BaseModel) and name != "release":
+                yield from _field_rows(members[0], f"{prefix}{name}.")  # an optional section: its fields too
 
 
 def _table(rows: Sequence[Row]) -> list[str]:

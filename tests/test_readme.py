@@ -116,6 +116,12 @@ def check_simulate(outcome: Outcome, root: Path) -> None:
     assert "wrote runs/swe-agent-thunderagent-s0/summary.json" in outcome.stdout
 
 
+def check_host_tier(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    tier = json.loads((root / "runs" / "swe-agent-host-tier" / "summary.json").read_text())["host_tier"]
+    assert tier["host_hit_tokens"] > 0 and tier["stored_tokens"] > 0
+
+
 def check_report(outcome: Outcome, root: Path) -> None:
     _ok(outcome)
     summary = json.loads((root / "runs" / "swe-agent-thunderagent-s0" / "summary.json").read_text())
@@ -224,6 +230,11 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
     COMPARE: (SHORTER, check_compare),
     TUNE: (SHORTER, check_tune),
     "python -m tasim live scenarios/live-mocker.yaml --compare-sim": ("", check_live("live-live-mocker-thunderagent-s5", 98)),
+    # docs/engine.md
+    "python -m tasim simulate swe-agent --set cluster.engine.host_tier.ratio=2 --set duration_s=900 --quiet --out runs/swe-agent-host-tier": (
+        "",
+        check_host_tier,
+    ),
     # docs/howto/add-a-perf-model.md
     "python -m tasim compare live-mocker --policies round_robin --sweep cluster.perf.model=roofline,dynamo_polynomial,fixed --jobs 1 "
     "--out runs/compare-perf-models": ("", check_compared("compare-perf-models", 3)),

@@ -39,6 +39,7 @@ from pydantic_core import PydanticCustomError
 
 from tasim.config import hardware
 from tasim.config.distributions import LIMIT, Distribution, Fixed
+from tasim.config.host_sizing import host_capacity_blocks
 from tasim.core.determinism import PROGRAMS, PROMPT_GROUPS
 from tasim.core.model import MAX_TRACE_TOKENS, check_block_sizes
 
@@ -61,6 +62,45 @@ FLAVOUR_DEFAULTS: dict[str, dict[str, Any]] = {
     "vllm": {"eviction": "lru", "reuse_output_blocks": True},
     "mocker": {"eviction": "lineage", "reuse_output_blocks": False},
 }
+
+
+class HostTierConfig(_Strict):
+    """A host (CPU) KV tier behind each engine's GPU pool: vLLM 0.31's native CPU offloading
+    (OffloadingConnector, one GPU block per chunk). Size it with exactly one of blocks, gib and ratio."""
+
+    semantics: Literal["vllm"] = Field(
+        "vllm",
+        description="whose tier this models: vLLM 0.31's OffloadingConnector (prompt blocks stored as they are "
+        "computed, a host hit loaded before the request runs, LRU at request finish)",
+    )
+    blocks: PositiveInt | None = Field(None, le=1 << 40, description="host capacity in blocks (Dynamo mocker's --num-host-blocks)")
+    gib: PositiveFloat | None = Field(
+        None, le=1 << 20, description="host capacity in GiB per worker, summed over TP ranks (vLLM's --kv-offloading-size)"
+    )
+    ratio: PositiveFloat | None = Field(
+        None, le=1000, description="host capacity as a multiple of the GPU pool (SGLang's hicache_ratio, as Dynamo sizes it)"
+    )
+    kv_bytes_per_token: PositiveInt | None = Field(
+        None,
+        le=1 << 40,
+        description="KV bytes of one token over all TP ranks, for gib sizing and transfer times; unset: from the model and kv_cache_dtype",
+    )
+    d2h_gbps: NonNegativeFloat = Field(
+        32.0, le=1e6, description="GPU-to-host copy bandwidth per rank in GB/s (1e9 bytes), one copy at a time; 0: instant"
+    )
+    h2d_gbps: NonNegativeFloat = Field(
+        32.0, le=1e6, description="host-to-GPU copy bandwidth per rank in GB/s (1e9 bytes), one copy at a time; 0: instant"
+    )
+    store_threshold: NonNegativeInt = Field(
+        0, le=1_000_000, description="vLLM's store_threshold: from 2, a block is stored only when offered that many times"
+    )
+
+    @model_validator(mode="after")
+    def _one_size(self) -> HostTierConfig:
+        given = [name for name in ("blocks", "gib", "ratio") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of blocks, gib and ratio (got {', '.join(given) or 'none'})")
+        return self
 
 
 class EngineConfig(_Strict):
@@ -97,6 +137,9 @@ class EngineConfig(_Strict):
     )
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="fraction of GPU memory the engine may use (auto sizing)")
     activation_reserve_gib: NonNegativeFloat = Field(2.0, le=1024, description="per-GPU memory kept for activations (auto sizing)")
+    host_tier: HostTierConfig | None = Field(
+        None, description="a host (CPU) KV tier behind the GPU pool (docs/engine.md, 'The host tier'); unset: none"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -114,6 +157,8 @@ class EngineConfig(_Strict):
                 raise ValueError("kv_blocks must be at least 2 with flavour vllm (one block is vLLM's null block)")
             if self.eviction == "lineage":
                 raise ValueError("eviction lineage is Dynamo mocker's order; flavour vllm evicts lru (or set flavour: mocker)")
+        if self.host_tier is not None and not self.enable_prefix_caching:
+            raise ValueError("host_tier needs enable_prefix_caching: host blocks are found by their prefix hashes")
         if self.scheduling_policy == "priority":
             if self.flavour != "vllm":
                 raise ValueError("scheduling_policy priority is vLLM's; Dynamo 1.6.1's mocker schedules fcfs (set flavour: vllm)")
@@ -174,11 +219,34 @@ class ClusterConfig(_Strict):
     def _fits(self) -> ClusterConfig:
         if self.cache_blocks_per_worker() < 1:  # raises ValueError itself when the weights do not fit
             raise ValueError("the KV pool has no block beside vLLM's null block (raise GPU memory or lower the model)")
+        if self.engine.host_tier is not None and self.host_blocks_per_worker() < 1:
+            raise ValueError("engine.host_tier holds no block: raise its gib (one block is block_size x kv_bytes_per_token bytes)")
         return self
 
     def cache_blocks_per_worker(self) -> int:
         """Blocks that hold KV: the pool less vLLM's null block in the vllm flavour."""
         return self.kv_blocks_per_worker() - (1 if self.engine.flavour == "vllm" else 0)
+
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes of one token over all TP ranks: the host tier's own figure, else the model's."""
+        tier = self.engine.host_tier
+        if tier is not None and tier.kv_bytes_per_token is not None:
+            return tier.kv_bytes_per_token
+        return hardware.models()[self.model].kv_bytes_per_token(self.kv_cache_dtype)
+
+    def host_blocks_per_worker(self) -> int:
+        """Host tier slots of one worker (0 without a tier)."""
+        tier = self.engine.host_tier
+        if tier is None:
+            return 0
+        return host_capacity_blocks(
+            self.engine.block_size,
+            blocks=tier.blocks,
+            gib=tier.gib,
+            kv_bytes_per_token=self.kv_bytes_per_token(),
+            ratio=tier.ratio,
+            gpu_blocks=self.cache_blocks_per_worker(),
+        )
 
     def kv_blocks_per_worker(self) -> int:
         """The engine's pool in blocks, as it is configured (vLLM's and the mocker's num_gpu_blocks)."""

@@ -37,6 +37,7 @@ class RunStarted(Event):
     block_size: int
     kv_blocks_per_worker: int
     warmup_s: float
+    host_blocks_per_worker: int = 0  # the host KV tier's slots (0: no tier)
 
 
 @record
@@ -76,12 +77,14 @@ class RequestRouted(Event):
 
 @record
 class PrefillStarted(Event):
-    """First admission into a running batch; ``cached_tokens`` came from the prefix cache."""
+    """First admission into a running batch; ``cached_tokens`` came from the prefix cache, of
+    them ``host_tokens`` loaded from the host tier."""
 
     TYPE: ClassVar[str] = "prefill_started"
     request: str
     worker: str
     cached_tokens: int
+    host_tokens: int = 0
 
 
 @record
@@ -104,6 +107,7 @@ class RequestReadmitted(Event):
     worker: str
     recompute_tokens: int
     cached_tokens: int
+    host_tokens: int = 0
 
 
 @record
@@ -209,11 +213,13 @@ class ProgramReleased(Event):
 
 @record
 class KvStored(Event):
-    """Full blocks newly cached on a worker, in prefix order (only new stores are reported)."""
+    """Full blocks newly cached on a worker, in prefix order (only new stores are reported);
+    ``tier``: ``device`` (the GPU pool) or ``host`` (the host tier: its store completed)."""
 
     TYPE: ClassVar[str] = "kv_stored"
     worker: str
     blocks: tuple[int, ...]
+    tier: str = "device"
 
 
 @record
@@ -221,6 +227,7 @@ class KvRemoved(Event):
     TYPE: ClassVar[str] = "kv_removed"
     worker: str
     blocks: tuple[int, ...]
+    tier: str = "device"
 
 
 @record
@@ -280,9 +287,15 @@ class TrainingFinished(Event):
 
 @record
 class RunEnded(Event):
+    """With a host tier: the tokens stored to it and the seconds each copy lane was busy, over
+    all workers."""
+
     TYPE: ClassVar[str] = "run_ended"
     engine_iterations: int
     unfinished_requests: int
+    host_stored_tokens: int = 0
+    d2h_busy_s: float = 0.0
+    h2d_busy_s: float = 0.0
 
 
 EVENT_TYPES: dict[str, type[Event]] = {

@@ -51,6 +51,7 @@ def run_header(scenario: Scenario, view: ClusterView) -> ev.RunStarted:
         view.workers[0].block_size,
         view.workers[0].kv_blocks,
         scenario.metrics.warmup_s,
+        scenario.cluster.host_blocks_per_worker(),
     )
 
 

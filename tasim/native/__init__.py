@@ -40,6 +40,7 @@ MODULES = (
     "sim/clock.py",
     "sim/engine/scheduler.py",
     "sim/engine/kv_manager.py",
+    "sim/engine/host_tier.py",
     "sim/engine/block_pool.py",
     "sim/engine/fast_forward.py",
     "sim/perf/perf_model.py",

@@ -47,6 +47,7 @@ SUMMARY_KEYS = (
     "kv_imbalance",
     "working_set_ratio",
     "rollout",
+    "host_tier",
     "engine_iterations",
     "sim_time_s",
     "wall_time_s",
@@ -127,6 +128,7 @@ class MetricsFold:
     _cached_tokens: int = 0
     _queried_since_start: int = 0
     _hit_since_start: int = 0
+    _host_since_start: int = 0
     _recomputed: int = 0
     _programs_completed: int = 0
     _dropped: int = 0
@@ -191,6 +193,7 @@ class MetricsFold:
             req.cached = e.cached_tokens
             self._queried_since_start += req.prompt
             self._hit_since_start += e.cached_tokens
+            self._host_since_start += e.host_tokens
 
     def _first_token(self, e: ev.FirstToken) -> None:
         req = self._requests.get(e.request)
@@ -316,6 +319,18 @@ class MetricsFold:
             "straggler_share": float(np.mean([_straggler_share(s) for s in steps])),
         }
 
+    def _host_tier_summary(self) -> dict[str, Any] | None:
+        if self.header is None or self.end is None or not self.header.host_blocks_per_worker:
+            return None
+        return {
+            "host_blocks_per_worker": self.header.host_blocks_per_worker,
+            "gpu_hit_tokens": self._hit_since_start - self._host_since_start,
+            "host_hit_tokens": self._host_since_start,
+            "stored_tokens": self.end.host_stored_tokens,
+            "d2h_busy_s": self.end.d2h_busy_s,
+            "h2d_busy_s": self.end.h2d_busy_s,
+        }
+
     def summary(self, wall_time_s: float | None = None) -> dict[str, Any]:
         """The run's summary, one entry per key of SUMMARY_KEYS (the documentation's summary
         reference is generated from this list):
@@ -361,6 +376,10 @@ class MetricsFold:
             training) and rollout_time_s statistics; rollout_tokens_per_s (generated tokens over rollout time)
             and step_tokens_per_s (over the full step time); trajectory_latency_s statistics; straggler_share
             (mean over steps of the share of the rollout spent after 95 % of its trajectories had finished)
+        ``host_tier``: runs with cluster.engine.host_tier only (else null), over every first admission since
+            the run started and every worker: host_blocks_per_worker; gpu_hit_tokens and host_hit_tokens (prompt
+            tokens found on the GPU, and loaded from the host: together the hits of prefix_hit_rate_since_start);
+            stored_tokens (copied to the host); d2h_busy_s and h2d_busy_s (seconds each copy lane was busy)
         ``engine_iterations``: engine steps simulated
         ``sim_time_s``: simulated seconds the run lasted
         ``wall_time_s``: wall-clock seconds the run took (read from run.json by `tasim report`: not a property
@@ -406,6 +425,7 @@ class MetricsFold:
             },
             "working_set_ratio": self._context_integral / window / cluster_tokens,
             "rollout": self._rollout_summary(),
+            "host_tier": self._host_tier_summary(),
             "engine_iterations": self.end.engine_iterations,
             "sim_time_s": end_t,
             "wall_time_s": wall_time_s,

@@ -24,6 +24,7 @@ from tasim.sim.checks import EventChecks, InvariantViolation
 from tasim.sim.clock import STEP_END_PRIORITY, STEP_START_PRIORITY, Alarm, Clock, Event, Interrupt, Process
 from tasim.sim.drivers import start_workload
 from tasim.sim.engine.fast_forward import StepRun
+from tasim.sim.engine.kv_manager import HostTierSetup
 from tasim.sim.engine.scheduler import Engine, EngineFactory, EngineSetup, StepEngine
 from tasim.sim.perf import make_perf_model
 from tasim.workloads import Script
@@ -47,7 +48,19 @@ def engine_setup(scenario: Scenario) -> EngineSetup:
         eviction=engine.eviction,
         max_model_len=served_len(scenario),
         cache_duplicates=engine.flavour == "vllm",
+        host_tier=host_tier_setup(scenario),
     )
+
+
+def host_tier_setup(scenario: Scenario) -> HostTierSetup | None:
+    """The scenario's host tier for each worker's engine; a copy moves each rank's share of a
+    block's KV (vLLM shards it over the TP ranks, which copy in parallel)."""
+    cluster = scenario.cluster
+    tier = cluster.engine.host_tier
+    if tier is None:
+        return None
+    block_bytes = cluster.engine.block_size * cluster.kv_bytes_per_token() // cluster.tp
+    return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold)
 
 
 def served_len(scenario: Scenario) -> int:
@@ -131,7 +144,18 @@ class Simulation(HostCore):
         if self._check:
             for engine in self.engines.values():
                 self._audit(engine, every_block=True)
-        self.emit(ev.RunEnded(env.now, iterations, len(self._waiters)))
+        self.emit(ev.RunEnded(env.now, iterations, len(self._waiters), *self._host_totals()))
+
+    def _host_totals(self) -> tuple[int, float, float]:
+        """Over every worker's host tier: tokens stored, and seconds each copy lane was busy."""
+        stored = 0
+        d2h = h2d = 0.0
+        for engine in self.engines.values():
+            if isinstance(engine, Engine) and engine.kv_cache.host is not None:
+                stored += engine.kv_cache.host.stored * self.block_size
+                d2h += engine.kv_cache.d2h.busy_s
+                h2d += engine.kv_cache.h2d.busy_s
+        return stored, d2h, h2d
 
     def _audit(self, engine: StepEngine, every_block: bool = False) -> None:
         problem = engine.audit(every_block)
@@ -147,17 +171,16 @@ class Simulation(HostCore):
         worker = engine.worker
         while True:
             if not engine.has_work:
-                wake = self._wake[worker] = env.event()
-                yield wake
+                yield self._sleep(engine, index)
             yield Alarm(env, env.now, STEP_START_PRIORITY + index)
             step = engine.begin_step(env.now)
             if not step.scheduled:
                 if step.preempted:
                     continue  # everything runnable was preempted; the next step re-admits
                 # The queue head cannot be admitted until something frees blocks (a pin expires,
-                # a new request arrives): sleep until woken rather than spin at this instant.
-                wake = self._wake[worker] = env.event()
-                yield wake
+                # a new request arrives, a KV copy completes): sleep until woken rather than spin
+                # at this instant.
+                yield self._sleep(engine, index)
                 continue
             run = self._runs[worker] = StepRun(engine, step)
             if self._fast_forward:
@@ -175,6 +198,15 @@ class Simulation(HostCore):
                 self.folded_prefill_steps += run.steps - 1
             if self._check:
                 self._audit(engine)
+
+    def _sleep(self, engine: StepEngine, index: int) -> Event:
+        """What an engine with nothing to schedule waits for: being woken, or its next KV copy's
+        completion (an engine with copies in flight steps without a forward to see them done)."""
+        wake = self._wake[engine.worker] = self.env.event()
+        done = engine.next_transfer_done
+        if done == float("inf"):
+            return wake
+        return self.env.any_of([wake, Alarm(self.env, max(done, self.env.now), STEP_START_PRIORITY + index)])
 
     def _catch_up(self, t: float) -> None:
         """Before anything happens at ``t``: bring folded steps up to ``t`` and publish the KV
@@ -334,11 +366,13 @@ class Simulation(HostCore):
 
     # --- engine listener ---------------------------------------------------------------------
 
-    def on_admitted(self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float) -> None:
+    def on_admitted(
+        self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float, host_tokens: int = 0
+    ) -> None:
         if first:
-            self.emit(ev.PrefillStarted(now, request.id, worker, cached_tokens))
+            self.emit(ev.PrefillStarted(now, request.id, worker, cached_tokens, host_tokens))
         else:
-            self.emit(ev.RequestReadmitted(now, request.id, worker, recompute_tokens, cached_tokens))
+            self.emit(ev.RequestReadmitted(now, request.id, worker, recompute_tokens, cached_tokens, host_tokens))
 
     def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None:
         self.emit(ev.RequestPreempted(now, request.id, worker, lost_tokens))
@@ -346,6 +380,14 @@ class Simulation(HostCore):
     def on_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
         self.kv_stored(worker, stored, now)
         self.kv_removed(worker, removed, now)
+
+    def on_host_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+        """Logged only: no policy hears of host blocks yet (a router would credit them as GPU hits)."""
+        if self.log_kv_events:
+            if stored:
+                self.emit(ev.KvStored(now, worker, tuple(stored), "host"))
+            if removed:
+                self.emit(ev.KvRemoved(now, worker, tuple(removed), "host"))
 
     def on_first_token(self, worker: str, request: RequestSpec, now: float) -> None:
         self.first_token(request.id, worker, now)

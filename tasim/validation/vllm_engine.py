@@ -83,6 +83,8 @@ def _model_folder() -> Iterator[str]:
 
 def vllm_unsupported(config: EngineSetup) -> str | None:
     """Why vLLM cannot run with these engine settings, or None."""
+    if config.host_tier is not None:
+        return "cluster.engine.host_tier: the oracle runs vLLM's scheduler without its OffloadingConnector (leave it unset)"
     if config.preemption != "newest_first":
         return "cluster.engine.preemption: vLLM's FCFS scheduler preempts the newest running request (newest_first)"
     if config.eviction != "lru":
@@ -202,6 +204,10 @@ class VllmEngine:
     @property
     def foldable(self) -> None:
         return None  # vLLM's scheduler decides every step: none can be planned ahead
+
+    @property
+    def next_transfer_done(self) -> float:
+        return float("inf")  # no host tier here
 
     def audit(self, every_block: bool = False) -> str | None:
         return None  # vLLM's state is vLLM's; tasim's invariants are about tasim's engine

@@ -232,6 +232,10 @@ def test_set_policy_params_reach_the_policy_given_by_policy(tmp_path: Path) -> N
             ["validate", "dynamo", TINY, "--set", "cluster.perf.model=roofline"],
             "error: --set cluster.perf.model=roofline: validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)",
         ),
+        (
+            ["validate", "dynamo", TINY, "--set", "cluster.engine.host_tier.blocks=64"],
+            "error: cluster.engine.host_tier: validate dynamo does not give Dynamo's replay a host tier yet (leave it unset)",
+        ),
     ],
 )
 def test_an_override_that_would_be_lost_is_refused(tmp_path: Path, args: list[str], line: str) -> None:

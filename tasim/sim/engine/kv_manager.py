@@ -13,9 +13,13 @@ A request's blocks are kept on the request itself (`RequestBlocks`, which the en
 record extends), as plain attributes the compiled scheduler reads at C speed.
 
 A computed prefix (`ComputedBlocks`) counts the blocks on the GPU apart from blocks found in a
-slower tier (``host_blocks``, vLLM's externally computed tokens): those would need no computing
-but do need GPU blocks to be loaded into, which `allocate_slots` takes as it takes any others.
-There is no such tier yet: ``host_blocks`` is always 0.
+slower tier (``host_blocks``, vLLM's externally computed tokens): those need no computing but do
+need GPU blocks to be loaded into, which `allocate_slots` takes as it takes any others. That tier
+is the optional host tier (`tasim.sim.engine.host_tier`, vLLM 0.31's OffloadingConnector), which
+the manager keeps with its two copy lanes: it looks the next blocks up there after the GPU prefix,
+starts loads (`KVCacheManager.start_load`) and stores (`KVCacheManager.offer_stores`), times
+them when the step that made them ends (`KVCacheManager.submit_transfers`) and completes those
+that are done (`KVCacheManager.complete_transfers`). Without a tier ``host_blocks`` is 0.
 
 Folding runs of steps (`tasim.sim.engine.fast_forward`) asks it which of the next steps touch
 the pool (`KVCacheManager.plan_boundaries`); each such step then reserves slots as a scheduled
@@ -30,6 +34,7 @@ from typing import Final, TypeVar
 
 from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
+from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
 # completing one (1); a prefill chunk (2) comes last in running order
@@ -40,7 +45,7 @@ class RequestBlocks:
     """One request's KV blocks, as the KV cache manager keeps them (the engine's request record
     extends it), and its tokens whose KV is computed, which the scheduler advances."""
 
-    __slots__ = ("request_id", "block_hashes", "computed", "claim", "phys", "full_done")
+    __slots__ = ("request_id", "block_hashes", "computed", "claim", "phys", "full_done", "host_access", "next_store", "host_jobs")
 
     def __init__(self, request_id: str, block_hashes: Sequence[BlockHash]) -> None:
         self.request_id = request_id
@@ -49,6 +54,11 @@ class RequestBlocks:
         self.claim = Claim(block_hashes)  # the cached blocks it references
         self.phys = 0  # physical blocks it occupies (held + private copies + tail)
         self.full_done = 0  # leading full blocks accounted for (held or private duplicate)
+        # host tier only: the host keys it observed, its first block not yet offered for storing,
+        # and its transfers in flight (vLLM's request transfer_jobs: a lookup waits for them)
+        self.host_access: HostAccess | None = None
+        self.next_store = 0
+        self.host_jobs = 0
 
 
 class ComputedBlocks:
@@ -56,12 +66,14 @@ class ComputedBlocks:
     Read-only (``Final``); a plain class, not a frozen dataclass: compiled, a dataclass is built by
     its interpreted ``__init__``, and one is built for every admission the scheduler tries."""
 
-    __slots__ = ("gpu_blocks", "gpu_active_blocks", "host_blocks")
+    __slots__ = ("gpu_blocks", "gpu_active_blocks", "host_blocks", "host_deferred")
 
-    def __init__(self, gpu_blocks: int, gpu_active_blocks: int, host_blocks: int = 0) -> None:
+    def __init__(self, gpu_blocks: int, gpu_active_blocks: int, host_blocks: int = 0, host_deferred: bool = False) -> None:
         self.gpu_blocks: Final = gpu_blocks  # cached in the GPU pool
         self.gpu_active_blocks: Final = gpu_active_blocks  # of those, referenced already: a new reference costs no capacity
-        self.host_blocks: Final = host_blocks  # the next ones, in a slower tier: computed, but not on the GPU (none yet)
+        self.host_blocks: Final = host_blocks  # the next ones, in the host tier: computed, but not on the GPU
+        # the host run holds a block being stored or loaded: vLLM looks the request up again next step
+        self.host_deferred: Final = host_deferred
 
     @property
     def blocks(self) -> int:
@@ -70,6 +82,32 @@ class ComputedBlocks:
 
 
 _NOTHING_COMPUTED = ComputedBlocks(0, 0)
+
+
+class HostTierSetup:
+    """An engine's host tier: ``blocks`` slots, ``block_bytes`` copied per block and rank, and
+    each copy lane's bandwidth in GB/s (0: instant)."""
+
+    __slots__ = ("blocks", "block_bytes", "d2h_gbps", "h2d_gbps", "store_threshold")
+
+    def __init__(self, blocks: int, block_bytes: int, d2h_gbps: float = 32.0, h2d_gbps: float = 32.0, store_threshold: int = 0) -> None:
+        self.blocks: Final = blocks
+        self.block_bytes: Final = block_bytes
+        self.d2h_gbps: Final = d2h_gbps
+        self.h2d_gbps: Final = h2d_gbps
+        self.store_threshold: Final = store_threshold
+
+
+class _Transfer:
+    """One copy job: a load (H2D) of a request's host hit, or a store (D2H) of its blocks."""
+
+    __slots__ = ("load", "keys", "request", "done")
+
+    def __init__(self, load: bool, keys: list[BlockHash], request: RequestBlocks) -> None:
+        self.load = load
+        self.keys = keys
+        self.request = request
+        self.done = 0.0  # when it is copied, once submitted
 
 
 class BlockBoundary:
@@ -104,6 +142,22 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, eviction, cache_duplicates)
         self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
+        self.host: HostPool | None = None
+        self._host_block_bytes = 0
+        self.d2h = self.h2d = TransferLane(0.0)
+        self._unsubmitted: list[_Transfer] = []  # made by the step being scheduled
+        self._in_flight: list[_Transfer] = []  # submitted, not yet seen done
+        self._store_done: dict[BlockHash, float] = {}  # block -> when its store is copied (a flush waits for it)
+        self.next_transfer_done = float("inf")  # the earliest done of those in flight
+
+    def add_host_tier(self, setup: HostTierSetup) -> None:
+        """Put a host tier behind the GPU pool (prefix caching must be on)."""
+        if not self.enable_caching:
+            raise ValueError("a host tier needs prefix caching")
+        self.host = HostPool(setup.blocks, setup.store_threshold)
+        self._host_block_bytes = setup.block_bytes
+        self.d2h = TransferLane(setup.d2h_gbps)
+        self.h2d = TransferLane(setup.h2d_gbps)
 
     # --- what a worker sample reads ----------------------------------------------------------
 
@@ -134,15 +188,25 @@ class KVCacheManager:
         if not self.enable_caching:
             return _NOTHING_COMPUTED
         hits, active = self.block_pool.prefix_hits(request.block_hashes, self.cacheable_blocks(num_tokens))
-        return ComputedBlocks(hits, active)
+        host = self.host
+        if host is None:
+            return ComputedBlocks(hits, active)
+        # vLLM caps the host hit at the request's tokens, not one less (connector/scheduler.py:772-781)
+        blocks, deferred = host.lookup(request.block_hashes, hits, num_tokens // self.block_size)
+        return ComputedBlocks(hits, active, blocks, deferred)
 
-    def fits(self, num_tokens: int, computed: ComputedBlocks) -> bool:
+    def fits(self, num_tokens: int, computed: ComputedBlocks, reserved: int = 0) -> bool:
         """Whether blocks for all ``num_tokens`` tokens could be had now, given the request's
-        computed prefix (vLLM's ``full_sequence_must_fit``)."""
-        return _blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available
+        computed prefix (vLLM's ``full_sequence_must_fit``), leaving ``reserved`` blocks."""
+        return _blocks_for(num_tokens, self.block_size) - computed.gpu_active_blocks <= self.block_pool.available - reserved
 
     def allocate_slots(
-        self, request: RequestBlocks, num_tokens: int, new_computed: ComputedBlocks | None = None, release_pin: str | None = None
+        self,
+        request: RequestBlocks,
+        num_tokens: int,
+        new_computed: ComputedBlocks | None = None,
+        release_pin: str | None = None,
+        delay_caching: bool = False,
     ) -> bool:
         """Hold blocks for the request's first ``num_tokens`` tokens and cache the full blocks they
         complete; False, with nothing taken, when the blocks cannot be had.
@@ -166,7 +230,7 @@ class KVCacheManager:
                 return False
             request.phys = phys + need
         full = num_tokens // bs
-        if full > request.full_done:  # a block to fill
+        if full > request.full_done and not delay_caching:  # a block to fill
             if self.enable_caching:
                 self.block_pool.register_run(request.claim, request.full_done, full)
             request.full_done = full
@@ -182,6 +246,120 @@ class KVCacheManager:
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Blocks stored and blocks removed since the last call (see `BlockPool.drain_events`)."""
         return self.block_pool.drain_events()
+
+    # --- the host tier -----------------------------------------------------------------------
+
+    def start_load(self, request: RequestBlocks, computed: ComputedBlocks) -> None:
+        """Pin the host hit of ``computed`` (after its GPU prefix) for one load, timed by the next
+        `submit_transfers`; the request stores nothing it loaded or found on the GPU."""
+        host = self.host
+        assert host is not None, "no host tier"
+        access = request.host_access
+        if access is None:
+            access = request.host_access = HostAccess()
+        start = computed.gpu_blocks
+        stop = start + computed.host_blocks
+        keys = host.prepare_load(request.block_hashes, start, stop, access)
+        request.next_store = max(request.next_store, stop)
+        request.host_jobs += 1
+        self._unsubmitted.append(_Transfer(True, keys, request))
+
+    def offer_stores(self, request: RequestBlocks, stop: int) -> None:
+        """Offer the request's full blocks up to ``stop`` (computed by the end of this step) that it
+        has not offered yet; those the host takes are one store, timed by the next
+        `submit_transfers`. If they do not fit, the same blocks are offered again next time."""
+        start = request.next_store
+        if stop <= start:
+            return
+        host = self.host
+        assert host is not None, "no host tier"
+        access = request.host_access
+        if access is None:
+            access = request.host_access = HostAccess()
+        keys = host.prepare_store(request.block_hashes, start, stop, access)
+        if keys is None:
+            return
+        request.next_store = stop
+        if keys:
+            request.host_jobs += 1
+            self._unsubmitted.append(_Transfer(False, keys, request))
+
+    def request_finished(self, request: RequestBlocks) -> None:
+        """After the finished request's last offer: re-rank the host keys it observed."""
+        host = self.host
+        access = request.host_access
+        if host is not None and access is not None:
+            host.on_request_finished(access)
+
+    def flush_until(self, removed: Sequence[BlockHash]) -> float:
+        """When the stores of ``removed`` (blocks just evicted from the GPU) are copied: vLLM's
+        worker waits for them before the step's forward (0.0 when none is in flight)."""
+        store_done = self._store_done
+        until = 0.0
+        if store_done:
+            for key in removed:
+                done = store_done.get(key)
+                if done is not None and done > until:
+                    until = done
+        return until
+
+    def submit_transfers(self, at: float) -> None:
+        """The step that made the pending loads and stores ends at ``at``: each enters its lane then."""
+        bytes_per_block = self._host_block_bytes
+        store_done = self._store_done
+        for job in self._unsubmitted:
+            nbytes = len(job.keys) * bytes_per_block
+            if job.load:
+                job.done = self.h2d.submit(at, nbytes)
+            else:
+                job.done = self.d2h.submit(at, nbytes)
+                for key in job.keys:
+                    store_done[key] = job.done
+            if job.done < self.next_transfer_done:
+                self.next_transfer_done = job.done
+            self._in_flight.append(job)
+        self._unsubmitted = []
+
+    def complete_transfers(self, now: float) -> list[RequestBlocks]:
+        """Complete the transfers copied by ``now``, in the order they were submitted; returns the
+        requests whose loads completed, in that order."""
+        loaded: list[RequestBlocks] = []
+        if self.next_transfer_done > now:
+            return loaded
+        host = self.host
+        assert host is not None, "no host tier"
+        store_done = self._store_done
+        still: list[_Transfer] = []
+        earliest = float("inf")
+        for job in self._in_flight:
+            if job.done > now:
+                still.append(job)
+                if job.done < earliest:
+                    earliest = job.done
+                continue
+            job.request.host_jobs -= 1
+            if job.load:
+                host.complete_load(job.keys)
+                loaded.append(job.request)
+            else:
+                host.complete_store(job.keys)
+                for key in job.keys:
+                    if store_done.get(key) == job.done:
+                        del store_done[key]
+        self._in_flight = still
+        self.next_transfer_done = earliest
+        return loaded
+
+    @property
+    def stores_in_flight(self) -> bool:
+        return bool(self._store_done)
+
+    def take_host_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
+        """Host blocks stored (store completed) and removed (evicted) since the last call."""
+        host = self.host
+        if host is None:
+            return [], []
+        return host.take_events()
 
     def reset_prefix_cache(self) -> None:
         """Evict every unreferenced cached block (its removals come with the next events)."""
@@ -230,7 +408,10 @@ class KVCacheManager:
                 return f"request {request.request_id}: {request.phys} blocks for {request.claim.blocks} held"
             private += request.phys - request.claim.blocks
         claims = [request.claim for request in running] + list(self._pins.values())
-        return self.block_pool.audit(claims, private, every_block)
+        problem = self.block_pool.audit(claims, private, every_block)
+        if problem is None and self.host is not None:
+            problem = self.host.audit()
+        return problem
 
     # --- folded runs of steps ----------------------------------------------------------------
 

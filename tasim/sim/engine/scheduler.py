@@ -30,6 +30,7 @@ runs of identical steps that `tasim.sim.engine.fast_forward` folds.
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Sequence, Sized
@@ -38,7 +39,8 @@ from typing import Literal, Protocol
 
 from tasim.core.model import BlockHash, RequestSpec, blocks_for
 from tasim.sim.engine.block_pool import Eviction
-from tasim.sim.engine.kv_manager import BlockBoundary, KVCacheManager, RequestBlocks
+from tasim.sim.engine.host_tier import host_hit
+from tasim.sim.engine.kv_manager import BlockBoundary, ComputedBlocks, HostTierSetup, KVCacheManager, RequestBlocks
 from tasim.sim.perf.perf_model import PerfModel, StepShape, decode_shape, summed
 
 
@@ -58,17 +60,24 @@ class EngineSetup:
     eviction: Eviction = "lru"
     max_model_len: int = 1 << 40  # the longest request (prompt + output) the engine serves
     cache_duplicates: bool = False  # vLLM: a recomputed cached block is a second cached copy (see kv_cache)
+    host_tier: HostTierSetup | None = None  # a host KV tier behind the GPU pool (see `Engine`)
 
 
 class EngineListener(Protocol):
     """What the engine reports; the simulation runner turns these into events."""
 
-    def on_admitted(self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float) -> None:
-        """``recompute_tokens``: for a re-admission, KV lost to preemption not found in cache."""
+    def on_admitted(
+        self, worker: str, request: RequestSpec, cached_tokens: int, recompute_tokens: int, first: bool, now: float, host_tokens: int = 0
+    ) -> None:
+        """``recompute_tokens``: for a re-admission, KV lost to preemption not found in cache;
+        ``host_tokens``: of ``cached_tokens``, those loaded from the host tier."""
 
     def on_preempted(self, worker: str, request: RequestSpec, lost_tokens: int, now: float) -> None: ...
 
     def on_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None: ...
+
+    def on_host_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+        """Host tier blocks stored (their store completed) and removed (evicted)."""
 
     def on_first_token(self, worker: str, request: RequestSpec, now: float) -> None: ...
 
@@ -111,6 +120,10 @@ class StepEngine(Protocol):
     def foldable(self) -> FoldableEngine | None:
         """The engine as `tasim.sim.engine.fast_forward` folds its runs of steps; None if it cannot."""
 
+    @property
+    def next_transfer_done(self) -> float:
+        """When its earliest KV copy in flight is done (inf when none): an idle engine steps then."""
+
     def submit(self, spec: RequestSpec, priority: int = 0) -> None: ...
 
     def begin_step(self, now: float) -> Step: ...
@@ -146,6 +159,7 @@ class EngineRequest(RequestBlocks):
         "lost",
         "priority",
         "arrival",
+        "host_tokens",
     )
 
     def __init__(self, spec: RequestSpec, priority: int = 0, arrival: int = 0) -> None:
@@ -159,6 +173,7 @@ class EngineRequest(RequestBlocks):
         self.cached_tokens = 0  # prefix-cache hit at first admission
         self.admissions = 0
         self.lost = 0  # tokens of computed KV freed by the last preemption
+        self.host_tokens = 0  # of the tokens computed at its admission, those loaded from the host tier
 
     @property
     def length(self) -> int:
@@ -242,6 +257,15 @@ class Engine(FoldableEngine):
         self._lifo = config.preemption == "newest_first"
         self._by_priority = config.scheduling_policy == "priority"
         self._arrivals = 0
+        # Host tier only (see `_host_step`): requests whose host hit is being loaded (they hold
+        # their blocks), those loaded and due back at the front of the waiting scan, and those
+        # finished since the last step, whose blocks are offered for storing once more.
+        self._tiered = config.host_tier is not None
+        self.parked: list[EngineRequest] = []
+        self.loaded: deque[EngineRequest] = deque()
+        self._finished_since: list[EngineRequest] = []
+        if config.host_tier is not None:
+            self.kv_cache.add_host_tier(config.host_tier)
 
     # --- public API ------------------------------------------------------------------------
 
@@ -289,11 +313,18 @@ class Engine(FoldableEngine):
         for req in self.running:
             if req.computed > req.length:
                 return f"request {req.spec.id}: {req.computed} of {req.length} tokens computed"
-        return self.kv_cache.audit(self.running, self.waiting, every_block)
+        holding = self.running + self.parked + list(self.loaded) if self._tiered else self.running
+        return self.kv_cache.audit(holding, self.waiting, every_block)
 
     @property
     def has_work(self) -> bool:
+        if self._tiered:
+            return bool(self.running or self.waiting or self.parked or self.loaded or self._finished_since)
         return bool(self.running or self.waiting)
+
+    @property
+    def next_transfer_done(self) -> float:
+        return self.kv_cache.next_transfer_done
 
     @property
     def foldable(self) -> FoldableEngine:
@@ -303,17 +334,28 @@ class Engine(FoldableEngine):
         """Schedule one iteration at ``now``; the caller waits ``step.duration`` then calls
         `end_step`. A step with nothing scheduled has duration 0 and changes nothing."""
         step = Step(start=now, duration=0.0)
+        if self._tiered:
+            self._complete_transfers(now)
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
+            if self.loaded:
+                budget = self._resume_loaded(step, budget, now)
             self._admit_waiting(step, budget, now)
+        if self._tiered:
+            self._offer_stores(step, now)
         step.stored, step.removed = self.kv_cache.take_events()
         if step.scheduled:
             self.iterations += 1
             step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
+            if self._tiered and step.removed:
+                # vLLM's worker waits for the store of a block evicted here before the forward
+                step.duration += max(0.0, self.kv_cache.flush_until(step.removed) - now)
         else:
             self.publish_kv(step.stored, step.removed, now)
+        if self._tiered:
+            self.kv_cache.submit_transfers(step.end)
         return step
 
     def end_step(self, step: Step, now: float) -> None:
@@ -340,6 +382,8 @@ class Engine(FoldableEngine):
             # see them still referenced, before the next step's allocations can evict them.
             self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
             self.kv_cache.free(req)
+            if self._tiered:
+                self._finished_since.append(req)
 
     def clear_prefix_cache(self, now: float) -> None:
         """Evict every unreferenced cached block, reporting the removals."""
@@ -403,22 +447,33 @@ class Engine(FoldableEngine):
         cfg = self.config
         kv_cache = self.kv_cache
         bs = cfg.block_size
-        while self.waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            req = self.waiting[0]
+        waiting = self.waiting
+        at = 0  # the first request not deferred by the host tier (always 0 without one)
+        while at < len(waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = waiting[at]
             length = req.length
             total_blocks = blocks_for(length, bs)
             if total_blocks > cfg.num_blocks:
-                self.waiting.popleft()
+                del waiting[at]
                 self.listener.on_dropped(self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now)
                 continue
             computed = kv_cache.get_computed_blocks(req, length)
+            if computed.host_deferred or req.host_jobs:
+                at += 1  # its host blocks are in flight: vLLM skips it this step
+                continue
             if not kv_cache.fits(length, computed):
                 break
+            if computed.host_blocks:
+                if not kv_cache.fits(length, computed, self._prefill_reserve(step)):
+                    break
+                del waiting[at]
+                self._park(req, computed, length)
+                continue
             cached = computed.blocks * bs
             chunk = min(length - cached, budget)
             if not cfg.enable_chunked_prefill and chunk < length - cached:
                 if length - cached > cfg.max_num_batched_tokens:
-                    self.waiting.popleft()  # no step can ever take it (vLLM rejects it too)
+                    del waiting[at]  # no step can ever take it (vLLM rejects it too)
                     self.listener.on_dropped(
                         self.worker,
                         req.spec,
@@ -427,20 +482,106 @@ class Engine(FoldableEngine):
                     )
                     continue
                 break
-            self.waiting.popleft()
+            del waiting[at]
             # the request now holds what its program's pin kept; cannot fail after `fits`
             if not kv_cache.allocate_slots(req, cached + chunk, computed, release_pin=req.spec.program):
                 raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
             req.computed = cached
-            req.admissions += 1
-            first = req.admissions == 1
-            if first:
-                req.cached_tokens = cached
-            self.running.append(req)
-            step.scheduled.append((req, chunk))
+            self._admitted(req, step, chunk, now)
             budget -= chunk
-            recompute = 0 if first else max(0, req.lost - cached)
+
+    def _admitted(self, req: EngineRequest, step: Step, chunk: int, now: float) -> None:
+        """The request runs from this step on, its first ``chunk`` tokens scheduled."""
+        cached = req.computed
+        req.admissions += 1
+        first = req.admissions == 1
+        if first:
+            req.cached_tokens = cached
+        self.running.append(req)
+        step.scheduled.append((req, chunk))
+        recompute = 0 if first else max(0, req.lost - cached)
+        if req.host_tokens:
+            self.listener.on_admitted(self.worker, req.spec, cached, recompute, first, now, req.host_tokens)
+            req.host_tokens = 0
+        else:
             self.listener.on_admitted(self.worker, req.spec, cached, recompute, first, now)
+
+    # --- the host tier ---------------------------------------------------------------------
+
+    def _park(self, req: EngineRequest, computed: ComputedBlocks, length: int) -> None:
+        """Admit a request with a host hit as vLLM does: blocks for its GPU prefix and the whole
+        hit (cached once loaded), the hit pinned on the host for one load, and the request parked
+        (holding its blocks; neither running nor preemptible) until the load is done."""
+        kv_cache = self.kv_cache
+        bs = self.config.block_size
+        gpu_tokens = computed.gpu_blocks * bs
+        hit, computed_tokens = host_hit(gpu_tokens, computed.host_blocks, length, bs)
+        if not kv_cache.allocate_slots(req, gpu_tokens + hit, computed, release_pin=req.spec.program, delay_caching=True):
+            raise AssertionError(f"{self.worker}: a host load for {req.spec.id} found no blocks after the capacity check")
+        kv_cache.start_load(req, computed)
+        req.computed = computed_tokens
+        req.host_tokens = computed_tokens - gpu_tokens
+        self.parked.append(req)
+
+    def _prefill_reserve(self, step: Step) -> int:
+        """Blocks that the requests still prefilling after this step (loading, loaded, or
+        scheduled short of their last token) need beyond what they hold: vLLM admits a host hit
+        only if it fits without them (``_inflight_prefill_reserved_blocks``), so that requests
+        holding blocks without progress cannot starve each other."""
+        bs = self.config.block_size
+        reserve = 0
+        for req in self.parked:
+            reserve += blocks_for(req.length, bs) - req.phys
+        for req in self.loaded:
+            reserve += blocks_for(req.length, bs) - req.phys
+        for req, n in step.scheduled:
+            if req.computed + n < req.length:
+                reserve += blocks_for(req.length, bs) - req.phys
+        return reserve
+
+    def _complete_transfers(self, now: float) -> None:
+        """At the first step that starts once a copy is done: complete it; a loaded request goes
+        back to the front of the scan (vLLM scans its parked requests first)."""
+        for req in self.kv_cache.complete_transfers(now):
+            assert isinstance(req, EngineRequest)
+            self.parked.remove(req)
+            self.loaded.append(req)
+
+    def _resume_loaded(self, step: Step, budget: int, now: float) -> int:
+        """Schedule the loaded requests, in the order their loads completed, as admissions: their
+        loaded blocks are cached as their first tokens' slots are taken."""
+        cfg = self.config
+        loaded = self.loaded
+        while loaded and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = loaded[0]
+            pending = req.length - req.computed
+            chunk = min(pending, budget)
+            if not cfg.enable_chunked_prefill and chunk < pending:
+                break
+            if not self.kv_cache.allocate_slots(req, req.computed + chunk):
+                break
+            loaded.popleft()
+            self._admitted(req, step, chunk, now)
+            budget -= chunk
+        return budget
+
+    def _offer_stores(self, step: Step, now: float) -> None:
+        """vLLM's store jobs of a step: every scheduled request offers its full prompt blocks
+        computed by the step's end, every request finished since the last step its whole prompt
+        (then the host re-ranks what it observed). Host KV events are published at once."""
+        kv_cache = self.kv_cache
+        bs = self.config.block_size
+        for req, n in step.scheduled:
+            done = req.computed + n
+            kv_cache.offer_stores(req, (done if done < req.prompt else req.prompt) // bs)
+        if self._finished_since:
+            for req in self._finished_since:
+                kv_cache.offer_stores(req, req.prompt // bs)
+                kv_cache.request_finished(req)
+            self._finished_since = []
+        stored, removed = kv_cache.take_host_events()
+        if stored or removed:
+            self.listener.on_host_kv(self.worker, stored, removed, now)
 
     def _victim(self) -> EngineRequest:
         running = self.running
@@ -495,10 +636,11 @@ class Engine(FoldableEngine):
           is the same; the run stops before the chunk that would complete its prompt.
 
         The run ends with the step at whose end a request finishes, and earlier where the KV
-        cache says so (`KVCacheManager.plan_boundaries`)."""
+        cache says so (`KVCacheManager.plan_boundaries`). With a host tier (`_host_cut`) only pure
+        decode runs fold, and none past a copy's completion."""
         scheduled = first.scheduled
         count = len(self.running)
-        if first.preempted or not scheduled or len(scheduled) != count:
+        if first.preempted or not scheduled or len(scheduled) != count or self.loaded:
             return None
         decoders = scheduled
         budget = self.config.max_num_batched_tokens
@@ -506,6 +648,8 @@ class Engine(FoldableEngine):
         prefill = None
         newest, chunk = scheduled[-1]
         if chunk > 1 and chunk == budget - (count - 1):
+            if self._tiered:
+                return None  # each chunk's prompt blocks are stored: every step differs
             # Steps 2..k still take a full chunk while more than one chunk is left before them.
             last = min(last, (newest.length - newest.computed - 1) // chunk)
             prefill = (newest, chunk)
@@ -518,6 +662,8 @@ class Engine(FoldableEngine):
             computed = req.computed
             if n != 1 or not generated or req.prompt + generated - computed != 1:
                 return None
+            if self._tiered and req.next_store < req.prompt // self.config.block_size:
+                return None  # its prompt's store did not fit the host: offered again every step
             context += computed
             # At the end of step k (1-based), a request that had generated g tokens has g + k.
             if req.target - generated < last:
@@ -538,7 +684,24 @@ class Engine(FoldableEngine):
             ends = [first.end, *self.perf.decode_step_ends(first.end, count, context + count, last - 1, capacity)]
         else:
             ends = self._mixed_step_ends(first.end, last, len(decoders), context, prefill, capacity)
+        if self._tiered:
+            last = self._host_cut(last, ends, boundaries)
+            if last < 2:
+                return None
+            del ends[last:]
+            boundaries = [b for b in boundaries if b.index <= last]
         return RunPlan(first, last, ends, boundaries, prefill)
+
+    def _host_cut(self, last: int, ends: list[float], boundaries: list[BlockBoundary]) -> int:
+        """The last step of a planned run that the host tier lets fold: none may start at or
+        after a copy's completion (the step that does completes it), and while stores are in
+        flight none may take a block (evicting a block being stored waits for its store)."""
+        done = self.kv_cache.next_transfer_done
+        if done < float("inf"):
+            last = min(last, 1 + bisect.bisect_left(ends, done))  # step k starts at ends[k - 2]
+        if self.kv_cache.stores_in_flight and boundaries:
+            last = min(last, boundaries[0].index - 1)
+        return last
 
     def apply_boundary(self, boundary: BlockBoundary) -> tuple[list[BlockHash], list[BlockHash]]:
         kv_cache = self.kv_cache
@@ -577,7 +740,10 @@ class Engine(FoldableEngine):
             return False, ()  # due to be dropped
         # Decode steps only take blocks, so a head that does not fit now fits no better later.
         kv_cache = self.kv_cache
-        if not kv_cache.fits(length, kv_cache.get_computed_blocks(head, length)):
+        computed = kv_cache.get_computed_blocks(head, length)
+        if computed.host_deferred or head.host_jobs:
+            return False, ()  # skipped for its host copies: a request behind it may be admitted
+        if not kv_cache.fits(length, computed):
             return True, head.block_hashes[: kv_cache.cacheable_blocks(length)]
         return False, ()
 

@@ -71,6 +71,9 @@ CASES = {
     "long prompts": _agents("round_robin", task_prompt_high=5000, kv_blocks=1600),
     "long prompts, oldest-first preemption": _agents("kv_router", task_prompt_high=5000, kv_blocks=1000, preemption="oldest_first"),
     "long prompts, no prefix caching": _agents("round_robin", task_prompt_high=5000, kv_blocks=1600, enable_prefix_caching=False),
+    # a host tier of a third of the pool, copies slow enough to cut runs and to park requests for steps
+    "host tier": _agents("round_robin", host_tier={"blocks": 200, "kv_bytes_per_token": 131072, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
+    "host tier, mocker": _agents("kv_router", flavour="mocker", host_tier={"ratio": 0.5, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
 }
 
 
@@ -86,6 +89,9 @@ def test_fast_forward_leaves_the_event_log_unchanged(case: str) -> None:
         assert mixed[0] > 50  # decode steps folded with a prefill chunk
     if scenario.cluster.engine.enable_prefix_caching:
         assert any(isinstance(e, ev.KvRemoved) for e in slow)  # the pool was under pressure
+    if scenario.cluster.engine.host_tier is not None:
+        assert any(isinstance(e, ev.PrefillStarted) and e.host_tokens for e in slow)  # host hits were loaded
+        assert any(isinstance(e, ev.KvRemoved) and e.tier == "host" for e in slow)  # the host tier was full
     assert fast == slow
 
 

@@ -1,0 +1,62 @@
+"""Host tier sizing: blocks, GiB (vLLM) or a ratio of the GPU pool (SGLang)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tasim.config.host_sizing import host_capacity_blocks
+from tasim.config.scenario import ScenarioError, parse_scenario
+
+BS = 16
+
+
+def test_host_capacity() -> None:
+    assert host_capacity_blocks(BS, blocks=100) == 100
+    # 16 tokens x 128 KiB = 2 MiB a block: 512 in a GiB.
+    assert host_capacity_blocks(BS, gib=1, kv_bytes_per_token=131072) == 512
+    # vLLM's CPU oracle: a 64-byte block takes a 4096-byte page, so N pages give N blocks.
+    assert host_capacity_blocks(BS, gib=64 * 4096 / 2**30, kv_bytes_per_token=4) == 64
+    # SGLang's hicache_ratio: (int(G * ratio) // page + 1) * page tokens.
+    assert host_capacity_blocks(BS, ratio=2.0, gpu_blocks=8) == 17
+    assert host_capacity_blocks(BS, ratio=0.5, gpu_blocks=10) == 6
+    for bad in ({}, {"blocks": 1, "ratio": 2.0}, {"gib": 1.0}, {"ratio": 2.0}):
+        with pytest.raises(ValueError):
+            host_capacity_blocks(BS, **bad)  # type: ignore[arg-type]
+
+
+def _cluster(**tier: object) -> dict[str, object]:
+    return {"model": "Llama-3.1-8B", "engine": {"block_size": 16, "kv_blocks": 1001, "host_tier": tier}}
+
+
+def test_a_scenario_sizes_its_host_tier() -> None:
+    raw = {"workload": {"concurrency": 1}}
+    # 1000 GPU blocks beside vLLM's null block; SGLang's ratio sizing adds a page
+    assert parse_scenario({**raw, "cluster": _cluster(ratio=2)}, "s.yaml").cluster.host_blocks_per_worker() == 2001
+    # Llama-3.1-8B in bf16: 128 KiB a token, 2 MiB a block
+    assert parse_scenario({**raw, "cluster": _cluster(gib=1)}, "s.yaml").cluster.host_blocks_per_worker() == 512
+    assert parse_scenario({**raw, "cluster": _cluster(gib=1, kv_bytes_per_token=4096)}, "s.yaml").cluster.host_blocks_per_worker() == 16384
+    plain = parse_scenario(raw, "s.yaml")
+    assert plain.cluster.engine.host_tier is None and plain.cluster.host_blocks_per_worker() == 0
+    # --set makes the mapping under the unset field
+    tiered = parse_scenario(raw, "s.yaml", ["cluster.engine.host_tier.ratio=2"])
+    assert tiered.cluster.engine.host_tier is not None and tiered.cluster.engine.host_tier.d2h_gbps == 32.0
+
+
+@pytest.mark.parametrize(
+    ("tier", "engine", "message"),
+    [
+        ({"blocks": 8, "ratio": 2}, {}, "give exactly one of blocks, gib and ratio (got blocks, ratio)"),
+        ({}, {}, "give exactly one of blocks, gib and ratio (got none)"),
+        ({"ratio": 2}, {"enable_prefix_caching": False}, "host_tier needs enable_prefix_caching"),
+        ({"gib": 1e-6}, {}, "engine.host_tier holds no block"),
+        ({"ratio": 2, "semantics": "sglang"}, {}, "Input should be 'vllm'"),
+    ],
+)
+def test_a_bad_host_tier_is_refused_in_one_line(tier: dict[str, object], engine: dict[str, object], message: str) -> None:
+    cluster = _cluster(**tier)
+    cluster["engine"] = {**cluster["engine"], **engine}  # type: ignore[dict-item]
+    with pytest.raises(ScenarioError, match=re.escape(message)) as error:
+        parse_scenario({"workload": {"concurrency": 1}, "cluster": cluster}, "s.yaml")
+    assert "\n" not in str(error.value)
