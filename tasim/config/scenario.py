@@ -590,6 +590,16 @@ class Scenario(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _host_tier_survives_weight_updates(self) -> Scenario:
+        # A weight update empties the GPU caches but not yet the host tier, whose KV would then be stale.
+        if self.cluster.engine.host_tier is not None and isinstance(self.workload, RolloutWorkload) and self.workload.reset_prefix_cache:
+            raise ValueError(
+                "cluster.engine.host_tier with workload.reset_prefix_cache: a weight update does not empty the host tier yet "
+                "(leave host_tier unset for RL rollouts)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _trace_blocks_nest(self) -> Scenario:
         if isinstance(self.workload, MooncakeTraceWorkload):  # a Dynamo trace's block size is in the file
             try:

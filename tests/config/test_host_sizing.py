@@ -60,3 +60,13 @@ def test_a_bad_host_tier_is_refused_in_one_line(tier: dict[str, object], engine:
     with pytest.raises(ScenarioError, match=re.escape(message)) as error:
         parse_scenario({"workload": {"concurrency": 1}, "cluster": cluster}, "s.yaml")
     assert "\n" not in str(error.value)
+
+
+def test_rl_rollouts_that_empty_caches_refuse_a_host_tier() -> None:
+    """A weight update empties the GPU caches, not the host tier: refused until it does."""
+    rollout = {"kind": "rl_rollout", "prompts_per_step": 2, "samples_per_prompt": 2, "steps": 1}
+    with pytest.raises(ScenarioError, match=re.escape("a weight update does not empty the host tier yet")) as error:
+        parse_scenario({"workload": rollout, "cluster": _cluster(ratio=2)}, "s.yaml")
+    assert "\n" not in str(error.value)
+    kept = parse_scenario({"workload": {**rollout, "reset_prefix_cache": False}, "cluster": _cluster(ratio=2)}, "s.yaml")
+    assert kept.cluster.engine.host_tier is not None
