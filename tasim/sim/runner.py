@@ -151,10 +151,10 @@ class Simulation(HostCore):
         stored = 0
         d2h = h2d = 0.0
         for engine in self.engines.values():
-            if isinstance(engine, Engine) and engine.kv_cache.host is not None:
-                stored += engine.kv_cache.host.stored * self.block_size
-                d2h += engine.kv_cache.d2h.busy_s
-                h2d += engine.kv_cache.h2d.busy_s
+            engine_stored, engine_d2h, engine_h2d = engine.host_totals()
+            stored += engine_stored
+            d2h += engine_d2h
+            h2d += engine_h2d
         return stored, d2h, h2d
 
     def _audit(self, engine: StepEngine, every_block: bool = False) -> None:

@@ -209,6 +209,9 @@ class VllmEngine:
     def next_transfer_done(self) -> float:
         return float("inf")  # no host tier here
 
+    def host_totals(self) -> tuple[int, float, float]:
+        return 0, 0.0, 0.0
+
     def audit(self, every_block: bool = False) -> str | None:
         return None  # vLLM's state is vLLM's; tasim's invariants are about tasim's engine
 

@@ -243,6 +243,12 @@ class KVCacheManager:
         self.block_pool.release(request.claim)
         request.phys = request.full_done = 0
 
+    def host_totals(self) -> tuple[int, float, float]:
+        """Tokens stored to the host tier, and seconds each copy lane (D2H, H2D) was busy."""
+        if self.host is None:
+            return 0, 0.0, 0.0
+        return self.host.stored * self.block_size, self.d2h.busy_s, self.h2d.busy_s
+
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Blocks stored and blocks removed since the last call (see `BlockPool.drain_events`)."""
         return self.block_pool.drain_events()

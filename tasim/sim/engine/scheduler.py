@@ -124,6 +124,9 @@ class StepEngine(Protocol):
     def next_transfer_done(self) -> float:
         """When its earliest KV copy in flight is done (inf when none): an idle engine steps then."""
 
+    def host_totals(self) -> tuple[int, float, float]:
+        """Over its host tier: tokens stored, and seconds each copy lane (D2H, H2D) was busy."""
+
     def submit(self, spec: RequestSpec, priority: int = 0) -> None: ...
 
     def begin_step(self, now: float) -> Step: ...
@@ -325,6 +328,9 @@ class Engine(FoldableEngine):
     @property
     def next_transfer_done(self) -> float:
         return self.kv_cache.next_transfer_done
+
+    def host_totals(self) -> tuple[int, float, float]:
+        return self.kv_cache.host_totals()
 
     @property
     def foldable(self) -> FoldableEngine:
