@@ -24,6 +24,7 @@ from tasim.core import events as ev
 from tasim.hosting.policy_host import run_header
 from tasim.live.clients.http_driver import DriverError, HttpAgentDriver, PromptFormat, live_workload
 from tasim.live.clients.observed import ObservedCalls
+from tasim.live.stack.engines import host_tier_refusal
 from tasim.live.stack.launcher import Engine, LiveStack
 from tasim.live.stack.tiny_model import vocab_size
 from tasim.results.eventlog import EVENTS_PLAIN, EventLogError, EventWriter, read_events
@@ -56,6 +57,10 @@ def live_summary(events_path: Path, wall_time_s: float | None) -> dict[str, Any]
     except ValueError as exc:
         raise EventLogError(f"{events_path}: {exc} (did the router stop before writing its end?)") from None
     summary["programs_leaked"] = len(started)
+    if summary["host_tier"] is not None:
+        # Workers report cached tokens without their tier and keep their copy lanes to
+        # themselves: live, only the tier's size is known.
+        summary["host_tier"] = {key: value if key == "host_blocks_per_worker" else None for key, value in summary["host_tier"].items()}
     return summary
 
 
@@ -73,6 +78,9 @@ def prepare_scenario(scenario: Scenario, driver: Driver, programs: int | None, e
             f"cluster.engine.scheduling_policy priority (policy {scenario.policy.name}) runs live on --engine vllm only, "
             f"not {engine}: tasim's priority scheduling is vLLM's, and Dynamo 1.6.1's mocker has none; simulate it instead"
         )
+    refusal = host_tier_refusal(engine, scenario)
+    if refusal:
+        raise DriverError(refusal)
     if scenario.live.routed_by_dynamo:
         from tasim.live.stack.dynamo_policies import plugin_config
 

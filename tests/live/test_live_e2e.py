@@ -2,7 +2,9 @@
 
 Each policy runs ``scenarios/live-mocker.yaml`` (24 programs x 3-5 turns on two tiny workers)
 once, ThunderAgent also in pin mode (``thunderagent@pin``: the router only decides, calls go to a
-``direct`` frontend pinned to its choice); the tests below read those runs. Which worker served a call is checked against what the
+``direct`` frontend pinned to its choice), and round robin once more on
+``scenarios/live-mocker-host-tier.yaml`` (``round_robin+host-tier``: mocker workers with a host KV
+tier); the tests below read those runs. Which worker served a call is checked against what the
 *workers* publish: every worker's KV-event stream is recorded by a subscriber of the test's own,
 and the last full prompt block of each call must be cached on the worker the policy chose.
 """
@@ -40,6 +42,7 @@ pytest.importorskip("dynamo.llm")
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 SCENARIO = REPO / "scenarios" / "live-mocker.yaml"
+HOST_TIER_SCENARIO = REPO / "scenarios" / "live-mocker-host-tier.yaml"
 TIME_SCALE = 2.0
 
 
@@ -102,11 +105,14 @@ _RUNS: dict[str, LiveRun] = {}
 
 
 def live_run(key: str, tmp_root: Path) -> LiveRun:
-    """``key``: a policy name, with ``@pin`` for decision-only routing."""
+    """``key``: a policy name, with ``@pin`` for decision-only routing, ``+host-tier`` for the
+    scenario with a host tier."""
     if key in _RUNS:
         return _RUNS[key]
-    policy, _, routing = key.partition("@")
-    scenario = finite_scenario(load_scenario(SCENARIO, [f"policy.name={policy}", "policy.params={}", f"live.routing={routing or 'proxy'}"]), None)
+    name, _, tier = key.partition("+")
+    policy, _, routing = name.partition("@")
+    overrides = [f"policy.name={policy}", "policy.params={}", f"live.routing={routing or 'proxy'}"]
+    scenario = finite_scenario(load_scenario(HOST_TIER_SCENARIO if tier else SCENARIO, overrides), None)
     out = tmp_root / key
     out.mkdir(parents=True)
     events_path = out / EVENTS_PLAIN
@@ -153,7 +159,7 @@ def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("live")
 
 
-POLICIES = ("thunderagent", "round_robin", "kv_router", "thunderagent@pin")
+POLICIES = ("thunderagent", "round_robin", "kv_router", "thunderagent@pin", "round_robin+host-tier")
 
 
 @pytest.mark.parametrize("policy", POLICIES)
@@ -190,6 +196,22 @@ def test_each_call_ran_on_the_worker_the_policy_chose(policy: str, tmp_root: Pat
     # A block's first store anywhere is on the worker chosen for the first call that contained it.
     for block, worker in first_caller.items():
         assert first_store[block] == int(worker[1:])
+
+
+def test_mocker_workers_run_the_scenarios_host_tier(tmp_root: Path) -> None:
+    """The workers' host tier serves prompts: the live hit rate (held to the tiered simulation's
+    above) is well above what the same programs hit without a tier. Dynamo 1.6.1's mocker,
+    started with ZMQ KV-event ports as here, publishes only its GPU pool's events, on those ports
+    and on Dynamo's event plane alike (measured), so the tier shows in what the calls reused, not
+    in the events."""
+    run = live_run("round_robin+host-tier", tmp_root)
+    no_tier = load_scenario(SCENARIO, ["policy.name=round_robin", "policy.params={}"])
+    without = run_simulation(simulated_twin(finite_scenario(no_tier, None), "mocker"), tmp_root / "round_robin-no-tier")
+    assert run.simulated["host_tier"]["host_hit_tokens"] > 0
+    assert run.summary["prefix_hit_rate"] >= without["prefix_hit_rate"] + 0.10
+    # Live, only the tier's size is known: workers do not say which tier a hit came from.
+    unknown = dict.fromkeys(("gpu_hit_tokens", "host_hit_tokens", "stored_tokens", "d2h_busy_s", "h2d_busy_s"))
+    assert run.summary["host_tier"] == {"host_blocks_per_worker": 321, **unknown}
 
 
 @pytest.mark.parametrize("key", ["thunderagent", "thunderagent@pin"])
@@ -236,7 +258,7 @@ def test_no_process_outlives_the_stack(policy: str, tmp_root: Path) -> None:
 def test_router_status_and_metrics_account_for_every_call(policy: str, tmp_root: Path) -> None:
     run = live_run(policy, tmp_root)
     status = run.status
-    assert status["ready"] and status["policy"] == policy.partition("@")[0]
+    assert status["ready"] and status["policy"] == policy.partition("+")[0].partition("@")[0]
     assert status["pinned_calls"] == {"unreported": 0, "expired": 0}
     assert status["programs"]["live"] == 0  # the router's own table is empty: nothing leaked
     assert status["requests"] == {"in_flight": 0, "finished": run.driver.requests, "failed": 0, "retried": 0, "refused": 0, "session_finals": 24}
