@@ -156,6 +156,7 @@ def _summary(**changes: Any) -> dict[str, Any]:
         "prefix_hit_rate": 0.875,
         "prefix_hit_rate_since_start": 0.75,
         "e2e_s": {"mean": 4.25},
+        "ttft_s": {"mean": 0.75},
         "requests_completed": 3000,
         "requests_unfinished": 0,
         "rollout": rollout,
@@ -249,6 +250,7 @@ def test_metrics_of_a_hand_built_summary() -> None:
         "prefix_hit_pct": 87.5,
         "prefix_hit_pct_since_start": 75.0,
         "e2e_mean_s": 4.25,
+        "ttft_mean_s": 0.75,
         "turn_latency_s": 7.5,
         "rollout_steps_per_min": 3000 / (300.0 * 2) * 60,  # 300 calls per minute of rollout
         "rollout_tokens_per_s": 2500.0,
