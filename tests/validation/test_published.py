@@ -140,6 +140,20 @@ def test_shipped_measurement_files_load_and_name_existing_presets() -> None:
             assert m.scenario_of(point).parent == REPO / "scenarios"
 
 
+def test_host_tier_points_compare_the_preset_with_and_without_its_tier() -> None:
+    """Every ratio of host-tier.yaml divides a run with the preset's host tier by the same run without it."""
+    planned = plan([load_measurements(MEASUREMENT_DIR / "host-tier.yaml")])
+    ratios = [pp for pp in planned.points if pp.over is not None]
+    assert ratios
+    for pp in ratios:
+        assert pp.over is not None
+        with_tier, without = planned.runs[pp.of].scenario, planned.runs[pp.over].scenario
+        assert with_tier.cluster.engine.host_tier is not None and without.cluster.engine.host_tier is None
+        assert with_tier.model_copy(update={"cluster": without.cluster}) == without
+        assert with_tier.cluster.model_copy(update={"engine": without.cluster.engine}) == without.cluster
+        assert with_tier.cluster.engine.model_copy(update={"host_tier": None}) == without.cluster.engine
+
+
 # --- metrics ------------------------------------------------------------------------------------
 
 
