@@ -21,6 +21,7 @@ from tasim.validation.published.document import BEGIN, END
 from tasim.validation.published.evaluate import evaluate, plan, run
 from tasim.validation.published.littles_law import between_steps_conflicts, closed_loop_conflicts
 from tasim.validation.published.measurement_file import MEASUREMENT_DIR, MeasurementError, load_measurements
+from tasim.validation.published.present import describe, sweep_x
 from tasim.validation.published.quantities import METRICS, MetricUnavailable, Outcome
 from tasim.validation.published.turn_latency import TurnLatencyFold
 
@@ -152,6 +153,8 @@ def test_host_tier_points_compare_the_preset_with_and_without_its_tier() -> None
         assert with_tier.model_copy(update={"cluster": without.cluster}) == without
         assert with_tier.cluster.model_copy(update={"engine": without.cluster.engine}) == without.cluster
         assert with_tier.cluster.engine.model_copy(update={"host_tier": None}) == without.cluster.engine
+        assert describe(pp.measurements, pp.point).endswith("the preset / host_tier=None")  # the tier-on side sets nothing of its own
+    assert all(sweep_x(pp.point) is None for pp in planned.points)  # seeds are repeats, not a sweep
 
 
 # --- metrics ------------------------------------------------------------------------------------
