@@ -94,6 +94,7 @@ def test_every_model_fits_somewhere_and_specs_load() -> None:
         "Qwen3-30B-A3B",
         "Qwen3-Coder-30B-A3B",
         "Qwen3-235B-A22B",
+        "Qwen3-Coder-480B-A35B",
         "GLM-4.6",
     }
     for model in hardware.models().values():

@@ -21,6 +21,7 @@ from tasim.validation.published.document import BEGIN, END
 from tasim.validation.published.evaluate import evaluate, plan, run
 from tasim.validation.published.littles_law import between_steps_conflicts, closed_loop_conflicts
 from tasim.validation.published.measurement_file import MEASUREMENT_DIR, MeasurementError, load_measurements
+from tasim.validation.published.present import describe, sweep_x
 from tasim.validation.published.quantities import METRICS, MetricUnavailable, Outcome
 from tasim.validation.published.turn_latency import TurnLatencyFold
 
@@ -140,6 +141,22 @@ def test_shipped_measurement_files_load_and_name_existing_presets() -> None:
             assert m.scenario_of(point).parent == REPO / "scenarios"
 
 
+def test_host_tier_points_compare_the_preset_with_and_without_its_tier() -> None:
+    """Every ratio of host-tier.yaml divides a run with the preset's host tier by the same run without it."""
+    planned = plan([load_measurements(MEASUREMENT_DIR / "host-tier.yaml")])
+    ratios = [pp for pp in planned.points if pp.over is not None]
+    assert ratios
+    for pp in ratios:
+        assert pp.over is not None
+        with_tier, without = planned.runs[pp.of].scenario, planned.runs[pp.over].scenario
+        assert with_tier.cluster.engine.host_tier is not None and without.cluster.engine.host_tier is None
+        assert with_tier.model_copy(update={"cluster": without.cluster}) == without
+        assert with_tier.cluster.model_copy(update={"engine": without.cluster.engine}) == without.cluster
+        assert with_tier.cluster.engine.model_copy(update={"host_tier": None}) == without.cluster.engine
+        assert describe(pp.measurements, pp.point).endswith("the preset / host_tier=None")  # the tier-on side sets nothing of its own
+    assert all(sweep_x(pp.point) is None for pp in planned.points)  # seeds are repeats, not a sweep
+
+
 # --- metrics ------------------------------------------------------------------------------------
 
 
@@ -156,6 +173,7 @@ def _summary(**changes: Any) -> dict[str, Any]:
         "prefix_hit_rate": 0.875,
         "prefix_hit_rate_since_start": 0.75,
         "e2e_s": {"mean": 4.25},
+        "ttft_s": {"mean": 0.75},
         "requests_completed": 3000,
         "requests_unfinished": 0,
         "rollout": rollout,
@@ -249,6 +267,7 @@ def test_metrics_of_a_hand_built_summary() -> None:
         "prefix_hit_pct": 87.5,
         "prefix_hit_pct_since_start": 75.0,
         "e2e_mean_s": 4.25,
+        "ttft_mean_s": 0.75,
         "turn_latency_s": 7.5,
         "rollout_steps_per_min": 3000 / (300.0 * 2) * 60,  # 300 calls per minute of rollout
         "rollout_tokens_per_s": 2500.0,

@@ -54,7 +54,8 @@ def describe(m: Measurements, point: Point) -> str:
         text = ", ".join(filter(None, (f"{of.system} / {over.system}", label, _setting(of))))
     elif over.system == of.system:
         common = {k: v for k, v in of.set.items() if k in over.set and over.set[k] == v}
-        differ = [_setting(Side(system=s.system, set={k: v for k, v in s.set.items() if k not in common})) for s in (of, over)]
+        # a side with nothing of its own is the preset as it stands
+        differ = [_setting(Side(system=s.system, set={k: v for k, v in s.set.items() if k not in common})) or "the preset" for s in (of, over)]
         text = ", ".join(filter(None, (of.system, label, _setting(Side(system=of.system, set=common)), " / ".join(differ))))
     else:
         text = f"{_with_setting(of)} / {_with_setting(over)}, {label}"
@@ -65,6 +66,8 @@ def describe(m: Measurements, point: Point) -> str:
 
 def sweep_x(point: Point) -> tuple[str, float] | None:
     """The point's place on a sweep: its one numeric scenario override (a ratio's `of` side),
-    or None when it has none or several."""
-    numbers = [(key, value) for key, value in point.of.set.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
+    or None when it has none or several. A seed is no sweep: its values are repeats."""
+    numbers = [
+        (key, value) for key, value in point.of.set.items() if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "seed"
+    ]
     return (numbers[0][0], float(numbers[0][1])) if len(numbers) == 1 and len(point.of.set) == 1 else None

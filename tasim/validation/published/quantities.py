@@ -108,6 +108,14 @@ METRICS: dict[str, Metric] = {
             lambda o: _present(o.summary["e2e_s"]["mean"], "completed call"),
         ),
         Metric(
+            "ttft_mean_s",
+            "TTFT",
+            " s",
+            ",.2f",
+            "mean time to first token of an LLM call, arrival (with any hold) to first token (summary ttft_s.mean)",
+            lambda o: _present(o.summary["ttft_s"]["mean"], "completed call"),
+        ),
+        Metric(
             "turn_latency_s",
             "per-step latency",
             " s",
