@@ -55,6 +55,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.core.cluster_view import ClusterView
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.policies.interface import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
@@ -410,11 +411,14 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self.capacity = {b: c for b, c in self._full_capacity.items() if b in self.serving}
         return ()
 
-    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self._cached[worker].update(blocks)
+    # resume_on_origin asks whether the program's blocks survive on the GPU of its origin
+    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        if tier == "device":
+            self._cached[worker].update(blocks)
 
-    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self._cached[worker].difference_update(blocks)
+    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        if tier == "device":
+            self._cached[worker].difference_update(blocks)
 
     # --- the periodic pass -----------------------------------------------------------------
 
