@@ -54,7 +54,16 @@ def test_events_keep_the_tier_their_medium_names() -> None:
     frames = _frames(
         1,
         [
-            {"type": "BlockStored", "block_hashes": [1], "parent_block_hash": None, "token_ids": [], "block_size": 0, "lora_id": None, "medium": "CPU", "lora_name": None},
+            {
+                "type": "BlockStored",
+                "block_hashes": [1],
+                "parent_block_hash": None,
+                "token_ids": [],
+                "block_size": 0,
+                "lora_id": None,
+                "medium": "CPU",
+                "lora_name": None,
+            },
             {"type": "BlockRemoved", "block_hashes": [1], "medium": "CPU_PINNED"},
             {"type": "BlockStored", "block_hashes": [2], "medium": "NVME"},
             {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
