@@ -119,8 +119,8 @@ class ThunderAgentParams(BaseModel):
     idle_ttl_s: float | None = Field(None, gt=0, description="release ACTING programs idle this long (tasim's addition: neither source has one)")
     host_credit: HostCredit = Field(
         "none",
-        description="host KV capacity a worker publishes, added to its capacity: full (Dynamo 1.6.1, variant dynamo), "
-        "capped at the GPU pool (closed Dynamo PR #14389) or none (upstream)",
+        description="host KV capacity a worker publishes, added to its capacity: full (Dynamo 1.6.1; the default with "
+        "variant dynamo), capped at the GPU pool (closed Dynamo PR #14389) or none (upstream)",
     )
     fix_failed_turn: bool = Field(False, description="fix: a turn ending without usage still moves to ACTING")
     admission_order: Literal["smallest_first", "fifo", "aged"] = Field(
