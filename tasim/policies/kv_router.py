@@ -164,7 +164,9 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
             effective += host * p.host_cache_hit_weight
         if disk:
             effective += disk * p.disk_cache_hit_weight
-        return math.floor(effective * self.block_size + 0.5)  # Rust's f64::round, for a non-negative value
+        tokens = effective * self.block_size
+        whole = math.floor(tokens)
+        return whole + 1 if tokens - whole >= 0.5 else whole  # Rust's f64::round (half away from zero), exactly
 
     def _costs(
         self, request: RequestSpec, hashes: tuple[int, ...], now: float
