@@ -7,8 +7,9 @@ Per request and worker ``w`` (``bs`` block size, ``ISL`` prompt tokens):
     cost_w   = L * max(0, (P_w + ISL) / bs - credit_w) + (A_w + X_w) + r * N_w
 
 ``overlap_w``: leading prompt blocks the worker's prefix index says it holds on its GPU.
-``host_w``: the contiguous run of prompt blocks beyond those in its host tier, ``disk_w`` the
-run after that in a disk tier (both from KV events tagged with their tier; `prefix_index`). A
+``host_w``: how many of the next prompt blocks, right after those, its host tier holds without a
+gap; ``disk_w`` the same for its disk tier after that (both from KV events tagged with their
+tier; `prefix_index`). A
 block in two tiers counts once, in the higher. ``h`` = ``host_cache_hit_weight`` (0.75), ``k`` =
 ``disk_cache_hit_weight`` (0.25), as Dynamo 1.6.1's ``worker_logit``
 (lib/kv-router/src/scheduling/selector/default.rs) with no shared cache, which tasim does not
