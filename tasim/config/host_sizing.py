@@ -39,3 +39,27 @@ def host_capacity_blocks(
     if gpu_blocks <= 0:
         raise ValueError("sizing the host tier by a ratio needs gpu_blocks")
     return int(gpu_blocks * block_size * ratio) // block_size + 1
+
+
+def native_offload_tokens(gpu_tokens: int, host_tokens: int, write_policy: str) -> int:
+    """The host KV capacity an SGLang worker publishes to Dynamo 1.6.1's router as
+    ``native_offloading_capacity.total_tokens`` (dynamo/sglang/capacity.py:181-225): what its
+    host tier of ``host_tokens`` holds beyond its GPU pool of ``gpu_tokens``, 0 for nothing.
+
+    * ``write_back``: the whole host pool (a block leaves the GPU for the host: the pools are disjoint);
+    * ``write_through``: ``host - GPU`` (every GPU block is mirrored on the host), nothing when
+      that is not positive;
+    * ``write_through_selective`` (or anything else): nothing, its overlap with the GPU being dynamic.
+
+    Nothing either without a GPU or a host pool. Dynamo reads ``host_tokens`` from the scheduler
+    (``hicache_host_total_tokens``) or, without it, sizes it as SGLang does from
+    ``hicache_ratio``: ``(int(G * ratio) // page + 1) * page``, which is how
+    `host_capacity_blocks` sizes a ``ratio`` tier.
+    """
+    if gpu_tokens <= 0 or host_tokens <= 0:
+        return 0
+    if write_policy == "write_back":
+        return host_tokens
+    if write_policy == "write_through":
+        return max(host_tokens - gpu_tokens, 0)
+    return 0

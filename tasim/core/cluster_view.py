@@ -12,11 +12,16 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
+    """``native_offload_tokens``: the host KV capacity the worker publishes beyond its GPU pool,
+    as an SGLang worker publishes Dynamo 1.6.1's ``native_offloading_capacity`` (0: none; see
+    `tasim.config.workers.native_offload_tokens`)."""
+
     id: str
     block_size: int
     kv_blocks: int
     max_num_seqs: int
     max_num_batched_tokens: int
+    native_offload_tokens: int = 0
 
     @property
     def kv_capacity_tokens(self) -> int:

@@ -25,6 +25,7 @@ from tasim.config.scenario import Scenario
 from tasim.core import events as ev
 from tasim.core.cluster_view import ClusterView
 from tasim.core.determinism import policy_rng
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
 from tasim.policies.interface import ProgramDecision, RequestDecision
@@ -181,18 +182,20 @@ class HostCore:
             else:
                 raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
 
-    def kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+    def kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        """``blocks`` newly held in ``worker``'s ``tier``: logged, and told to a policy that
+        wants KV events (every tier: the policy decides what a tier is worth)."""
         if not blocks:
             return
         if self.log_kv_events:
-            self.emit(ev.KvStored(now, worker, tuple(blocks)))
+            self.emit(ev.KvStored(now, worker, tuple(blocks), tier))
         if self.policy.wants_kv_events:
-            self.policy.on_kv_stored(worker, blocks, now)
+            self.policy.on_kv_stored(worker, blocks, now, tier)
 
-    def kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+    def kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
         if not blocks:
             return
         if self.log_kv_events:
-            self.emit(ev.KvRemoved(now, worker, tuple(blocks)))
+            self.emit(ev.KvRemoved(now, worker, tuple(blocks), tier))
         if self.policy.wants_kv_events:
-            self.policy.on_kv_removed(worker, blocks, now)
+            self.policy.on_kv_removed(worker, blocks, now, tier)

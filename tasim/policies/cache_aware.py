@@ -16,8 +16,8 @@ Least-loaded takes the first minimum in the order the router lists its workers. 
 from a hash map seeded anew in every process, so that order is arbitrary but fixed while the
 workers stay the same; tasim draws it once per run from the policy's seeded stream. There is no
 other randomness, no temperature and no prefill or block term: load is a request count, booked
-when a request is routed and freed when it ends. Host and disk cache tiers are not simulated, so
-the overlap is the device tier's, as the plug-in reads it.
+when a request is routed and freed when it ends. The overlap is the device tier's, as the plug-in
+reads it: host and disk tier events are ignored.
 
 Source: ai-dynamo 1.6.1, ``lib/router-plugins/builtin/src/two_tier_cost_fn.rs`` (the three-knob
 version; its defaults, validation and comparisons checked against the 1.6.1 wheel's compiled
@@ -34,6 +34,7 @@ import numpy as np
 from pydantic import ConfigDict, Field
 
 from tasim.core.cluster_view import ClusterView
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec, blocks_for
 from tasim.policies.interface import ProgramDecision
 from tasim.policies.prefix_index import EventIndex
@@ -88,8 +89,10 @@ class CacheAware(LoadCountingRouter[CacheAwareParams]):
         self.index.forget(worker)
         return ()
 
-    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self.index.stored(worker, blocks, now)
+    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        if tier == "device":
+            self.index.stored(worker, blocks, now)
 
-    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self.index.removed(worker, blocks, now)
+    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        if tier == "device":
+            self.index.removed(worker, blocks, now)

@@ -12,6 +12,13 @@ The fork keeps one moving average per tool name, parsed out of the model's outpu
 ``pytest``, ...), so it pins before a quick command and not before a test run. A workload with
 named tools (``workload.tools``) gives each turn's end its tool's name; where the tools have no
 names (``tool_latency_s``, or a live client), one average over every observed gap stands in.
+
+With a host (CPU offloading) tier nothing changes: the fork's TTL is the fixed 2 s
+(``FIXED_THRESHOLD_CONTINUUM`` in its ``vllm/v1/core/estimate_with_func.py``, ``set_up_pin``),
+whatever an evicted program would cost to reload. The paper's later revisions (v2 on) describe
+a TTL chosen to maximise P(tool returns within it) x (the reload cost, recompute or "reloading
+if CPU offloading enabled", plus the queueing it saves) - the memory the pin holds; the preview
+code does not compute it, so tasim does not either.
 """
 
 from __future__ import annotations

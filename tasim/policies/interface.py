@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict
 from typing_extensions import TypeVar
 
 from tasim.core.cluster_view import ClusterView
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.core.records import record
 
@@ -148,11 +149,14 @@ class Policy(Generic[ParamsT]):
         own is then all that ends the program here."""
         return ()
 
-    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        """Blocks newly cached on ``worker`` (only when ``wants_kv_events``)."""
+    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        """Blocks newly cached on ``worker`` in ``tier`` (only when ``wants_kv_events``). Every
+        tier is reported: a block stored to the host tier while it stays on the GPU is in both,
+        and a device removal leaves its host copy. A policy that models the GPU pool alone
+        ignores the other tiers."""
 
-    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        """Blocks evicted from ``worker`` (only when ``wants_kv_events``)."""
+    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        """Blocks evicted from ``worker``'s ``tier`` (only when ``wants_kv_events``)."""
 
     def on_tick(self, now: float) -> Sequence[ProgramDecision]:
         return ()

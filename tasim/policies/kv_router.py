@@ -3,21 +3,30 @@
 Per request and worker ``w`` (``bs`` block size, ``ISL`` prompt tokens):
 
     decay_w  = 1 / (1 + d * ((P_w - min P) / bs) / ceil(ISL / bs))      (1 when d = 0)
-    credit_w = c * decay_w * overlap_w
+    credit_w = c * decay_w * overlap_w + h * host_w + k * disk_w
     cost_w   = L * max(0, (P_w + ISL) / bs - credit_w) + (A_w + X_w) + r * N_w
 
-``overlap_w``: leading prompt blocks the worker's prefix index says it holds. ``P_w``: prompt
-tokens of requests routed to ``w`` that have not produced their first token, less what their
-overlap covered. ``A_w``: distinct full prompt blocks of requests active on ``w``; ``X_w``: this
-request's full blocks not among them. ``N_w``: active requests. The load terms come from the
-router's own bookings, not from the engines. Temperature 0 picks the cheapest worker (ties
-broken uniformly at random with the seeded RNG); T > 0 samples
-``p ∝ exp(-(cost - min) / ((max - min) * T))``. Host/disk cache tiers are not simulated, so
-their credits are zero. Defaults are Dynamo's.
+``overlap_w``: leading prompt blocks the worker's prefix index says it holds on its GPU.
+``host_w``: how many of the next prompt blocks, right after those, its host tier holds without a
+gap; ``disk_w`` the same for its disk tier after that (both from KV events tagged with their
+tier; `prefix_index`). A
+block in two tiers counts once, in the higher. ``h`` = ``host_cache_hit_weight`` (0.75), ``k`` =
+``disk_cache_hit_weight`` (0.25), as Dynamo 1.6.1's ``worker_logit``
+(lib/kv-router/src/scheduling/selector/default.rs) with no shared cache, which tasim does not
+model. The clamp at 0 is 1.6.1's: its ``KvRouterConfig`` documents credit above the prompt as
+"adjusted prefill cost clamped at zero" (dynamo/_core.pyi). ``P_w``: prompt tokens of requests
+routed to ``w`` that have not produced their first token, less what their cache covered: Dynamo's
+``cached_tokens`` estimate, ``round((overlap_w + h * host_w + k * disk_w) * bs)``. ``A_w``:
+distinct full prompt blocks of requests active on ``w``; ``X_w``: this request's full blocks not
+among them. ``N_w``: active requests. The load terms come from the router's own bookings, not
+from the engines. Temperature 0 picks the cheapest worker (ties broken uniformly at random with
+the seeded RNG); T > 0 samples ``p ∝ exp(-(cost - min) / ((max - min) * T))``. Defaults are
+Dynamo's. Without a host tier no lower-tier event arrives, and the router is the device-only one.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
@@ -26,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.core.cluster_view import ClusterView
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import RequestSpec
 from tasim.policies.booked_blocks import BookedBlocks
 from tasim.policies.interface import ProgramDecision, Route, TurnEnd, pick_uniform
@@ -38,6 +48,8 @@ class KvRouterParams(AffinityParams):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes gt/ge and breaks a run
 
     overlap_score_credit: float = Field(1.0, ge=0, description="c: blocks of prefill credited per cached block")
+    host_cache_hit_weight: float = Field(0.75, ge=0, description="h: blocks of prefill credited per host-tier block beyond the GPU prefix")
+    disk_cache_hit_weight: float = Field(0.25, ge=0, description="k: blocks of prefill credited per disk-tier block beyond the host run")
     overlap_score_credit_decay: float = Field(0.0, ge=0, description="d: shrink credit on workers with queued prefill")
     prefill_load_scale: float = Field(1.0, ge=0, description="L: weight of the prefill term")
     decode_active_request_weight: float = Field(0.0, ge=0, description="r: cost per active request")
@@ -84,6 +96,8 @@ def worker_cost(params: KvRouterParams, block_size: int) -> WorkerCost:
         params.prefill_load_scale,
         params.decode_active_request_weight,
         params.router_track_prefill_tokens,
+        params.host_cache_hit_weight,
+        params.disk_cache_hit_weight,
     )
 
 
@@ -118,11 +132,48 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
     # --- decisions -------------------------------------------------------------------------
 
     def costs(self, request: RequestSpec, now: float) -> tuple[dict[str, float], dict[str, int]]:
-        """Cost per eligible worker and the overlap (in blocks) each one was credited."""
-        return self._costs(request, request.prompt_block_hashes(self.block_size), now)
+        """Cost per eligible worker and the device overlap (in blocks) each one was credited."""
+        costs, overlaps, _ = self._costs(request, request.prompt_block_hashes(self.block_size), now)
+        return costs, overlaps
 
-    def _costs(self, request: RequestSpec, hashes: tuple[int, ...], now: float) -> tuple[dict[str, float], dict[str, int]]:
-        overlaps = self.index.overlaps(hashes, now) if self.index else {w: 0 for w in self._prefill}
+    def tier_overlaps(self, request: RequestSpec, now: float) -> dict[str, tuple[int, int, int]]:
+        """(device, host, disk) blocks of the prompt per worker, as the cost credits them."""
+        hashes = request.prompt_block_hashes(self.block_size)
+        overlaps = self._device_overlaps(hashes, now)
+        lower = self._lower_runs(hashes, overlaps)
+        return {w: (n, *lower.get(w, (0, 0))) for w, n in overlaps.items()}
+
+    def cached_tokens(self, request: RequestSpec, now: float) -> dict[str, int]:
+        """Dynamo's ``cached_tokens`` estimate per worker (its ``reported_overlap_tokens`` for
+        the worker it picks): the tier-weighted overlap in tokens, rounded."""
+        return {w: self._cached_tokens(*tiers) for w, tiers in self.tier_overlaps(request, now).items()}
+
+    def _device_overlaps(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:
+        return self.index.overlaps(hashes, now) if self.index else {w: 0 for w in self._prefill}
+
+    def _lower_runs(self, hashes: tuple[int, ...], overlaps: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """Host and disk runs beyond each device match; none until a lower-tier event arrived."""
+        index = self.index
+        if isinstance(index, (EventIndex, PredictOnRouteIndex)) and index.lower_tiers:
+            return index.lower_runs(hashes, overlaps)
+        return {}
+
+    def _cached_tokens(self, device: int, host: int, disk: int) -> int:
+        p = self.params
+        effective = float(device)  # the order Dynamo sums it in: device, then each lower tier's hits x weight
+        if host:
+            effective += host * p.host_cache_hit_weight
+        if disk:
+            effective += disk * p.disk_cache_hit_weight
+        tokens = effective * self.block_size
+        whole = math.floor(tokens)
+        return whole + 1 if tokens - whole >= 0.5 else whole  # Rust's f64::round (half away from zero), exactly
+
+    def _costs(
+        self, request: RequestSpec, hashes: tuple[int, ...], now: float
+    ) -> tuple[dict[str, float], dict[str, int], dict[str, tuple[int, int]]]:
+        overlaps = self._device_overlaps(hashes, now)
+        lower = self._lower_runs(hashes, overlaps)
         eligible = self._eligible()
         min_prefill = min(self._prefill[w] for w in eligible)
         reuse = self.params.router_assume_kv_reuse
@@ -136,14 +187,17 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
             else:
                 active_blocks = self._active_sum[w]
                 new_blocks = len(hashes)
-            costs[w] = cost(request.prompt_tokens, self._prefill[w], min_prefill, overlaps[w], active_blocks, new_blocks, self._requests[w])
-        return costs, overlaps
+            host, disk = lower.get(w, (0, 0))
+            costs[w] = cost(
+                request.prompt_tokens, self._prefill[w], min_prefill, overlaps[w], active_blocks, new_blocks, self._requests[w], host, disk
+            )
+        return costs, overlaps, lower
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
         hashes = request.prompt_block_hashes(self.block_size)
-        costs, overlaps = self._costs(request, hashes, now)
+        costs, overlaps, lower = self._costs(request, hashes, now)
         worker = self._bound_worker(request.program, costs, now) or self._pick(costs)
-        self._book(request, hashes, worker, overlaps[worker], now)
+        self._book(request, hashes, worker, self._cached_tokens(overlaps[worker], *lower.get(worker, (0, 0))), now)
         self.sessions.bind(request.program, worker, now)
         return Route(worker)
 
@@ -178,8 +232,8 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
 
     # --- bookings --------------------------------------------------------------------------
 
-    def _book(self, request: RequestSpec, hashes: tuple[int, ...], worker: str, overlap: int, now: float) -> None:
-        prefill = max(0, request.prompt_tokens - overlap * self.block_size)
+    def _book(self, request: RequestSpec, hashes: tuple[int, ...], worker: str, cached_tokens: int, now: float) -> None:
+        prefill = max(0, request.prompt_tokens - cached_tokens)
         self._bookings[request.id] = _Booking(worker, prefill, hashes)
         self._prefill[worker] += prefill
         self._active[worker].book(hashes)
@@ -213,10 +267,10 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
             self.index.forget(worker)
         return ()
 
-    def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float) -> None:
+    def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float, tier: KvTier = "device") -> None:
         if self.index is not None:
-            self.index.stored(worker, blocks, now)
+            self.index.stored(worker, blocks, now, tier)
 
-    def on_kv_removed(self, worker: str, blocks: Sequence[int], now: float) -> None:
+    def on_kv_removed(self, worker: str, blocks: Sequence[int], now: float, tier: KvTier = "device") -> None:
         if self.index is not None:
-            self.index.removed(worker, blocks, now)
+            self.index.removed(worker, blocks, now, tier)

@@ -5,7 +5,13 @@ hold? Block hashes are chained (a hash stands for its whole prefix), so a flat s
 answers it exactly as Dynamo's radix tree walk does.
 
 * `EventIndex` is fed by the workers' KV stored/removed events, optionally seen ``lag_s`` late
-  (Dynamo's replay exposes the same knob as ``kv_event_lag_ms``).
+  (Dynamo's replay exposes the same knob as ``kv_event_lag_ms``). Each tier has its own set per
+  worker, as Dynamo keeps the device radix tree and one lower-tier indexer per storage tier, so a
+  device removal leaves the block's host copy indexed. `EventIndex.lower_runs` walks the lower
+  tiers as Dynamo 1.6.1's ``query_lower_tiers`` does (lib/kv-router/src/indexer/
+  lower_tier_indexers.rs): from where each worker's device match stopped, the contiguous run of
+  host blocks, then from there the contiguous run of disk blocks. The tiers are exclusive that
+  way: a block held on the GPU and the host counts once, as device.
 * `ApproxIndex` (Dynamo's ``--no-router-kv-events``) never sees events: after each routing
   decision it records the request's blocks on the chosen worker, each expiring ``ttl_s`` after its
   last insertion; a size guard prunes the earliest-expiring blocks (deepest first on ties) down
@@ -20,8 +26,9 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import takewhile
+from itertools import islice, takewhile
 
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash
 
 PRUNE_TO_FRACTION = 0.8
@@ -32,48 +39,75 @@ def _leading_hits(held: set[BlockHash] | dict[BlockHash, float], hashes: Sequenc
     return len(list(takewhile(held.__contains__, hashes)))
 
 
+def _run_from(held: set[BlockHash], hashes: Sequence[BlockHash], start: int) -> int:
+    """How many of ``hashes`` from index ``start`` on ``held`` holds without a gap."""
+    return len(list(takewhile(held.__contains__, islice(hashes, start, None))))
+
+
 class EventIndex:
     def __init__(self, workers: Iterable[str], lag_s: float = 0.0) -> None:
         self.lag_s = lag_s
-        self._blocks: dict[str, set[BlockHash]] = {w: set() for w in workers}
-        self._pending: deque[tuple[float, bool, str, tuple[BlockHash, ...]]] = deque()
+        names = list(workers)
+        self._blocks: dict[str, set[BlockHash]] = {w: set() for w in names}  # the device tier
+        self._host: dict[str, set[BlockHash]] = {w: set() for w in names}
+        self._disk: dict[str, set[BlockHash]] = {w: set() for w in names}
+        # whether a lower-tier event ever arrived: until one does (always, without such tiers)
+        # there is nothing to walk, as Dynamo allocates a lower-tier indexer on its first event
+        self.lower_tiers = False
+        self._pending: deque[tuple[float, bool, str, tuple[BlockHash, ...], KvTier]] = deque()
 
-    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self._enqueue(True, worker, blocks, now)
+    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        self._enqueue(True, worker, blocks, now, tier)
 
-    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self._enqueue(False, worker, blocks, now)
+    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        self._enqueue(False, worker, blocks, now, tier)
 
-    def _enqueue(self, stored: bool, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+    def _enqueue(self, stored: bool, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier) -> None:
         if self.lag_s <= 0:
-            self._apply(stored, worker, blocks)
+            self._apply(stored, worker, blocks, tier)
         else:
-            self._pending.append((now + self.lag_s, stored, worker, tuple(blocks)))
+            self._pending.append((now + self.lag_s, stored, worker, tuple(blocks), tier))
 
-    def _apply(self, stored: bool, worker: str, blocks: Sequence[BlockHash]) -> None:
-        held = self._blocks[worker]
+    def _apply(self, stored: bool, worker: str, blocks: Sequence[BlockHash], tier: KvTier) -> None:
+        if tier == "device":
+            held = self._blocks[worker]
+        else:
+            self.lower_tiers = True
+            held = self._host[worker] if tier == "host" else self._disk[worker]
         if stored:
             held.update(blocks)
         else:
             held.difference_update(blocks)
 
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
+        """Leading blocks of ``hashes`` on each worker's GPU (its device match)."""
         pending = self._pending
         while pending and pending[0][0] <= now:
-            _, stored, worker, blocks = pending.popleft()
-            self._apply(stored, worker, blocks)
+            _, stored, worker, blocks, tier = pending.popleft()
+            self._apply(stored, worker, blocks, tier)
         return {w: _leading_hits(held, hashes) for w, held in self._blocks.items()}
+
+    def lower_runs(self, hashes: Sequence[BlockHash], device: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """(host, disk) blocks of ``hashes`` per worker beyond its ``device`` match (what
+        `overlaps` answered at this time): the host run from there, then the disk run after it."""
+        runs: dict[str, tuple[int, int]] = {}
+        for worker, start in device.items():
+            host = _run_from(self._host[worker], hashes, start)
+            runs[worker] = (host, _run_from(self._disk[worker], hashes, start + host))
+        return runs
 
     def routed(self, worker: str, hashes: Sequence[BlockHash], now: float) -> None:
         """Event-fed indexes learn from events only."""
 
     def forget(self, worker: str) -> None:
-        """``worker`` lost its cache: drop its blocks, and its events still in transit."""
+        """``worker`` lost its cache, every tier of it: drop its blocks, and its events still in transit."""
         self._blocks[worker].clear()
+        self._host[worker].clear()
+        self._disk[worker].clear()
         self._pending = deque(entry for entry in self._pending if entry[2] != worker)
 
     def size(self) -> int:
-        return sum(len(h) for h in self._blocks.values())
+        return sum(len(h) for tier in (self._blocks, self._host, self._disk) for h in tier.values())
 
 
 class ApproxIndex:
@@ -105,10 +139,10 @@ class ApproxIndex:
         self._expire(now)
         return {w: _leading_hits(table, hashes) for w, table in self._expiry.items()}
 
-    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
         """Approximate mode ignores KV events."""
 
-    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
+    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
         """Approximate mode ignores KV events."""
 
     def size(self) -> int:
@@ -140,11 +174,11 @@ class PredictOnRouteIndex:
         self.events = events
         self.predicted = predicted
 
-    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self.events.stored(worker, blocks, now)
+    def stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        self.events.stored(worker, blocks, now, tier)
 
-    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self.events.removed(worker, blocks, now)
+    def removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        self.events.removed(worker, blocks, now, tier)
 
     def routed(self, worker: str, hashes: Sequence[BlockHash], now: float) -> None:
         self.predicted.routed(worker, hashes, now)
@@ -152,6 +186,14 @@ class PredictOnRouteIndex:
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         predicted = self.predicted.overlaps(hashes, now)
         return {w: max(n, predicted[w]) for w, n in self.events.overlaps(hashes, now).items()}
+
+    @property
+    def lower_tiers(self) -> bool:
+        return self.events.lower_tiers
+
+    def lower_runs(self, hashes: Sequence[BlockHash], device: dict[str, int]) -> dict[str, tuple[int, int]]:
+        """The events' lower tiers, continuing from the merged device match."""
+        return self.events.lower_runs(hashes, device)
 
     def forget(self, worker: str) -> None:
         self.events.forget(worker)

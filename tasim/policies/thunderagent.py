@@ -25,8 +25,19 @@ usage (a failed request) still moves the program to ACTING; FIFO or aged admissi
 programs instead of smallest first (ThunderAgent issues #45/#46); best-fit placement; resuming on
 the origin backend while enough of the program's blocks survive there; counting context blocks
 that several programs on a backend share once (``shared_prefix``: upstream's ``shared_tokens``,
-which it never updates, ThunderAgent #36 and Dynamo #15105). ``host_kv_tokens`` adds a host KV
-tier to each backend's capacity (Dynamo PR #11185).
+which it never updates, ThunderAgent #36 and Dynamo #15105).
+
+A backend's capacity (Dynamo's retention budget) is its GPU pool in tokens plus, by
+``host_credit``, the host KV capacity its worker publishes (`tasim.core.cluster_view.WorkerInfo`:
+``native_offload_tokens``, from the scenario's host tier): ``full`` adds all of it, as Dynamo
+1.6.1 does since PR #11185 (dynamo/thunderagent_router/capacity.py: ``kv_cache_block_size x
+total_kv_blocks + native_offloading_capacity_tokens``, the default of ``variant: dynamo``);
+``capped`` adds at most the GPU pool again, the "cap HiCache admission credit at the GPU pool
+size" of closed Dynamo PR #14389, which found that programs spilled to the host never leave the
+count, so a large host tier stops pauses altogether; ``none`` counts the GPU pool alone, as
+upstream ThunderAgent does (the default of ``variant: upstream``). A worker publishes host
+capacity only with SGLang's tier semantics, so a vLLM-style tier adds nothing in any mode, as in
+Dynamo 1.6.1 (`tasim.config.workers.native_offload_tokens`).
 
 Both variants re-place the programs of a worker that was lost (live mode), as Dynamo's port does
 since its PR #12783: a program whose backend is gone is placed at its next request on a backend
@@ -55,11 +66,13 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tasim.core.cluster_view import ClusterView
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.policies.interface import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
 
 Variant = Literal["upstream", "dynamo"]
+HostCredit = Literal["full", "capped", "none"]
 
 # Every integer below 2^53 is a float exactly, and so is every sum of such floats that stays below it.
 _EXACT_FLOAT_INTS = 2**53
@@ -73,6 +86,7 @@ _VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
         "soft_demote_threshold": None,
         "acting_decay_tau_s": None,
         "fix_failed_turn": False,
+        "host_credit": "none",
     },
     "dynamo": {
         "pause_threshold": 0.95,
@@ -81,6 +95,7 @@ _VARIANT_DEFAULTS: dict[str, dict[str, Any]] = {
         "soft_demote_threshold": 0.80,
         "acting_decay_tau_s": 1.0,
         "fix_failed_turn": True,
+        "host_credit": "full",
     },
 }
 
@@ -102,7 +117,11 @@ class ThunderAgentParams(BaseModel):
     )
     resume_timeout_s: float = Field(1800.0, gt=0, description="a request held this long is force-resumed")
     idle_ttl_s: float | None = Field(None, gt=0, description="release ACTING programs idle this long (tasim's addition: neither source has one)")
-    host_kv_tokens: int = Field(0, ge=0, description="host KV tier per backend added to capacity")
+    host_credit: HostCredit = Field(
+        "none",
+        description="host KV capacity a worker publishes, added to its capacity: full (Dynamo 1.6.1; the default with "
+        "variant dynamo), capped at the GPU pool (closed Dynamo PR #14389) or none (upstream)",
+    )
     fix_failed_turn: bool = Field(False, description="fix: a turn ending without usage still moves to ACTING")
     admission_order: Literal["smallest_first", "fifo", "aged"] = Field(
         "smallest_first", description="order of new programs in the resume queue (fix for #45/#46: fifo or aged)"
@@ -199,6 +218,16 @@ class BackendLoad:
             self.reasoning_tokens += sign * q.tokens
 
 
+def retention_tokens(gpu_tokens: int, offload_tokens: int, host_credit: HostCredit) -> int:
+    """A backend's capacity: its GPU pool plus the host capacity its worker publishes, all of it
+    (``full``), at most the GPU pool again (``capped``) or none."""
+    if host_credit == "full":
+        return gpu_tokens + offload_tokens
+    if host_credit == "capped":
+        return gpu_tokens + min(offload_tokens, gpu_tokens)
+    return gpu_tokens
+
+
 class ThunderAgent(Policy[ThunderAgentParams]):
     name: ClassVar[str] = "thunderagent"
     holds_requests: ClassVar[bool] = True
@@ -209,7 +238,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         super().__init__(view, params, rng)
         p = params
         self.tick_interval_s = p.scheduler_interval_s
-        self._full_capacity = {w.id: w.kv_capacity_tokens + p.host_kv_tokens for w in view.workers}
+        self._full_capacity = {w.id: retention_tokens(w.kv_capacity_tokens, w.native_offload_tokens, p.host_credit) for w in view.workers}
         self.capacity = dict(self._full_capacity)  # the serving backends, in cluster order
         self.programs: dict[str, ProgramState] = {}
         self.queue: dict[str, ProgramState] = {}  # paused programs in pause order
@@ -410,11 +439,14 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self.capacity = {b: c for b, c in self._full_capacity.items() if b in self.serving}
         return ()
 
-    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self._cached[worker].update(blocks)
+    # resume_on_origin asks whether the program's blocks survive on the GPU of its origin
+    def on_kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        if tier == "device":
+            self._cached[worker].update(blocks)
 
-    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float) -> None:
-        self._cached[worker].difference_update(blocks)
+    def on_kv_removed(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
+        if tier == "device":
+            self._cached[worker].difference_update(blocks)
 
     # --- the periodic pass -----------------------------------------------------------------
 

@@ -382,12 +382,11 @@ class Simulation(HostCore):
         self.kv_removed(worker, removed, now)
 
     def on_host_kv(self, worker: str, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
-        """Logged only: no policy hears of host blocks yet (a router would credit them as GPU hits)."""
-        if self.log_kv_events:
-            if stored:
-                self.emit(ev.KvStored(now, worker, tuple(stored), "host"))
-            if removed:
-                self.emit(ev.KvRemoved(now, worker, tuple(removed), "host"))
+        """The host tier's events: logged, and told to a policy that wants KV events, as Dynamo's
+        router hears a worker's ``host_pinned`` events (a store when its copy completes, a
+        removal at eviction)."""
+        self.kv_stored(worker, stored, now, "host")
+        self.kv_removed(worker, removed, now, "host")
 
     def on_first_token(self, worker: str, request: RequestSpec, now: float) -> None:
         self.first_token(request.id, worker, now)

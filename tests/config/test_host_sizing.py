@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tasim.config.host_sizing import host_capacity_blocks
+from tasim.config.host_sizing import host_capacity_blocks, native_offload_tokens
 from tasim.config.scenario import ScenarioError, parse_scenario
 
 BS = 16
@@ -70,3 +70,25 @@ def test_rl_rollouts_that_empty_caches_refuse_a_host_tier() -> None:
     assert "\n" not in str(error.value)
     kept = parse_scenario({"workload": {**rollout, "reset_prefix_cache": False}, "cluster": _cluster(ratio=2)}, "s.yaml")
     assert kept.cluster.engine.host_tier is not None
+
+
+def test_native_offload_tokens_by_write_policy() -> None:
+    """dynamo/sglang/capacity.py: write_back publishes H, write_through H - G (nothing when not
+    positive), write_through_selective nothing; nothing without a GPU or host pool."""
+    assert native_offload_tokens(1600, 3216, "write_back") == 3216
+    assert native_offload_tokens(1600, 3216, "write_through") == 1616
+    assert native_offload_tokens(1600, 1600, "write_through") == 0
+    assert native_offload_tokens(1600, 800, "write_through") == 0
+    assert native_offload_tokens(1600, 800, "write_back") == 800
+    assert native_offload_tokens(1600, 3216, "write_through_selective") == 0
+    assert native_offload_tokens(0, 3216, "write_back") == 0
+    assert native_offload_tokens(1600, 0, "write_back") == 0
+
+
+def test_ratio_tier_holds_what_dynamo_computes_for_sglang() -> None:
+    """Dynamo's fallback when SGLang does not report its host pool: H = (int(G x ratio) // page + 1)
+    x page; with a page of one block, G = 100 blocks of 16 tokens and ratio 2: (3200 // 16 + 1) x
+    16 = 3216 tokens = 201 blocks; published under write_through: 3216 - 1600 = 1616."""
+    blocks = host_capacity_blocks(16, ratio=2.0, gpu_blocks=100)
+    assert blocks * 16 == (int(1600 * 2.0) // 16 + 1) * 16 == 3216
+    assert native_offload_tokens(1600, blocks * 16, "write_through") == 1616

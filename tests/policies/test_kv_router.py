@@ -221,3 +221,91 @@ def test_booked_blocks_match_a_count_per_block() -> None:
             assert booked.distinct == len(counts)
             probe = prompt()
             assert booked.prefix(probe) == sum(h in counts for h in probe)
+
+
+# --- host and disk tiers (Dynamo 1.6.1's lower-tier credit) ---------------------------------------
+
+
+def test_host_only_prefix_is_credited_at_the_host_weight_as_in_dynamos_replay() -> None:
+    """Dynamo 1.6.1's replay (2 workers, block 16, kv_router): an 80-token request whose 4-block
+    prefix sat only in worker 1's host tier went there with reported_overlap_tokens 48 = 0.75 x 4
+    blocks x 16. Costs: w0 = 80/16 + 5 new blocks = 10; w1 = (5 - 0.75 x 4) + 5 = 7."""
+    router = _router()
+    router.on_kv_stored("w1", (1, 2, 3, 4), 0.0, "host")
+    request = RequestSpec("d", "p", 0, 80, 2, 0, (1, 2, 3, 4, 30))
+    assert router.costs(request, 1.0) == ({"w0": 10.0, "w1": 7.0}, {"w0": 0, "w1": 0})
+    assert router.tier_overlaps(request, 1.0) == {"w0": (0, 0, 0), "w1": (0, 4, 0)}
+    assert router.cached_tokens(request, 1.0) == {"w0": 0, "w1": 48}
+    assert router.on_request(request, 1.0).worker == "w1"
+    # booked prefill = 80 - 48 = 32 tokens: a 1-block request now costs (32 + 16)/16 + 5 + 1 there
+    costs, _ = router.costs(RequestSpec("e", "q", 0, 16, 2, 0, (99,)), 1.0)
+    assert costs == {"w0": 2.0, "w1": 9.0}
+
+
+def test_tiers_are_exclusive_and_walked_device_then_host_then_disk() -> None:
+    """A block on the GPU and the host counts once, as device; the host run starts where the
+    device match stopped and the disk run where the host run stopped, each without a gap."""
+    router = _router(workers=1)
+    router.on_kv_stored("w0", (1, 2), 0.0)
+    router.on_kv_stored("w0", (1, 2, 3, 4), 0.0, "host")
+    router.on_kv_stored("w0", (1, 5, 6, 8), 0.0, "disk")
+    request = RequestSpec("r", "p", 0, 128, 2, 0, (1, 2, 3, 4, 5, 6, 7, 8))
+    assert router.tier_overlaps(request, 1.0) == {"w0": (2, 2, 2)}
+    # credit = 1 x 2 + 0.75 x 2 + 0.25 x 2 = 4 blocks: 128/16 - 4 + 8 new blocks
+    assert router.costs(request, 1.0)[0] == {"w0": 12.0}
+    assert router.cached_tokens(request, 1.0) == {"w0": 64}  # (2 + 1.5 + 0.5) x 16
+    gap = RequestSpec("g", "p", 0, 64, 2, 0, (1, 9, 3, 4))  # block 9 nowhere: nothing after it counts
+    assert router.tier_overlaps(gap, 1.0) == {"w0": (1, 0, 0)}
+
+
+def test_device_removal_leaves_the_host_copy_and_host_removal_the_device_one() -> None:
+    router = _router(workers=1)
+    request = RequestSpec("r", "p", 0, 64, 2, 0, (1, 2, 3, 4))
+    router.on_kv_stored("w0", (1, 2, 3, 4), 0.0)
+    router.on_kv_stored("w0", (1, 2, 3, 4), 0.0, "host")
+    assert router.tier_overlaps(request, 1.0) == {"w0": (4, 0, 0)}
+    router.on_kv_removed("w0", (3, 4), 1.0)
+    assert router.tier_overlaps(request, 1.0) == {"w0": (2, 2, 0)}
+    router.on_kv_removed("w0", (1, 2, 3, 4), 2.0, "host")
+    assert router.tier_overlaps(request, 2.0) == {"w0": (2, 0, 0)}
+    router.on_kv_stored("w0", (3, 4), 3.0, "host")
+    router.on_worker_lost("w0", 4.0)  # every tier of a lost worker goes
+    assert router.index is not None and router.index.size() == 0
+
+
+def test_tier_weights_are_parameters_and_the_credit_is_clamped() -> None:
+    request = RequestSpec("r", "p", 0, 64, 2, 0, (1, 2, 3, 4))
+    for weights, cost in (({}, 64 / 16 - 0.75 * 4 + 4), ({"host_cache_hit_weight": 0.0}, 4.0 + 4), ({"host_cache_hit_weight": 2.0}, 0.0 + 4)):
+        router = _router(workers=1, **weights)
+        router.on_kv_stored("w0", (1, 2, 3, 4), 0.0, "host")
+        assert router.costs(request, 1.0)[0] == {"w0": cost}
+    p = KvRouterParams(host_cache_hit_weight=0.5, disk_cache_hit_weight=0.125)
+    # credit = 1 x 3 + 0.5 x 2 + 0.125 x 4 = 4.5 blocks of a 10-block prompt, + 10 new blocks
+    assert worker_cost(p, 16)(160, 0, 0, 3, 0, 10, 0, 2, 4) == 10 - 4.5 + 10
+    assert KvRouterParams().host_cache_hit_weight == 0.75 and KvRouterParams().disk_cache_hit_weight == 0.25
+
+
+def test_cached_tokens_round_half_away_from_zero_as_rust_does() -> None:
+    router = _router(workers=1, host_cache_hit_weight=0.40625)  # 13/32: one block is 6.5 tokens
+    router.on_kv_stored("w0", (1,), 0.0, "host")
+    assert router.cached_tokens(RequestSpec("r", "p", 0, 32, 2, 0, (1, 2)), 1.0) == {"w0": 7}
+
+
+def test_lower_tier_events_keep_their_tier_through_the_event_lag() -> None:
+    index = EventIndex(["w0"], lag_s=1.0)
+    index.stored("w0", (1, 2), 0.0, "host")
+    assert index.overlaps((1, 2), 0.5) == {"w0": 0} and not index.lower_tiers
+    device = index.overlaps((1, 2), 1.0)
+    assert device == {"w0": 0} and index.lower_tiers and index.lower_runs((1, 2), device) == {"w0": (2, 0)}
+
+
+def test_approximate_and_predicted_indexes_with_lower_tiers() -> None:
+    """Approximate mode hears no events, of any tier; predict-on-route continues the events'
+    lower tiers from the merged device match."""
+    approx = _router(use_kv_events=False)
+    approx.on_kv_stored("w0", (1, 2), 0.0, "host")
+    assert approx.tier_overlaps(RequestSpec("r", "p", 0, 32, 2, 0, (1, 2)), 1.0) == {"w0": (0, 0, 0), "w1": (0, 0, 0)}
+    router = _router(seed=0, workers=1, router_predicted_ttl_secs=10.0)
+    router.on_kv_stored("w0", (1, 2, 3, 4), 0.0, "host")
+    router.on_request(RequestSpec("a", "p", 0, 32, 2, 0, (1, 2)), 0.0)  # predicted on w0: blocks 1, 2
+    assert router.tier_overlaps(RequestSpec("b", "p", 0, 64, 2, 0, (1, 2, 3, 4)), 1.0) == {"w0": (2, 2, 0)}

@@ -305,8 +305,26 @@ def test_resume_on_origin_when_blocks_survive() -> None:
     assert ta._placement(q, ["w0", "w1"], rooms) == "w1"  # 8 of 20 < 50 %
 
 
-def test_host_kv_tier_adds_capacity() -> None:
-    assert _ta(host_kv_tokens=400).capacity == {"w0": 2000}
+def _ta_offloading(offload_tokens: int, **params) -> ThunderAgent:
+    view = ClusterView((WorkerInfo("w0", 16, 100, 256, 8192, offload_tokens),))
+    policy = make_policy("thunderagent", params, view, np.random.default_rng(0))
+    assert isinstance(policy, ThunderAgent)
+    return policy
+
+
+def test_published_host_capacity_adds_to_capacity_by_host_credit() -> None:
+    """GPU pool 1600 tokens. full: + everything published (Dynamo 1.6.1); capped: + at most the GPU
+    pool (closed Dynamo PR #14389); none: the GPU alone (upstream ThunderAgent)."""
+    assert _ta_offloading(400, variant="dynamo").capacity == {"w0": 2000}
+    assert _ta_offloading(4000, variant="dynamo").capacity == {"w0": 5600}
+    assert _ta_offloading(4000, variant="dynamo", host_credit="capped").capacity == {"w0": 3200}
+    assert _ta_offloading(400, variant="dynamo", host_credit="capped").capacity == {"w0": 2000}
+    assert _ta_offloading(4000, variant="dynamo", host_credit="none").capacity == {"w0": 1600}
+    assert _ta_offloading(4000).capacity == {"w0": 1600}  # upstream has no host credit
+    assert _ta_offloading(4000, host_credit="full").capacity == {"w0": 5600}
+    assert _ta(variant="dynamo").capacity == {"w0": CAPACITY}  # nothing published: the GPU pool
+    with pytest.raises(ValidationError):
+        ThunderAgentParams.model_validate({"host_kv_tokens": 400})  # a worker's capacity is not a parameter
 
 
 def test_program_end_releases_everything() -> None:

@@ -8,6 +8,8 @@ import numpy as np
 
 from tasim.config.scenario import Scenario
 from tasim.core import events as ev
+from tasim.core.cluster_view import ClusterView
+from tasim.core.kv_tier import KvTier
 from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route
 from tasim.policies.interface import NoParams, ProgramDecision
@@ -243,3 +245,39 @@ def test_the_vllm_flavour_refuses_what_vllm_cannot_do() -> None:
         parse_scenario({"cluster": {"engine": {"eviction": "lineage"}}}, "s")
     with pytest.raises(ScenarioError, match=r"kv_blocks must be at least 2 with flavour vllm"):
         parse_scenario({"cluster": {"engine": {"kv_blocks": 1}}}, "s")
+
+
+class RecordsKvEvents(Policy):
+    """Round robin that records every KV event it hears, with its tier."""
+
+    wants_kv_events = True
+
+    def __init__(self, view: ClusterView, params: NoParams, rng: np.random.Generator) -> None:
+        super().__init__(view, params, rng)
+        self.heard: list[tuple[str, str, str, tuple[int, ...]]] = []
+        self._next = 0
+
+    def on_request(self, request: RequestSpec, now: float) -> Route:
+        self._next += 1
+        return Route(self.serving[self._next % len(self.serving)])
+
+    def on_kv_stored(self, worker: str, blocks: Sequence[int], now: float, tier: KvTier = "device") -> None:
+        self.heard.append(("kv_stored", tier, worker, tuple(blocks)))
+
+    def on_kv_removed(self, worker: str, blocks: Sequence[int], now: float, tier: KvTier = "device") -> None:
+        self.heard.append(("kv_removed", tier, worker, tuple(blocks)))
+
+
+def test_a_policy_hears_the_host_tiers_kv_events_with_their_tier() -> None:
+    """Host-tier stores and evictions reach a policy that wants KV events, in the order and with
+    the tier the log has them, beside the GPU's."""
+    raw = _scenario(concurrency=8, task_prompt_tokens=600).model_dump()
+    raw["cluster"]["engine"].update(kv_blocks=120, host_tier={"blocks": 60, "kv_bytes_per_token": 131072})
+    raw["metrics"]["log_kv_events"] = True
+    scenario = Scenario.model_validate(raw)
+    policy = RecordsKvEvents(Simulation(scenario, lambda e: None).view, NoParams(), np.random.default_rng(0))
+    log = _run(scenario, policy)
+    logged = [(e.TYPE, e.tier, e.worker, e.blocks) for e in log if isinstance(e, (ev.KvStored, ev.KvRemoved))]
+    assert {tier for _, tier, _, _ in logged} == {"device", "host"}
+    assert ("kv_removed", "host") in {(kind, tier) for kind, tier, _, _ in logged}  # the host tier filled up
+    assert policy.heard == logged

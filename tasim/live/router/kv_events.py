@@ -5,8 +5,10 @@ A message is three frames: a topic, an 8-byte big-endian sequence number and a m
 ``[timestamp, [event, ...], dp_rank]``. An event is ``BlockStored`` (sequence hashes of newly
 cached blocks, their parent, their token ids), ``BlockRemoved`` (evicted hashes) or
 ``AllBlocksCleared``; the mocker encodes each as a map with a ``type`` key, vLLM as an array
-with the tag first. Only *new* stores are published, so a worker's stored-minus-removed set is
-exactly its cached blocks.
+with the tag first. Only *new* stores are published, so a worker's stored-minus-removed set in a
+tier is exactly what it holds there. A stored or removed event names its tier in ``medium``
+(vLLM: ``GPU`` or ``CPU`` for its CPU offloading; the mocker: ``CPU_PINNED`` for its host tier;
+missing: the GPU), mapped as Dynamo maps it (`tasim.core.kv_tier.tier_from_medium`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from tasim.core.kv_tier import KvTier, tier_from_medium
 from tasim.core.model import BlockHash
 
 logger = logging.getLogger(__name__)
@@ -28,14 +31,19 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class KvEvent:
-    """One event: ``kind`` is ``stored``, ``removed`` or ``cleared``."""
+    """One event: ``kind`` is ``stored``, ``removed`` or ``cleared``; ``tier`` where the blocks are."""
 
     kind: str
     blocks: tuple[BlockHash, ...] = ()
     token_ids: tuple[int, ...] = ()
+    tier: KvTier = "device"
 
 
 _KINDS = {"BlockStored": "stored", "BlockRemoved": "removed", "AllBlocksCleared": "cleared"}
+# vLLM's array form (msgspec array_like, tag first): the field ``medium`` sits at this index
+# (vllm/distributed/kv_events.py: BlockStored's block_hashes, parent_block_hash, token_ids,
+# block_size, lora_id, medium; BlockRemoved's block_hashes, medium)
+_MEDIUM_AT = {"BlockStored": 6, "BlockRemoved": 2}
 
 
 def _event(raw: Any) -> KvEvent | None:
@@ -43,16 +51,19 @@ def _event(raw: Any) -> KvEvent | None:
         tag = raw.get("type")
         hashes = raw.get("block_hashes") or ()
         tokens = raw.get("token_ids") or ()
+        medium = raw.get("medium")
     elif isinstance(raw, (list, tuple)) and raw:
         tag = raw[0]
         hashes = raw[1] if len(raw) > 1 and tag != "AllBlocksCleared" else ()
         tokens = raw[3] if tag == "BlockStored" and len(raw) > 3 else ()
+        at = _MEDIUM_AT.get(tag, len(raw)) if isinstance(tag, str) else len(raw)
+        medium = raw[at] if at < len(raw) else None
     else:
         return None
     kind = _KINDS.get(tag) if tag is not None else None
     if kind is None:
         return None
-    return KvEvent(kind, tuple(int(h) for h in hashes), tuple(tokens))
+    return KvEvent(kind, tuple(int(h) for h in hashes), tuple(tokens), tier_from_medium(medium))
 
 
 def decode_message(frames: Sequence[bytes]) -> tuple[int, list[KvEvent]]:

@@ -302,11 +302,13 @@ class PolicyHost(HostCore):
         if event.kind == "cleared":
             self._drop_cache(worker, now)
         elif event.kind == "stored":
-            self._cached[worker].update(event.blocks)
-            self.kv_stored(worker, event.blocks, now)
+            if event.tier == "device":
+                self._cached[worker].update(event.blocks)
+            self.kv_stored(worker, event.blocks, now, event.tier)
         else:
-            self._cached[worker].difference_update(event.blocks)
-            self.kv_removed(worker, event.blocks, now)
+            if event.tier == "device":
+                self._cached[worker].difference_update(event.blocks)
+            self.kv_removed(worker, event.blocks, now, event.tier)
 
     def cached_blocks(self, worker: str) -> int:
         return len(self._cached[worker])

@@ -47,6 +47,45 @@ def test_decode_vllm_array_message() -> None:
     assert events == [KvEvent("stored", (1, big), tuple(tokens)), KvEvent("removed", (big,)), KvEvent("cleared")]
 
 
+def test_events_keep_the_tier_their_medium_names() -> None:
+    """vLLM 0.31 encodes its events as maps (msgspec tags, only the batch is an array): its CPU
+    offloading publishes ``medium: CPU``; the mocker's host tier ``CPU_PINNED``; the array form
+    carries ``medium`` after ``lora_id``. A missing or unknown medium is the GPU, as in Dynamo."""
+    frames = _frames(
+        1,
+        [
+            {
+                "type": "BlockStored",
+                "block_hashes": [1],
+                "parent_block_hash": None,
+                "token_ids": [],
+                "block_size": 0,
+                "lora_id": None,
+                "medium": "CPU",
+                "lora_name": None,
+            },
+            {"type": "BlockRemoved", "block_hashes": [1], "medium": "CPU_PINNED"},
+            {"type": "BlockStored", "block_hashes": [2], "medium": "NVME"},
+            {"type": "BlockRemoved", "block_hashes": [2], "medium": "GPU"},
+            {"type": "BlockRemoved", "block_hashes": [3], "medium": "SOMETHING_NEW"},
+            ["BlockStored", [4], None, [], 16, None, "CPU_TIER1"],
+            ["BlockRemoved", [4], "DISK"],
+            ["BlockRemoved", [5]],
+        ],
+    )
+    _, events = decode_message(frames)
+    assert [(e.kind, e.blocks, e.tier) for e in events] == [
+        ("stored", (1,), "host"),
+        ("removed", (1,), "host"),
+        ("stored", (2,), "disk"),
+        ("removed", (2,), "device"),
+        ("removed", (3,), "device"),
+        ("stored", (4,), "host"),
+        ("removed", (4,), "disk"),
+        ("removed", (5,), "device"),
+    ]
+
+
 @pytest.mark.parametrize(
     "frames",
     [

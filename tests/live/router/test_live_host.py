@@ -394,3 +394,24 @@ def test_kv_events_reach_kv_router_index_and_log() -> None:
         assert call.spec.block_hashes[:3] == hashes
 
     asyncio.run(go())
+
+
+def test_host_tier_events_reach_kv_router_with_their_tier_and_leave_the_gpu_count() -> None:
+    """A worker's host-tier (CPU offload) blocks: logged with their tier, credited by kv_router at
+    0.75 a block beyond the GPU prefix, and not counted among the blocks cached on the GPU."""
+    host, clock, events = _host("kv_router", log_kv_events=True)
+    policy = host.policy
+    assert isinstance(policy, KvRouter)
+    prompt = _tokens(64, 11)
+    hashes = tuple(sequence_hashes(prompt, BS))
+    probe = RequestSpec("x.0", "x", 0, 64, 4, 0, hashes)
+    clock.t = 1.0
+    host.kv_event("w1", KvEvent("stored", hashes, tier="host"))
+    assert host.cached_blocks("w1") == 0
+    assert policy.tier_overlaps(probe, 1.0) == {"w0": (0, 0, 0), "w1": (0, 4, 0)}
+    assert policy.cached_tokens(probe, 1.0)["w1"] == 48
+    assert policy.costs(probe, 1.0)[0] == {"w0": 8.0, "w1": 5.0}  # 4 + 4 new, (4 - 0.75 x 4) + 4
+    clock.t = 2.0
+    host.kv_event("w1", KvEvent("removed", hashes[2:], tier="host"))
+    assert policy.tier_overlaps(probe, 2.0)["w1"] == (0, 2, 0)
+    assert events == [ev.KvStored(1.0, "w1", hashes, "host"), ev.KvRemoved(2.0, "w1", hashes[2:], "host")]
