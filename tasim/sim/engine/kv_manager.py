@@ -175,7 +175,14 @@ class KVCacheManager:
             raise ValueError("a host tier needs prefix caching")
         if setup.semantics == "sglang":
             self.hicache = HiCache(
-                setup.blocks, self.block_pool, self.block_size, setup.block_bytes, setup.d2h_gbps, setup.h2d_gbps, setup.write_policy, setup.load_back_threshold
+                setup.blocks,
+                self.block_pool,
+                self.block_size,
+                setup.block_bytes,
+                setup.d2h_gbps,
+                setup.h2d_gbps,
+                setup.write_policy,
+                setup.load_back_threshold,
             )
             self.d2h, self.h2d = self.hicache.d2h, self.hicache.h2d
             return

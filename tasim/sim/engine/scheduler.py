@@ -596,9 +596,8 @@ class Engine(FoldableEngine):
             computed = req.computed + n
             if computed != req.prompt + generated:
                 continue  # a prefill chunk
-            if generated + 1 >= req.target:  # finishes: the step's new token has no KV
-                self.kv_cache.insert(req, computed // bs, now)
-            elif n > 1 or not generated:  # its prefill completes
+            # it finishes (the step's new token has no KV), or its prefill completes
+            if generated + 1 >= req.target or n > 1 or not generated:
                 self.kv_cache.insert(req, computed // bs, now)
 
     def _publish_host_kv(self, now: float) -> None:
