@@ -6,12 +6,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tasim.config.scenario import Scenario
+from tasim.config.scenario import Scenario, parse_scenario
 from tasim.core import events as ev
 from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route
 from tasim.policies.interface import NoParams, ProgramDecision
-from tasim.sim.runner import Simulation
+from tasim.sim.runner import Simulation, host_tier_setup
 
 
 def _scenario(**workload) -> Scenario:
@@ -243,3 +243,22 @@ def test_the_vllm_flavour_refuses_what_vllm_cannot_do() -> None:
         parse_scenario({"cluster": {"engine": {"eviction": "lineage"}}}, "s")
     with pytest.raises(ScenarioError, match=r"kv_blocks must be at least 2 with flavour vllm"):
         parse_scenario({"cluster": {"engine": {"kv_blocks": 1}}}, "s")
+
+
+def test_an_sglang_host_tier_takes_sglangs_defaults() -> None:
+    raw = {"workload": {"concurrency": 1}, "cluster": {"engine": {"block_size": 16, "kv_blocks": 1001}}}
+    setup = host_tier_setup(parse_scenario(raw, "s.yaml", ["cluster.engine.host_tier.ratio=2", "cluster.engine.host_tier.semantics=sglang"]))
+    assert setup is not None
+    assert (setup.semantics, setup.write_policy, setup.load_back_threshold, setup.blocks) == ("sglang", "write_through", 10, 2001)
+    chosen = parse_scenario(
+        raw,
+        "s.yaml",
+        [
+            "cluster.engine.host_tier.ratio=2",
+            "cluster.engine.host_tier.semantics=sglang",
+            "cluster.engine.host_tier.write_policy=write_back",
+            "cluster.engine.host_tier.load_back_threshold=0",
+        ],
+    )
+    setup = host_tier_setup(chosen)
+    assert setup is not None and (setup.write_policy, setup.load_back_threshold) == ("write_back", 0)
