@@ -279,8 +279,11 @@ class KVCacheManager:
 
     def host_totals(self) -> tuple[int, float, float]:
         """Tokens stored to the host tier, and seconds each copy lane (D2H, H2D) was busy."""
-        stored = self.host.stored if self.host is not None else self.hicache.stored if self.hicache is not None else None
-        if stored is None:
+        if self.host is not None:
+            stored = self.host.stored
+        elif self.hicache is not None:
+            stored = self.hicache.stored
+        else:
             return 0, 0.0, 0.0
         return stored * self.block_size, self.d2h.busy_s, self.h2d.busy_s
 

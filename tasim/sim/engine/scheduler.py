@@ -267,7 +267,7 @@ class Engine(FoldableEngine):
         self.parked: list[EngineRequest] = []
         self.loaded: deque[EngineRequest] = deque()
         self._finished_since: list[EngineRequest] = []
-        # SGLang HiCache's tier instead (see `_sglang_admit`, `_sglang_insert`): nothing parked or
+        # SGLang HiCache's tier instead (see `_admit_waiting`, `_sglang_insert`): nothing parked or
         # offered; a step that loads host blocks lasts at least until they are copied.
         self._sglang = config.host_tier is not None and config.host_tier.semantics == "sglang"
         self._load_done = 0.0
