@@ -14,13 +14,16 @@ def host_capacity_blocks(
     kv_bytes_per_token: int = 0,
     ratio: float | None = None,
     gpu_blocks: int = 0,
+    sglang: bool = False,
 ) -> int:
     """Host slots from exactly one of:
 
     * ``blocks``: as given (Dynamo mocker's ``--num-host-blocks``);
     * ``gib``: vLLM's ``--kv-offloading-size`` (GiB, summed over TP ranks): ``int(gib * 2**30)``
       bytes over a block's ``block_size * kv_bytes_per_token`` bytes rounded up to a 4096-byte
-      page (vllm/config/vllm.py:1124-1158, cpu/spec.py:104-120);
+      page (vllm/config/vllm.py:1124-1158, cpu/spec.py:104-120); with ``sglang``, SGLang's
+      ``hicache_size`` arithmetic on those bytes instead (``HostKVCache.__init__``):
+      ``(bytes // kv_bytes_per_token // page + 1) * page`` tokens, a page of one block;
     * ``ratio``: SGLang's ``hicache_ratio`` of the GPU pool, as Dynamo sizes SGLang's host cache
       (dynamo/sglang/capacity.py:181-225, the newer SGLang rounding): ``(int(G * ratio) // page
       + 1) * page`` tokens with ``G = gpu_blocks * block_size`` and a page of one block. Always
@@ -33,6 +36,8 @@ def host_capacity_blocks(
     if gib is not None:
         if kv_bytes_per_token <= 0:
             raise ValueError("sizing the host tier in GiB needs kv_bytes_per_token")
+        if sglang:
+            return int(gib * (1 << 30)) // kv_bytes_per_token // block_size + 1
         block_bytes = -(-block_size * kv_bytes_per_token // PAGE_BYTES) * PAGE_BYTES
         return int(gib * (1 << 30)) // block_bytes
     assert ratio is not None

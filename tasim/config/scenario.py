@@ -66,12 +66,26 @@ FLAVOUR_DEFAULTS: dict[str, dict[str, Any]] = {
 
 class HostTierConfig(_Strict):
     """A host (CPU) KV tier behind each engine's GPU pool: vLLM 0.31's native CPU offloading
-    (OffloadingConnector, one GPU block per chunk). Size it with exactly one of blocks, gib and ratio."""
+    (OffloadingConnector, one GPU block per chunk) or SGLang's HiCache (one GPU block per page).
+    Size it with exactly one of blocks, gib and ratio."""
 
-    semantics: Literal["vllm"] = Field(
+    semantics: Literal["vllm", "sglang"] = Field(
         "vllm",
         description="whose tier this models: vLLM 0.31's OffloadingConnector (prompt blocks stored as they are "
-        "computed, a host hit loaded before the request runs, LRU at request finish)",
+        "computed, a host hit loaded before the request runs, LRU at request finish), or SGLang's HiCache "
+        "(blocks written as requests insert them into the radix tree, a host hit loaded while its step runs, "
+        "host eviction of leaves no longer on the GPU)",
+    )
+    write_policy: Literal["write_through", "write_through_selective", "write_back"] | None = Field(
+        None,
+        description="semantics sglang only: SGLang's hicache_write_policy: write a block to the host when an insert "
+        "brings its hits to 1 (write_through, the default) or 2 (write_through_selective), or only when the GPU "
+        "evicts it (write_back, the eviction waits for the copy)",
+    )
+    load_back_threshold: NonNegativeInt | None = Field(
+        None,
+        le=1 << 40,
+        description="semantics sglang only: a host hit shorter than this many tokens is recomputed, not loaded (default 10)",
     )
     blocks: PositiveInt | None = Field(None, le=1 << 40, description="host capacity in blocks (Dynamo mocker's --num-host-blocks)")
     gib: PositiveFloat | None = Field(
@@ -100,6 +114,16 @@ class HostTierConfig(_Strict):
         given = [name for name in ("blocks", "gib", "ratio") if getattr(self, name) is not None]
         if len(given) != 1:
             raise ValueError(f"give exactly one of blocks, gib and ratio (got {', '.join(given) or 'none'})")
+        return self
+
+    @model_validator(mode="after")
+    def _semantics_keys(self) -> HostTierConfig:
+        if self.semantics == "vllm":
+            for name in ("write_policy", "load_back_threshold"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} is SGLang HiCache's: set semantics: sglang, or leave it unset")
+        elif self.store_threshold:
+            raise ValueError("store_threshold is vLLM's: SGLang writes by write_policy (leave store_threshold unset)")
         return self
 
 
@@ -246,6 +270,7 @@ class ClusterConfig(_Strict):
             kv_bytes_per_token=self.kv_bytes_per_token(),
             ratio=tier.ratio,
             gpu_blocks=self.cache_blocks_per_worker(),
+            sglang=tier.semantics == "sglang",
         )
 
     def kv_blocks_per_worker(self) -> int:

@@ -265,3 +265,31 @@ def test_simulate_and_report_import_no_pool_plotting_optuna_or_live_stack(tmp_pa
     result = subprocess.run([sys.executable, "-c", _LOADED_HEAVY, *args], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_write_policy_without_sglang_semantics_is_refused_in_one_line(tmp_path: Path) -> None:
+    result = tasim("simulate", TINY, "--set", "cluster.engine.host_tier.blocks=64", "--set", "cluster.engine.host_tier.write_policy=write_back")
+    assert_usage_error(result, "write_policy is SGLang HiCache's: set semantics: sglang, or leave it unset")
+
+
+# The swe-agent scenario with SGLang's host tier (write-through, twice the GPU pool), on a GPU pool
+# small enough for the host to be hit within 300 s (the default pool holds the whole working set).
+_SGLANG_TIER = [
+    "--set", "cluster.engine.host_tier.semantics=sglang",
+    "--set", "cluster.engine.host_tier.ratio=2",
+    "--set", "cluster.engine.kv_blocks=6000",
+    "--set", "duration_s=300",
+    "--set", "metrics.warmup_s=60",
+]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_swe_agent_with_an_sglang_host_tier_hits_the_host_and_is_deterministic(tmp_path: Path) -> None:
+    logs = []
+    for run in ("first", "second"):
+        result = tasim("simulate", "swe-agent", *_SGLANG_TIER, "--check", "--quiet", "--out", str(tmp_path / run))
+        assert result.returncode == 0, result.stderr
+        logs.append((tmp_path / run / "events.jsonl").read_bytes())
+    tier = json.loads((tmp_path / "first" / "summary.json").read_text())["host_tier"]
+    assert tier["host_hit_tokens"] > 0 and tier["stored_tokens"] > 0 and tier["h2d_busy_s"] > 0
+    assert logs[0] == logs[1]

@@ -21,6 +21,9 @@ def test_host_capacity() -> None:
     # SGLang's hicache_ratio: (int(G * ratio) // page + 1) * page tokens.
     assert host_capacity_blocks(BS, ratio=2.0, gpu_blocks=8) == 17
     assert host_capacity_blocks(BS, ratio=0.5, gpu_blocks=10) == 6
+    # SGLang's hicache_size arithmetic on GiB: bytes // bytes per token, a page more
+    assert host_capacity_blocks(BS, gib=1, kv_bytes_per_token=131072, sglang=True) == 513
+    assert host_capacity_blocks(BS, gib=1, kv_bytes_per_token=100_000, sglang=True) == 10737 // 16 + 1
     for bad in ({}, {"blocks": 1, "ratio": 2.0}, {"gib": 1.0}, {"ratio": 2.0}):
         with pytest.raises(ValueError):
             host_capacity_blocks(BS, **bad)  # type: ignore[arg-type]
@@ -37,6 +40,8 @@ def test_a_scenario_sizes_its_host_tier() -> None:
     # Llama-3.1-8B in bf16: 128 KiB a token, 2 MiB a block
     assert parse_scenario({**raw, "cluster": _cluster(gib=1)}, "s.yaml").cluster.host_blocks_per_worker() == 512
     assert parse_scenario({**raw, "cluster": _cluster(gib=1, kv_bytes_per_token=4096)}, "s.yaml").cluster.host_blocks_per_worker() == 16384
+    sglang = parse_scenario({**raw, "cluster": _cluster(gib=1, semantics="sglang")}, "s.yaml")
+    assert sglang.cluster.host_blocks_per_worker() == 513
     plain = parse_scenario(raw, "s.yaml")
     assert plain.cluster.engine.host_tier is None and plain.cluster.host_blocks_per_worker() == 0
     # --set makes the mapping under the unset field
@@ -51,7 +56,11 @@ def test_a_scenario_sizes_its_host_tier() -> None:
         ({}, {}, "give exactly one of blocks, gib and ratio (got none)"),
         ({"ratio": 2}, {"enable_prefix_caching": False}, "host_tier needs enable_prefix_caching"),
         ({"gib": 1e-6}, {}, "engine.host_tier holds no block"),
-        ({"ratio": 2, "semantics": "sglang"}, {}, "Input should be 'vllm'"),
+        ({"ratio": 2, "semantics": "lmcache"}, {}, "Input should be 'vllm' or 'sglang'"),
+        ({"ratio": 2, "write_policy": "write_back"}, {}, "write_policy is SGLang HiCache's: set semantics: sglang, or leave it unset"),
+        ({"ratio": 2, "load_back_threshold": 5}, {}, "load_back_threshold is SGLang HiCache's: set semantics: sglang, or leave it unset"),
+        ({"ratio": 2, "semantics": "sglang", "store_threshold": 2}, {}, "store_threshold is vLLM's: SGLang writes by write_policy"),
+        ({"ratio": 2, "semantics": "sglang", "write_policy": "write_around"}, {}, "Input should be 'write_through'"),
     ],
 )
 def test_a_bad_host_tier_is_refused_in_one_line(tier: dict[str, object], engine: dict[str, object], message: str) -> None:

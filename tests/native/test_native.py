@@ -34,8 +34,8 @@ def _rewrite(path: Path, **changes: object) -> None:
 def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
     assert native.state() == (
         "compiled modules (hosting/policy_host.py, sim/runner.py, sim/clock.py, sim/engine/scheduler.py, sim/engine/kv_manager.py, "
-        "sim/engine/host_tier.py, sim/engine/block_pool.py, sim/engine/fast_forward.py, sim/perf/perf_model.py, sim/perf/fixed.py, "
-        "sim/perf/polynomial.py, sim/perf/roofline.py, "
+        "sim/engine/host_tier.py, sim/engine/hicache.py, sim/engine/block_pool.py, sim/engine/fast_forward.py, sim/perf/perf_model.py, "
+        "sim/perf/fixed.py, sim/perf/polynomial.py, sim/perf/roofline.py, "
         "policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
         f"from {manifest.parent}"
     )
@@ -88,13 +88,15 @@ for case in sys.argv[1:]:
 
 # KV pressure and pauses; vLLM's engine thrashing past the cliff (folded decode-plus-prefill
 # runs, recomputed blocks cached as duplicates); the mocker's lineage eviction (private
-# duplicates) under round robin; an RL rollout.
+# duplicates) under round robin; an RL rollout; SGLang's host tier under KV pressure.
 CASES = [
     "live-mocker.yaml",
     "swe-agent.yaml duration_s=300 metrics.warmup_s=0 workload.concurrency=96",
     "swe-agent.yaml duration_s=300 metrics.warmup_s=0 workload.concurrency=48 policy.name=round_robin policy.params={} "
     "cluster.engine.flavour=mocker cluster.engine.eviction=lineage",
     "rl-live-mocker.yaml",
+    "swe-agent.yaml duration_s=120 metrics.warmup_s=0 cluster.engine.kv_blocks=6000 cluster.engine.host_tier.semantics=sglang "
+    "cluster.engine.host_tier.ratio=2",
 ]
 
 

@@ -6,14 +6,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tasim.config.scenario import Scenario
+from tasim.config.scenario import Scenario, parse_scenario
 from tasim.core import events as ev
 from tasim.core.cluster_view import ClusterView
 from tasim.core.kv_tier import KvTier
 from tasim.core.model import RequestSpec
 from tasim.policies import Hold, Policy, Resume, Route
 from tasim.policies.interface import NoParams, ProgramDecision
-from tasim.sim.runner import Simulation
+from tasim.sim.runner import Simulation, host_tier_setup
 
 
 def _scenario(**workload) -> Scenario:
@@ -281,3 +281,22 @@ def test_a_policy_hears_the_host_tiers_kv_events_with_their_tier() -> None:
     assert {tier for _, tier, _, _ in logged} == {"device", "host"}
     assert ("kv_removed", "host") in {(kind, tier) for kind, tier, _, _ in logged}  # the host tier filled up
     assert policy.heard == logged
+
+
+def test_an_sglang_host_tier_takes_sglangs_defaults() -> None:
+    raw = {"workload": {"concurrency": 1}, "cluster": {"engine": {"block_size": 16, "kv_blocks": 1001}}}
+    setup = host_tier_setup(parse_scenario(raw, "s.yaml", ["cluster.engine.host_tier.ratio=2", "cluster.engine.host_tier.semantics=sglang"]))
+    assert setup is not None
+    assert (setup.semantics, setup.write_policy, setup.load_back_threshold, setup.blocks) == ("sglang", "write_through", 10, 2001)
+    chosen = parse_scenario(
+        raw,
+        "s.yaml",
+        [
+            "cluster.engine.host_tier.ratio=2",
+            "cluster.engine.host_tier.semantics=sglang",
+            "cluster.engine.host_tier.write_policy=write_back",
+            "cluster.engine.host_tier.load_back_threshold=0",
+        ],
+    )
+    setup = host_tier_setup(chosen)
+    assert setup is not None and (setup.write_policy, setup.load_back_threshold) == ("write_back", 0)

@@ -20,6 +20,9 @@ the manager keeps with its two copy lanes: it looks the next blocks up there aft
 starts loads (`KVCacheManager.start_load`) and stores (`KVCacheManager.offer_stores`), times
 them when the step that made them ends (`KVCacheManager.submit_transfers`) and completes those
 that are done (`KVCacheManager.complete_transfers`). Without a tier ``host_blocks`` is 0.
+With ``semantics: sglang`` the tier is SGLang HiCache's instead (`tasim.sim.engine.hicache`),
+behind the same lookup, events and copy lanes, plus its own calls (`KVCacheManager.insert`,
+`KVCacheManager.load_back`).
 
 Folding runs of steps (`tasim.sim.engine.fast_forward`) asks it which of the next steps touch
 the pool (`KVCacheManager.plan_boundaries`); each such step then reserves slots as a scheduled
@@ -34,6 +37,7 @@ from typing import Final, TypeVar
 
 from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
+from tasim.sim.engine.hicache import HiCache, WritePolicy
 from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
@@ -86,16 +90,30 @@ _NOTHING_COMPUTED = ComputedBlocks(0, 0)
 
 class HostTierSetup:
     """An engine's host tier: ``blocks`` slots, ``block_bytes`` copied per block and rank, and
-    each copy lane's bandwidth in GB/s (0: instant)."""
+    each copy lane's bandwidth in GB/s (0: instant); whose semantics (``vllm``, or ``sglang``
+    with its write policy and load-back threshold in tokens)."""
 
-    __slots__ = ("blocks", "block_bytes", "d2h_gbps", "h2d_gbps", "store_threshold")
+    __slots__ = ("blocks", "block_bytes", "d2h_gbps", "h2d_gbps", "store_threshold", "semantics", "write_policy", "load_back_threshold")
 
-    def __init__(self, blocks: int, block_bytes: int, d2h_gbps: float = 32.0, h2d_gbps: float = 32.0, store_threshold: int = 0) -> None:
+    def __init__(
+        self,
+        blocks: int,
+        block_bytes: int,
+        d2h_gbps: float = 32.0,
+        h2d_gbps: float = 32.0,
+        store_threshold: int = 0,
+        semantics: str = "vllm",
+        write_policy: WritePolicy = "write_through",
+        load_back_threshold: int = 10,
+    ) -> None:
         self.blocks: Final = blocks
         self.block_bytes: Final = block_bytes
         self.d2h_gbps: Final = d2h_gbps
         self.h2d_gbps: Final = h2d_gbps
         self.store_threshold: Final = store_threshold
+        self.semantics: Final = semantics
+        self.write_policy: Final = write_policy
+        self.load_back_threshold: Final = load_back_threshold
 
 
 class _Transfer:
@@ -143,6 +161,7 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, eviction, cache_duplicates)
         self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
         self.host: HostPool | None = None
+        self.hicache: HiCache | None = None  # the host tier with SGLang's semantics instead
         self._host_block_bytes = 0
         self.d2h = self.h2d = TransferLane(0.0)
         self._unsubmitted: list[_Transfer] = []  # made by the step being scheduled
@@ -154,6 +173,19 @@ class KVCacheManager:
         """Put a host tier behind the GPU pool (prefix caching must be on)."""
         if not self.enable_caching:
             raise ValueError("a host tier needs prefix caching")
+        if setup.semantics == "sglang":
+            self.hicache = HiCache(
+                setup.blocks,
+                self.block_pool,
+                self.block_size,
+                setup.block_bytes,
+                setup.d2h_gbps,
+                setup.h2d_gbps,
+                setup.write_policy,
+                setup.load_back_threshold,
+            )
+            self.d2h, self.h2d = self.hicache.d2h, self.hicache.h2d
+            return
         self.host = HostPool(setup.blocks, setup.store_threshold)
         self._host_block_bytes = setup.block_bytes
         self.d2h = TransferLane(setup.d2h_gbps)
@@ -190,6 +222,8 @@ class KVCacheManager:
         hits, active = self.block_pool.prefix_hits(request.block_hashes, self.cacheable_blocks(num_tokens))
         host = self.host
         if host is None:
+            if self.hicache is not None:  # SGLang matches the same tokens on both tiers
+                return ComputedBlocks(hits, active, self.hicache.lookup(request.block_hashes, hits, self.cacheable_blocks(num_tokens)))
             return ComputedBlocks(hits, active)
         # vLLM caps the host hit at the request's tokens, not one less (connector/scheduler.py:772-781)
         blocks, deferred = host.lookup(request.block_hashes, hits, num_tokens // self.block_size)
@@ -245,12 +279,21 @@ class KVCacheManager:
 
     def host_totals(self) -> tuple[int, float, float]:
         """Tokens stored to the host tier, and seconds each copy lane (D2H, H2D) was busy."""
-        if self.host is None:
+        if self.host is not None:
+            stored = self.host.stored
+        elif self.hicache is not None:
+            stored = self.hicache.stored
+        else:
             return 0, 0.0, 0.0
-        return self.host.stored * self.block_size, self.d2h.busy_s, self.h2d.busy_s
+        return stored * self.block_size, self.d2h.busy_s, self.h2d.busy_s
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Blocks stored and blocks removed since the last call (see `BlockPool.drain_events`)."""
+        if self.hicache is not None:
+            stored, removed = self.block_pool.drain_events()
+            self.hicache.on_gpu_events(stored, removed)
+            self.next_transfer_done = self.hicache.next_done  # write-backs
+            return stored, removed
         return self.block_pool.drain_events()
 
     # --- the host tier -----------------------------------------------------------------------
@@ -299,7 +342,10 @@ class KVCacheManager:
 
     def flush_until(self, removed: Sequence[BlockHash]) -> float:
         """When the stores of ``removed`` (blocks just evicted from the GPU) are copied: vLLM's
-        worker waits for them before the step's forward (0.0 when none is in flight)."""
+        worker waits for them before the step's forward (0.0 when none is in flight); SGLang's
+        write-back waits for its writes of them."""
+        if self.hicache is not None:
+            return self.hicache.flush_until(removed)
         store_done = self._store_done
         until = 0.0
         if store_done:
@@ -330,6 +376,10 @@ class KVCacheManager:
         """Complete the transfers copied by ``now``, in the order they were submitted; returns the
         requests whose loads completed, in that order."""
         loaded: list[RequestBlocks] = []
+        if self.hicache is not None:  # no request waits for a copy
+            self.hicache.complete(now)
+            self.next_transfer_done = self.hicache.next_done
+            return loaded
         if self.next_transfer_done > now:
             return loaded
         host = self.host
@@ -358,14 +408,33 @@ class KVCacheManager:
 
     @property
     def stores_in_flight(self) -> bool:
+        """Whether taking a block may wait for a store of the block it evicts."""
+        if self.hicache is not None:
+            return self.hicache.evictions_wait
         return bool(self._store_done)
 
     def take_host_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Host blocks stored (store completed) and removed (evicted) since the last call."""
         host = self.host
         if host is None:
-            return [], []
+            return self.hicache.take_events() if self.hicache is not None else ([], [])
         return host.take_events()
+
+    def insert(self, request: RequestBlocks, blocks: int, now: float) -> None:
+        """SGLang HiCache only: the request inserts its first ``blocks`` blocks into the tree at
+        ``now`` (its prefill done, or it finished), which may write some to the host."""
+        assert self.hicache is not None, "no SGLang host tier"
+        self.hicache.insert(request.block_hashes, blocks, now)
+        self.next_transfer_done = self.hicache.next_done
+
+    def load_back(self, request: RequestBlocks, computed: ComputedBlocks, now: float) -> float:
+        """SGLang HiCache only: load the host hit of ``computed`` into the request's GPU blocks
+        (just allocated); returns when the copy is done."""
+        assert self.hicache is not None, "no SGLang host tier"
+        start = computed.gpu_blocks
+        done = self.hicache.load_back(request.block_hashes, start, start + computed.host_blocks, now)
+        self.next_transfer_done = self.hicache.next_done
+        return done
 
     def reset_prefix_cache(self) -> None:
         """Evict every unreferenced cached block (its removals come with the next events)."""
@@ -414,9 +483,13 @@ class KVCacheManager:
                 return f"request {request.request_id}: {request.phys} blocks for {request.claim.blocks} held"
             private += request.phys - request.claim.blocks
         claims = [request.claim for request in running] + list(self._pins.values())
+        if self.hicache is not None:
+            claims += self.hicache.lock_claims()
         problem = self.block_pool.audit(claims, private, every_block)
         if problem is None and self.host is not None:
             problem = self.host.audit()
+        if problem is None and self.hicache is not None:
+            problem = self.hicache.audit()
         return problem
 
     # --- folded runs of steps ----------------------------------------------------------------

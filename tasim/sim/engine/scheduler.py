@@ -267,6 +267,10 @@ class Engine(FoldableEngine):
         self.parked: list[EngineRequest] = []
         self.loaded: deque[EngineRequest] = deque()
         self._finished_since: list[EngineRequest] = []
+        # SGLang HiCache's tier instead (see `_admit_waiting`, `_sglang_insert`): nothing parked or
+        # offered; a step that loads host blocks lasts at least until they are copied.
+        self._sglang = config.host_tier is not None and config.host_tier.semantics == "sglang"
+        self._load_done = 0.0
         if config.host_tier is not None:
             self.kv_cache.add_host_tier(config.host_tier)
 
@@ -348,16 +352,21 @@ class Engine(FoldableEngine):
             if self.loaded:
                 budget = self._resume_loaded(step, budget, now)
             self._admit_waiting(step, budget, now)
-        if self._tiered:
+        if self._tiered and not self._sglang:
             self._offer_stores(step, now)
         step.stored, step.removed = self.kv_cache.take_events()
+        if self._sglang:
+            self._publish_host_kv(now)
         if step.scheduled:
             self.iterations += 1
             step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
             if self._tiered and step.removed:
                 # vLLM's worker waits for the store of a block evicted here before the forward
+                # (SGLang's write-back for its write of the block)
                 step.duration += max(0.0, self.kv_cache.flush_until(step.removed) - now)
+            if self._load_done > now:  # SGLang: the forward waits for its layers' loads
+                step.duration = max(step.duration, self._load_done - now)
         else:
             self.publish_kv(step.stored, step.removed, now)
         if self._tiered:
@@ -373,6 +382,8 @@ class Engine(FoldableEngine):
         """Apply the step's outcome: tokens emitted, requests finished. Its KV events are
         published separately (`publish_kv`), at the step's end."""
         finished: list[EngineRequest] = []
+        if self._sglang:
+            self._sglang_insert(step, now)
         for req, n in step.scheduled:  # once per request and step: `length` written out
             computed = req.computed = req.computed + n
             generated = req.generated
@@ -388,7 +399,7 @@ class Engine(FoldableEngine):
             # see them still referenced, before the next step's allocations can evict them.
             self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
             self.kv_cache.free(req)
-            if self._tiered:
+            if self._tiered and not self._sglang:
                 self._finished_since.append(req)
 
     def clear_prefix_cache(self, now: float) -> None:
@@ -469,7 +480,7 @@ class Engine(FoldableEngine):
                 continue
             if not kv_cache.fits(length, computed):
                 break
-            if computed.host_blocks:
+            if computed.host_blocks and not self._sglang:
                 if not kv_cache.fits(length, computed, self._prefill_reserve(step)):
                     break
                 del waiting[at]
@@ -492,6 +503,9 @@ class Engine(FoldableEngine):
             # the request now holds what its program's pin kept; cannot fail after `fits`
             if not kv_cache.allocate_slots(req, cached + chunk, computed, release_pin=req.spec.program):
                 raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
+            if computed.host_blocks:  # SGLang: loaded into the blocks just taken
+                self._load_done = max(self._load_done, kv_cache.load_back(req, computed, now))
+                req.host_tokens = computed.host_blocks * bs
             req.computed = cached
             self._admitted(req, step, chunk, now)
             budget -= chunk
@@ -570,6 +584,26 @@ class Engine(FoldableEngine):
             self._admitted(req, step, chunk, now)
             budget -= chunk
         return budget
+
+    def _sglang_insert(self, step: Step, now: float) -> None:
+        """SGLang inserts a request's KV into its tree when its prefill completes unfinished and
+        when it finishes (its committed tokens: all but the last generated); each insert counts
+        hits and may write blocks to the host (`tasim.sim.engine.hicache`). Called before the
+        step's outcome is applied: a decode (one token after the first) inserts nothing."""
+        bs = self.config.block_size
+        for req, n in step.scheduled:
+            generated = req.generated
+            computed = req.computed + n
+            if computed != req.prompt + generated:
+                continue  # a prefill chunk
+            # it finishes (the step's new token has no KV), or its prefill completes
+            if generated + 1 >= req.target or n > 1 or not generated:
+                self.kv_cache.insert(req, computed // bs, now)
+
+    def _publish_host_kv(self, now: float) -> None:
+        stored, removed = self.kv_cache.take_host_events()
+        if stored or removed:
+            self.listener.on_host_kv(self.worker, stored, removed, now)
 
     def _offer_stores(self, step: Step, now: float) -> None:
         """vLLM's store jobs of a step: every scheduled request offers its full prompt blocks
@@ -654,7 +688,7 @@ class Engine(FoldableEngine):
         prefill = None
         newest, chunk = scheduled[-1]
         if chunk > 1 and chunk == budget - (count - 1):
-            if self._tiered:
+            if self._tiered and not self._sglang:
                 return None  # each chunk's prompt blocks are stored: every step differs
             # Steps 2..k still take a full chunk while more than one chunk is left before them.
             last = min(last, (newest.length - newest.computed - 1) // chunk)
@@ -668,7 +702,7 @@ class Engine(FoldableEngine):
             computed = req.computed
             if n != 1 or not generated or req.prompt + generated - computed != 1:
                 return None
-            if self._tiered and req.next_store < req.prompt // self.config.block_size:
+            if self._tiered and not self._sglang and req.next_store < req.prompt // self.config.block_size:
                 return None  # its prompt's store did not fit the host: offered again every step
             context += computed
             # At the end of step k (1-based), a request that had generated g tokens has g + k.

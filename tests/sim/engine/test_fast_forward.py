@@ -74,6 +74,17 @@ CASES = {
     # a host tier of a third of the pool, copies slow enough to cut runs and to park requests for steps
     "host tier": _agents("round_robin", host_tier={"blocks": 200, "kv_bytes_per_token": 131072, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
     "host tier, mocker": _agents("kv_router", flavour="mocker", host_tier={"ratio": 0.5, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
+    # SGLang's tier: writes that hold their blocks and cut runs, loads that stretch their step,
+    # write-backs that hold the evicting step; decodes folded with chunked prefills
+    "sglang tier": _agents(
+        "round_robin", host_tier={"semantics": "sglang", "blocks": 300, "kv_bytes_per_token": 131072, "d2h_gbps": 0.5, "h2d_gbps": 0.5}
+    ),
+    "sglang tier, selective, long prompts": _agents(
+        "kv_router", task_prompt_high=5000, kv_blocks=1600, host_tier={"semantics": "sglang", "ratio": 0.5, "write_policy": "write_through_selective"}
+    ),
+    "sglang tier, write-back, mocker": _agents(
+        "round_robin", flavour="mocker", host_tier={"semantics": "sglang", "blocks": 300, "write_policy": "write_back", "d2h_gbps": 0.5}
+    ),
 }
 
 
