@@ -64,6 +64,9 @@ FLAVOUR_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+WritePolicy = Literal["write_through", "write_through_selective", "write_back"]  # SGLang's --hicache-write-policy
+
+
 class HostTierConfig(_Strict):
     """A host (CPU) KV tier behind each engine's GPU pool: vLLM 0.31's native CPU offloading
     (OffloadingConnector, one GPU block per chunk) or SGLang's HiCache (one GPU block per page).
@@ -76,7 +79,7 @@ class HostTierConfig(_Strict):
         "(blocks written as requests insert them into the radix tree, a host hit loaded while its step runs, "
         "host eviction of leaves no longer on the GPU)",
     )
-    write_policy: Literal["write_through", "write_through_selective", "write_back"] | None = Field(
+    write_policy: WritePolicy | None = Field(
         None,
         description="semantics sglang only: SGLang's hicache_write_policy: write a block to the host when an insert "
         "brings its hits to 1 (write_through, the default) or 2 (write_through_selective), or only when the GPU "
@@ -115,6 +118,14 @@ class HostTierConfig(_Strict):
         if len(given) != 1:
             raise ValueError(f"give exactly one of blocks, gib and ratio (got {', '.join(given) or 'none'})")
         return self
+
+    def sglang_write_policy(self) -> WritePolicy:
+        """The write policy SGLang runs: the given one, else its default (server_args.py)."""
+        return self.write_policy or "write_through"
+
+    def sglang_load_back_threshold(self) -> int:
+        """The load-back threshold SGLang runs: the given one, else HiRadixCache's 10 tokens."""
+        return 10 if self.load_back_threshold is None else self.load_back_threshold
 
     @model_validator(mode="after")
     def _semantics_keys(self) -> HostTierConfig:

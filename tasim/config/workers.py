@@ -7,8 +7,6 @@ from tasim.config.host_sizing import native_offload_tokens as published_offload_
 from tasim.config.scenario import ClusterConfig, Scenario
 from tasim.core.cluster_view import ClusterView, WorkerInfo
 
-SGLANG_DEFAULT_WRITE_POLICY = "write_through"  # SGLang's --hicache-write-policy default
-
 
 def cluster_view(scenario: Scenario) -> ClusterView:
     """The scenario's workers, named ``w0 … wN-1``: identical in simulation and live mode."""
@@ -29,13 +27,12 @@ def native_offload_tokens(cluster: ClusterConfig) -> int:
     do: only its SGLang worker publishes one (dynamo/sglang/capacity.py, by HiCache write policy:
     `tasim.config.host_sizing.native_offload_tokens`); its vLLM worker publishes none, with
     ``--kv-offloading-size`` or without. So a host tier with ``semantics: vllm`` counts for
-    nothing here, and one with SGLang's semantics by its ``write_policy`` (SGLang's default,
-    write_through, when it has none). The host pool is the tier's size as tasim sizes it, as if
+    nothing here, and one with SGLang's semantics by its write policy. The host pool is the tier's size as tasim sizes it, as if
     the engine reported it (``hicache_host_total_tokens``); Dynamo computes the same figure itself
     for a ``ratio`` tier."""
     tier = cluster.engine.host_tier
-    if tier is None or getattr(tier, "semantics", "vllm") != "sglang":
+    if tier is None or tier.semantics != "sglang":
         return 0
     block_size = cluster.engine.block_size
-    write_policy = getattr(tier, "write_policy", None) or SGLANG_DEFAULT_WRITE_POLICY
-    return published_offload_tokens(cluster.cache_blocks_per_worker() * block_size, cluster.host_blocks_per_worker() * block_size, write_policy)
+    gpu_tokens = cluster.cache_blocks_per_worker() * block_size
+    return published_offload_tokens(gpu_tokens, cluster.host_blocks_per_worker() * block_size, tier.sglang_write_policy())

@@ -60,15 +60,15 @@ def host_tier_setup(scenario: Scenario) -> HostTierSetup | None:
     if tier is None:
         return None
     block_bytes = cluster.engine.block_size * cluster.kv_bytes_per_token() // cluster.tp
-    if tier.semantics == "sglang":  # SGLang's defaults (server_args.py; HiRadixCache.load_back_threshold)
+    if tier.semantics == "sglang":
         return HostTierSetup(
             cluster.host_blocks_per_worker(),
             block_bytes,
             tier.d2h_gbps,
             tier.h2d_gbps,
             semantics="sglang",
-            write_policy=tier.write_policy or "write_through",
-            load_back_threshold=10 if tier.load_back_threshold is None else tier.load_back_threshold,
+            write_policy=tier.sglang_write_policy(),
+            load_back_threshold=tier.sglang_load_back_threshold(),
         )
     return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold)
 

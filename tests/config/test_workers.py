@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from conftest import TINY
 
 from tasim.config.scenario import load_scenario
@@ -21,16 +19,13 @@ def test_workers_publish_no_host_capacity_without_a_tier_or_with_vllms() -> None
 
 
 def test_a_tier_with_sglang_semantics_publishes_by_its_write_policy() -> None:
-    """Read from the tier's ``semantics`` and ``write_policy`` (SGLang's default write_through when
-    unset): G = the GPU pool, H = the tier's slots, both in tokens."""
-    scenario = load_scenario(TINY, ["cluster.engine.host_tier.ratio=2"])
-    cluster = scenario.cluster
+    """By the tier's write policy (SGLang's default write_through when unset): G = the GPU pool,
+    H = the tier's slots, both in tokens."""
+    base = ["cluster.engine.host_tier.ratio=2", "cluster.engine.host_tier.semantics=sglang"]
+    cluster = load_scenario(TINY, base).cluster
     bs = cluster.engine.block_size
     gpu, host = cluster.cache_blocks_per_worker() * bs, cluster.host_blocks_per_worker() * bs
-    tier = cluster.engine.host_tier
-    assert tier is not None and host > gpu
+    assert host > gpu
     for write_policy, published in ((None, host - gpu), ("write_through", host - gpu), ("write_back", host), ("write_through_selective", 0)):
-        # a stand-in for the SGLang tier's config: the policy reads its fields by name
-        sglang = SimpleNamespace(**{**tier.model_dump(), "semantics": "sglang", "write_policy": write_policy})
-        engine = cluster.engine.model_copy(update={"host_tier": sglang})
-        assert native_offload_tokens(cluster.model_copy(update={"engine": engine})) == published
+        chosen = [f"cluster.engine.host_tier.write_policy={write_policy}"] if write_policy else []
+        assert native_offload_tokens(load_scenario(TINY, base + chosen).cluster) == published
