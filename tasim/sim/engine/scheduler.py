@@ -470,7 +470,11 @@ class Engine(FoldableEngine):
             if not kv_cache.fits(length, computed):
                 break
             if computed.host_blocks:
-                if not kv_cache.fits(length, computed, self._prefill_reserve(step)):
+                # vLLM keeps the reservation free of the blocks the hit loads into, not of the
+                # whole request (whose fit was checked above without it)
+                gpu_tokens = computed.gpu_blocks * bs
+                hit, _ = host_hit(gpu_tokens, computed.host_blocks, length, bs)
+                if not kv_cache.fits(gpu_tokens + hit, computed, self._prefill_reserve(step)):
                     break
                 del waiting[at]
                 self._park(req, computed, length)
@@ -532,8 +536,8 @@ class Engine(FoldableEngine):
     def _prefill_reserve(self, step: Step) -> int:
         """Blocks that the requests still prefilling after this step (loading, loaded, or
         scheduled short of their last token) need beyond what they hold: vLLM admits a host hit
-        only if it fits without them (``_inflight_prefill_reserved_blocks``), so that requests
-        holding blocks without progress cannot starve each other."""
+        only if the blocks it loads into fit without them (``_inflight_prefill_reserved_blocks``),
+        so that requests holding blocks without progress cannot starve each other."""
         bs = self.config.block_size
         reserve = 0
         for req in self.parked:
