@@ -30,6 +30,7 @@ it raises `ValidationUnavailable`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
@@ -67,6 +68,9 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     raise ValidationUnavailable(
         f"validate vllm needs vLLM {VLLM_VERSION} (make install, or pip install -e '.[oracle]' as the Makefile does): {exc}"
     ) from None
+
+# A store the host cannot take yet is offered again next step, as tasim's engine does; vLLM warns of each
+logging.getLogger("vllm.distributed.kv_transfer.kv_connector.v1.offloading.scheduler").setLevel(logging.ERROR)
 
 if vllm.__version__ != VLLM_VERSION:  # pragma: no cover - depends on the install
     raise ValidationUnavailable(f"validate vllm is pinned to vLLM {VLLM_VERSION}; found {vllm.__version__}")
@@ -464,8 +468,8 @@ class VllmEngine:
                 self._jobs[job_id] = _Job(self._d2h.submit(now, self._bytes(blocks[job_id])), None)
             if job_id in self._jobs:
                 wait_until = max(wait_until, self._jobs[job_id].done)
-        self._flushed.update(flushed)
-        if step.scheduled:
+        if step.scheduled:  # a step that runs nothing ends at once; what it flushes is done when it is
+            self._flushed.update(flushed)
             step.duration += wait_until - now
         end = step.end
         for job_id, job in meta.load_jobs.items():

@@ -105,6 +105,75 @@ def test_vllm_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scen
     _validate(scenario, tmp_path)
 
 
+@st.composite
+def tiered_workloads(draw: st.DrawFn) -> Scenario:
+    """Small engines with a host tier behind them: GPU pools that thrash, host pools from a few
+    blocks (stores that do not fit, evictions) to more than the GPU's, copies from instant to a
+    few steps per block, store_threshold 0 or 2, agents sharing a system prompt, one or two
+    workers, fcfs or priority scheduling."""
+    block = draw(st.sampled_from([4, 8, 16]))
+    chunked = draw(st.booleans())
+    budget = draw(st.sampled_from([64, 128, 256]))
+    blocks = draw(st.integers(24, 120))
+    longest = blocks * block if chunked else min(blocks * block, budget)
+    longest_output = min(30, longest // 4)
+    system = min(draw(st.sampled_from([0, 3 * block, 37, 100])), longest // 4)
+    policy = draw(st.sampled_from(["round_robin", "kv_router", "thunderagent", "autellix"]))
+    # a block (100 kB) is copied in no time, 0.1 ms, 2 ms or 20 ms (two steps)
+    gbps = draw(st.sampled_from([0.0, 0.005, 0.05, 1.0]))
+    raw = {
+        "name": "random-tiered",
+        "seed": draw(st.integers(0, 1000)),
+        "duration_s": 1e6,
+        "cluster": {
+            "backends": draw(st.sampled_from([1, 1, 2])),
+            "engine": {
+                "block_size": block,
+                "kv_blocks": blocks + 1,
+                "max_num_seqs": draw(st.sampled_from([2, 4, 8, 64])),
+                "max_num_batched_tokens": budget,
+                "enable_chunked_prefill": chunked,
+                "scheduling_policy": "priority" if policy == "autellix" else draw(st.sampled_from(["fcfs", "priority"])),
+                "host_tier": {
+                    "blocks": draw(st.sampled_from([4, blocks // 2, blocks, 2 * blocks])),
+                    "kv_bytes_per_token": 100_000 // block,
+                    "d2h_gbps": gbps,
+                    "h2d_gbps": draw(st.sampled_from([gbps, 0.0, 0.005])),
+                    "store_threshold": draw(st.sampled_from([0, 0, 2])),
+                },
+            },
+        },
+        "workload": {
+            "kind": "agent",
+            "arrival": "closed",
+            "concurrency": draw(st.integers(3, 10)),
+            "programs": draw(st.integers(4, 14)),
+            "system_prompt_tokens": system,
+            "task_prompt_tokens": {"kind": "uniform", "low": 1, "high": min(120, longest - system - longest_output)},
+            "turns": {"kind": "uniform", "low": 2, "high": 5},
+            "output_tokens": {"kind": "uniform", "low": 1, "high": longest_output},
+            "observation_tokens": {"kind": "uniform", "low": 0, "high": 60},
+            "tool_latency_s": {"kind": "uniform", "low": 0.02, "high": 0.3},
+            "max_context_tokens": longest,
+        },
+        "policy": {"name": policy},
+    }
+    if policy == "autellix":
+        raw["policy"]["params"] = {"queue_boundaries_s": [0.05, 0.1, 0.2, 0.4]}  # type: ignore[index]
+    return parse_scenario(raw, "random-tiered")
+
+
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(tiered_workloads())
+def test_vllm_with_a_host_tier_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scenario) -> None:
+    """Admissions, GPU and host hits, every load and store (blocks, step, done), preemptions,
+    first tokens and finishes per request, and the host's KV events per worker and step."""
+    result = validate(scenario, tmp_path, STEP_MS)
+    assert result.tiered
+    assert result.mismatches == [], result.mismatches[:3]
+    assert result.all_identical
+
+
 @pytest.mark.parametrize(
     "overrides",
     [

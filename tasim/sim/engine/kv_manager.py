@@ -309,6 +309,17 @@ class KVCacheManager:
                     until = done
         return until
 
+    def flush_request(self, request: RequestBlocks) -> float:
+        """When the request's stores in flight are copied (0.0 when none): vLLM flushes those of
+        a preempted request, its worker waiting for them before the step's forward
+        (connector/scheduler.py:1786-1794), so they are done when the step is."""
+        until = 0.0
+        if request.host_jobs:
+            for job in self._in_flight:
+                if job.request is request and job.done > until:
+                    until = job.done
+        return until
+
     def submit_transfers(self, at: float) -> None:
         """The step that made the pending loads and stores ends at ``at``: each enters its lane then."""
         bytes_per_block = self._host_block_bytes

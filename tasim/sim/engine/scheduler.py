@@ -267,6 +267,7 @@ class Engine(FoldableEngine):
         self.parked: list[EngineRequest] = []
         self.loaded: deque[EngineRequest] = deque()
         self._finished_since: list[EngineRequest] = []
+        self._flush_until = 0.0  # when the stores of requests preempted in this step are copied
         if config.host_tier is not None:
             self.kv_cache.add_host_tier(config.host_tier)
 
@@ -342,6 +343,7 @@ class Engine(FoldableEngine):
         step = Step(start=now, duration=0.0)
         if self._tiered:
             self._complete_transfers(now)
+            self._flush_until = 0.0
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
@@ -355,9 +357,13 @@ class Engine(FoldableEngine):
             self.iterations += 1
             step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
-            if self._tiered and step.removed:
-                # vLLM's worker waits for the store of a block evicted here before the forward
-                step.duration += max(0.0, self.kv_cache.flush_until(step.removed) - now)
+            if self._tiered:
+                # vLLM's worker waits before the forward for the stores of the requests preempted
+                # here and for the store of a block evicted here
+                until = self._flush_until
+                if step.removed:
+                    until = max(until, self.kv_cache.flush_until(step.removed))
+                step.duration += max(0.0, until - now)
         else:
             self.publish_kv(step.stored, step.removed, now)
         if self._tiered:
@@ -612,6 +618,8 @@ class Engine(FoldableEngine):
                 del step.scheduled[k]
                 break
         lost = victim.lost = victim.computed
+        if self._tiered:
+            self._flush_until = max(self._flush_until, self.kv_cache.flush_request(victim))
         self.running.remove(victim)
         self.kv_cache.free(victim)
         victim.computed = 0
