@@ -320,6 +320,19 @@ class KVCacheManager:
                     until = job.done
         return until
 
+    def flush_hits(self, hits: Sequence[BlockHash]) -> float:
+        """When the stores in flight of finished requests (they hold no blocks) that copy any of
+        ``hits`` are done (0.0 when none): vLLM flushes such a store when a step hands one of its
+        source blocks to a request, as a prefix hit as much as a new block
+        (connector/scheduler.py:1796-1808, the blocks of every request admitted in the step)."""
+        until = 0.0
+        if hits and self._store_done:
+            wanted = set(hits)
+            for job in self._in_flight:
+                if not job.load and job.done > until and job.request.phys == 0 and not wanted.isdisjoint(job.keys):
+                    until = job.done
+        return until
+
     def submit_transfers(self, at: float) -> None:
         """The step that made the pending loads and stores ends at ``at``: each enters its lane then."""
         bytes_per_block = self._host_block_bytes

@@ -268,6 +268,7 @@ class Engine(FoldableEngine):
         self.loaded: deque[EngineRequest] = deque()
         self._finished_since: list[EngineRequest] = []
         self._flush_until = 0.0  # when the stores of requests preempted in this step are copied
+        self._hit_blocks: list[BlockHash] = []  # the cached blocks requests admitted in this step took
         if config.host_tier is not None:
             self.kv_cache.add_host_tier(config.host_tier)
 
@@ -344,12 +345,14 @@ class Engine(FoldableEngine):
         if self._tiered:
             self._complete_transfers(now)
             self._flush_until = 0.0
+            self._hit_blocks = []
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
             if self.loaded:
                 budget = self._resume_loaded(step, budget, now)
-            self._admit_waiting(step, budget, now)
+            if not self.loaded:  # vLLM's scan reaches the queue only past every loaded request
+                self._admit_waiting(step, budget, now)
         if self._tiered:
             self._offer_stores(step, now)
         step.stored, step.removed = self.kv_cache.take_events()
@@ -359,8 +362,9 @@ class Engine(FoldableEngine):
             step.duration = self.perf.step_time(step.shape)
             if self._tiered:
                 # vLLM's worker waits before the forward for the stores of the requests preempted
-                # here and for the store of a block evicted here
-                until = self._flush_until
+                # here, for the store of a block evicted here, and for a finished request's store of
+                # a block admitted here as a prefix hit
+                until = max(self._flush_until, self.kv_cache.flush_hits(self._hit_blocks))
                 if step.removed:
                     until = max(until, self.kv_cache.flush_until(step.removed))
                 step.duration += max(0.0, until - now)
@@ -503,6 +507,8 @@ class Engine(FoldableEngine):
             if not kv_cache.allocate_slots(req, cached + chunk, computed, release_pin=req.spec.program):
                 raise AssertionError(f"{self.worker}: admission of {req.spec.id} failed after capacity check")
             req.computed = cached
+            if self._tiered:
+                self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
             self._admitted(req, step, chunk, now)
             budget -= chunk
 
@@ -535,6 +541,7 @@ class Engine(FoldableEngine):
         if not kv_cache.allocate_slots(req, gpu_tokens + hit, computed, release_pin=req.spec.program, delay_caching=True):
             raise AssertionError(f"{self.worker}: a host load for {req.spec.id} found no blocks after the capacity check")
         kv_cache.start_load(req, computed)
+        self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
         req.computed = computed_tokens
         req.host_tokens = computed_tokens - gpu_tokens
         self.parked.append(req)
@@ -561,11 +568,19 @@ class Engine(FoldableEngine):
         for req in self.kv_cache.complete_transfers(now):
             assert isinstance(req, EngineRequest)
             self.parked.remove(req)
-            self.loaded.append(req)
+            if self._by_priority:  # vLLM's queue of requests holding blocks is ordered as its waiting queue
+                at = len(self.loaded)
+                while at and _priority_order(self.loaded[at - 1]) > _priority_order(req):
+                    at -= 1
+                self.loaded.insert(at, req)
+            else:
+                self.loaded.append(req)
 
     def _resume_loaded(self, step: Step, budget: int, now: float) -> int:
-        """Schedule the loaded requests, in the order their loads completed, as admissions: their
-        loaded blocks are cached as their first tokens' slots are taken."""
+        """Schedule the loaded requests, in the order their loads completed (under priority
+        scheduling in priority order), as admissions: their loaded blocks are cached as their first
+        tokens' slots are taken. One that cannot run stops the step's admissions, as vLLM's scan of
+        its queues breaks there."""
         cfg = self.config
         loaded = self.loaded
         while loaded and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -574,9 +589,13 @@ class Engine(FoldableEngine):
             chunk = min(pending, budget)
             if not cfg.enable_chunked_prefill and chunk < pending:
                 break
+            if blocks_for(req.length, cfg.block_size) - req.phys > self.kv_cache.available:
+                break  # vLLM's full_sequence_must_fit: the whole request must fit before it runs
+            held = req.full_done  # its GPU prefix: the loaded blocks are cached by this allocation
             if not self.kv_cache.allocate_slots(req, req.computed + chunk):
                 break
             loaded.popleft()
+            self._hit_blocks += req.block_hashes[:held]
             self._admitted(req, step, chunk, now)
             budget -= chunk
         return budget
