@@ -266,7 +266,9 @@ class KVCacheManager:
         start = computed.gpu_blocks
         stop = start + computed.host_blocks
         keys = host.prepare_load(request.block_hashes, start, stop, access)
-        request.next_store = max(request.next_store, stop)
+        # set, not raised: a request preempted after storing further offers those blocks again
+        # (vLLM sets next_stored_chunk_idx to the cached chunks, connector/scheduler.py:1194-1196)
+        request.next_store = stop
         request.host_jobs += 1
         self._unsubmitted.append(_Transfer(True, keys, request))
 
