@@ -269,6 +269,7 @@ class VllmEngine:
         self._gpu_prefix: dict[str, int] = {}  # a request being loaded -> the tokens its GPU prefix holds
         self._idle_output: SchedulerOutput | None = None  # a step that scheduled nothing, its outcome due
         self._host_stored = 0
+        self._wait_until = 0.0  # the flushes of steps that ran nothing, waited for by the next that runs
         self._finish_order: list[str] = []  # requests finished since the last step, in order
         self._capture = _EventCapture()
         self._d2h = TransferLane(tier.d2h_gbps if tier else 0.0)
@@ -468,9 +469,13 @@ class VllmEngine:
                 self._jobs[job_id] = _Job(self._d2h.submit(now, self._bytes(blocks[job_id])), None)
             if job_id in self._jobs:
                 wait_until = max(wait_until, self._jobs[job_id].done)
-        if step.scheduled:  # a step that runs nothing ends at once; what it flushes is done when it is
+        # a step that runs nothing ends at once, as in tasim: the next one that runs waits for
+        # what it flushed (and sees it done by its end)
+        self._wait_until = max(self._wait_until, wait_until)
+        if step.scheduled:
             self._flushed.update(flushed)
-            step.duration += wait_until - now
+            step.duration += self._wait_until - now
+            self._wait_until = 0.0
         end = step.end
         for job_id, job in meta.load_jobs.items():
             self._jobs[job_id] = _Job(self._h2d.submit(end, self._bytes(blocks[job_id])), job.req_id)

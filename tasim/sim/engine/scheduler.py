@@ -267,7 +267,7 @@ class Engine(FoldableEngine):
         self.parked: list[EngineRequest] = []
         self.loaded: deque[EngineRequest] = deque()
         self._finished_since: list[EngineRequest] = []
-        self._flush_until = 0.0  # when the stores of requests preempted in this step are copied
+        self._flush_until = 0.0  # when the stores the next step that runs waits for are copied
         self._hit_blocks: list[BlockHash] = []  # the cached blocks requests admitted in this step took
         if config.host_tier is not None:
             self.kv_cache.add_host_tier(config.host_tier)
@@ -344,7 +344,6 @@ class Engine(FoldableEngine):
         step = Step(start=now, duration=0.0)
         if self._tiered:
             self._complete_transfers(now)
-            self._flush_until = 0.0
             self._hit_blocks = []
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
@@ -356,18 +355,22 @@ class Engine(FoldableEngine):
         if self._tiered:
             self._offer_stores(step, now)
         step.stored, step.removed = self.kv_cache.take_events()
+        if self._tiered:
+            # vLLM's worker waits before the forward for the stores of the requests preempted
+            # here, for the store of a block evicted here, and for a finished request's store of a
+            # block admitted here as a prefix hit; a step that runs nothing leaves the wait to
+            # the next one that does
+            until = max(self._flush_until, self.kv_cache.flush_hits(self._hit_blocks))
+            if step.removed:
+                until = max(until, self.kv_cache.flush_until(step.removed))
+            self._flush_until = until
         if step.scheduled:
             self.iterations += 1
             step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
             if self._tiered:
-                # vLLM's worker waits before the forward for the stores of the requests preempted
-                # here, for the store of a block evicted here, and for a finished request's store of
-                # a block admitted here as a prefix hit
-                until = max(self._flush_until, self.kv_cache.flush_hits(self._hit_blocks))
-                if step.removed:
-                    until = max(until, self.kv_cache.flush_until(step.removed))
-                step.duration += max(0.0, until - now)
+                step.duration += max(0.0, self._flush_until - now)
+                self._flush_until = 0.0
         else:
             self.publish_kv(step.stored, step.removed, now)
         if self._tiered:
