@@ -31,7 +31,7 @@ from tasim.core.model import BlockHash
 from tasim.sim.engine.scheduler import Engine, EngineListener, EngineSetup, Step, StepEngine
 from tasim.sim.perf.perf_model import PerfModel
 from tasim.sim.simulation import run_simulation
-from tasim.validation import ValidationUnavailable
+from tasim.validation import TransferObserver, ValidationUnavailable
 
 VALIDATION_FILE = "validation.json"
 SIDES = ("tasim", "vllm")
@@ -43,11 +43,6 @@ SHOWN_MISMATCHES = 10
 RECORDED_MISMATCHES = 200
 # Policies that need an engine feature vLLM's scheduler does not have.
 _PINNING_POLICIES = frozenset({"continuum"})
-
-
-# Hears of each host copy job an engine plans: worker, request, "load" or "store", the request's
-# blocks it copies (their indexes in its prompt), the start of the step that planned it, when it is done.
-TransferObserver = Callable[[str, str, str, tuple[int, ...], float, float], None]
 
 
 @dataclass(slots=True)
@@ -252,7 +247,7 @@ def validate(scenario: Scenario, out: Path, step_ms: float) -> Comparison:
 
 def _tapped_tasim(log: DecisionLog) -> Callable[[str, EngineSetup, PerfModel, EngineListener], StepEngine]:
     def build(worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> StepEngine:
-        return TransferTap(Engine(worker, config, perf, HostEventTap(listener, log)), log.on_transfer)  # type: ignore[return-value]
+        return TransferTap(Engine(worker, config, perf, HostEventTap(listener, log)), log.on_transfer)
 
     return build
 
@@ -261,7 +256,7 @@ def _tapped_vllm(log: DecisionLog) -> Callable[[str, EngineSetup, PerfModel, Eng
     from tasim.validation.vllm_engine import VllmEngine
 
     def build(worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> StepEngine:
-        return VllmEngine(worker, config, perf, HostEventTap(listener, log), on_transfer=log.on_transfer)  # type: ignore[return-value]
+        return VllmEngine(worker, config, perf, HostEventTap(listener, log), on_transfer=log.on_transfer)
 
     return build
 

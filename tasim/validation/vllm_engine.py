@@ -33,7 +33,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -42,8 +42,7 @@ from tasim.core.model import BlockHash, RequestSpec
 from tasim.sim.engine.host_tier import TransferLane
 from tasim.sim.engine.scheduler import EngineListener, EngineRequest, EngineSetup, Step, step_shape
 from tasim.sim.perf.perf_model import PerfModel
-from tasim.validation import ValidationUnavailable
-from tasim.validation.against_vllm import TransferObserver
+from tasim.validation import TransferObserver, ValidationUnavailable
 
 VLLM_VERSION = "0.31.0"  # the version Dynamo 1.6.1's [vllm] extra pins, so the one its GPU workers run
 
@@ -53,14 +52,15 @@ try:
     import vllm
     from vllm.config import CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVCacheEvent
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingWorkerMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import OffloadingConnectorMetadata, OffloadingWorkerMetadata
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import get_hash_fn_by_name
     from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash, maybe_convert_block_hash
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-    from vllm.v1.kv_offload.base import get_offload_block_hash
+    from vllm.v1.kv_offload.base import GPULoadStoreSpec, OffloadKey, get_offload_block_hash
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
     from vllm.v1.request import Request
     from vllm.v1.structured_output import StructuredOutputManager
@@ -275,7 +275,7 @@ class VllmEngine:
         self._d2h = TransferLane(tier.d2h_gbps if tier else 0.0)
         self._h2d = TransferLane(tier.h2d_gbps if tier else 0.0)
         if tier is not None:
-            self.scheduler.kv_event_publisher = self._capture
+            self.scheduler.kv_event_publisher = self._capture  # type: ignore[assignment]  # publish and shutdown are all it calls
 
     # --- what the simulation reads ---------------------------------------------------------
 
@@ -457,9 +457,12 @@ class VllmEngine:
         request was preempted) is copied before the step runs, which waits for it; every other
         job enters its lane when the step ends."""
         meta = output.kv_connector_metadata
-        keys_of = self.scheduler.connector.scheduler._jobs  # vLLM's TransferJobStatus per job in flight: its keys
+        connector = self.scheduler.connector
+        assert isinstance(meta, OffloadingConnectorMetadata) and isinstance(connector, OffloadingConnector)
+        keys_of = connector.scheduler._jobs  # vLLM's TransferJobStatus per job in flight: its keys
         bs = self.config.block_size
-        for job_id, job in meta.load_jobs.items():
+        for job in meta.load_jobs.values():
+            assert isinstance(job.dst_spec, GPULoadStoreSpec)  # the GPU blocks the hit loads into
             self._gpu_prefix[job.req_id] = self._requests[job.req_id].num_computed_tokens - len(job.dst_spec.block_ids) * bs
         flushed = meta.jobs_to_flush or set()
         blocks = {job_id: self._blocks(keys_of[job_id].keys) for job_id in (*meta.load_jobs, *meta.store_jobs)}
@@ -489,11 +492,11 @@ class VllmEngine:
         # the host events since the last step: stores completed in its outcome, evictions in this schedule
         events = self._capture.events
         self._capture.events = []
-        stored, removed = self._host_events([*events, *self.scheduler.connector.take_events()])
+        stored, removed = self._host_events([*events, *connector.take_events()])
         if stored or removed:
             self.listener.on_host_kv(self.worker, stored, removed, now)
 
-    def _blocks(self, keys: Iterable[bytes]) -> tuple[int, ...]:
+    def _blocks(self, keys: Iterable[OffloadKey]) -> tuple[int, ...]:
         """Offload keys (one block per chunk) as the blocks' indexes in the prompt, in order (a
         block's chained hash has one depth, whichever request it is in)."""
         return tuple(sorted(self._prompt_blocks[get_offload_block_hash(key)][1] for key in keys))
