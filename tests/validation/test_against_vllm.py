@@ -114,7 +114,7 @@ def tiered_workloads(draw: st.DrawFn) -> Scenario:
     block = draw(st.sampled_from([4, 8, 16]))
     chunked = draw(st.booleans())
     budget = draw(st.sampled_from([64, 128, 256]))
-    blocks = draw(st.integers(24, 120))
+    blocks = draw(st.integers(24, 80))
     longest = blocks * block if chunked else min(blocks * block, budget)
     longest_output = min(30, longest // 4)
     system = min(draw(st.sampled_from([0, 3 * block, 37, 100])), longest // 4)
@@ -163,7 +163,7 @@ def tiered_workloads(draw: st.DrawFn) -> Scenario:
     return parse_scenario(raw, "random-tiered")
 
 
-@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(tiered_workloads())
 def test_vllm_with_a_host_tier_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scenario) -> None:
     """Admissions, GPU and host hits, every load and store (blocks, step, done), preemptions,
