@@ -28,6 +28,7 @@ from rich.table import Table
 from tasim.config.scenario import FLAVOUR_DEFAULTS, Override, ReplacedFields, Scenario, replaced_by, with_engine_flavour
 from tasim.core import events as ev
 from tasim.core.model import BlockHash
+from tasim.sim.engine.kv_manager import HostTierSetup
 from tasim.sim.engine.scheduler import Engine, EngineListener, EngineSetup, Step, StepEngine
 from tasim.sim.perf.perf_model import PerfModel
 from tasim.sim.simulation import run_simulation
@@ -405,7 +406,7 @@ def validation_record(scenario: Scenario, step_ms: float, result: Comparison) ->
             "enable_chunked_prefill": config.enable_chunked_prefill,
             "max_model_len": config.max_model_len,
         },
-        "host_tier": None if config.host_tier is None else {"blocks": config.host_tier.blocks, "block_bytes": config.host_tier.block_bytes},
+        "host_tier": None if config.host_tier is None else _tier_record(config.host_tier),
         "requests": result.requests,
         "identical": result.identical,
         "host_event_steps": result.host_event_steps,
@@ -417,6 +418,16 @@ def validation_record(scenario: Scenario, step_ms: float, result: Comparison) ->
         "mismatch_count": len(result.mismatches),
         "summary": result.summaries,
         "wall_s": result.walls,
+    }
+
+
+def _tier_record(tier: HostTierSetup) -> dict[str, Any]:
+    return {
+        "blocks": tier.blocks,
+        "block_bytes": tier.block_bytes,
+        "d2h_gbps": tier.d2h_gbps,
+        "h2d_gbps": tier.h2d_gbps,
+        "store_threshold": tier.store_threshold,
     }
 
 
