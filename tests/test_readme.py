@@ -261,6 +261,10 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
     GPU_ROLLOUT: ("", check_refused_without_gpus),
     # docs/howto/validate.md
     "python -m tasim validate vllm live-mocker": ("", check_written("runs/validate-vllm-live-mocker/validation.json")),
+    "python -m tasim validate vllm live-mocker --set cluster.engine.host_tier.ratio=2 --out runs/validate-vllm-live-mocker-tier": (
+        "",
+        check_written("runs/validate-vllm-live-mocker-tier/validation.json"),
+    ),
     "python -m tasim validate dynamo multiturn-validation --set duration_s=120 --repeats 1": (
         "",
         check_written("runs/validate-multiturn-validation/validation.json"),

@@ -11,6 +11,13 @@ the simulators', not the bookkeeping's. `against_dynamo` runs and tabulates one 
 
 May import: `tasim.tools`, `tasim.sim`, `tasim.live` and every layer below them."""
 
+from collections.abc import Callable
+
+# Hears of each host copy job an engine plans (`against_vllm`, both engines): worker, request,
+# "load" or "store", the request's blocks it copies (their indexes in its prompt), the start of
+# the step that planned it, and when it is done.
+TransferObserver = Callable[[str, str, str, tuple[int, ...], float, float], None]
+
 
 class ValidationUnavailable(ValueError):
     """A validation that cannot run: the workload has no trace form, or Dynamo is missing or failed."""

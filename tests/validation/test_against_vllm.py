@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tasim.config.scenario import Scenario, load_scenario, parse_scenario
-from tasim.validation.against_vllm import DECISIONS, DecisionLog, compare, oracle_scenario, validate
+from tasim.validation.against_vllm import DECISIONS, TIER_DECISIONS, DecisionLog, compare, oracle_scenario, validate
 
 pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
 
@@ -105,6 +105,118 @@ def test_vllm_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scen
     _validate(scenario, tmp_path)
 
 
+@st.composite
+def tiered_workloads(draw: st.DrawFn) -> Scenario:
+    """Small engines with a host tier behind them: GPU pools that thrash, host pools from a few
+    blocks (stores that do not fit, evictions) to more than the GPU's, copies from instant to a
+    few steps per block, store_threshold 0 or 2, agents sharing a system prompt, one or two
+    workers, fcfs or priority scheduling."""
+    block = draw(st.sampled_from([4, 8, 16]))
+    chunked = draw(st.booleans())
+    budget = draw(st.sampled_from([64, 128, 256]))
+    blocks = draw(st.integers(24, 80))
+    longest = blocks * block if chunked else min(blocks * block, budget)
+    longest_output = min(30, longest // 4)
+    system = min(draw(st.sampled_from([0, 3 * block, 37, 100])), longest // 4)
+    policy = draw(st.sampled_from(["round_robin", "kv_router", "thunderagent", "autellix"]))
+    # a block (100 kB) is copied in no time, 0.1 ms, 2 ms or 20 ms (two steps)
+    gbps = draw(st.sampled_from([0.0, 0.005, 0.05, 1.0]))
+    raw = {
+        "name": "random-tiered",
+        "seed": draw(st.integers(0, 1000)),
+        "duration_s": 1e6,
+        "cluster": {
+            "backends": draw(st.sampled_from([1, 1, 2])),
+            "engine": {
+                "block_size": block,
+                "kv_blocks": blocks + 1,
+                "max_num_seqs": draw(st.sampled_from([2, 4, 8, 64])),
+                "max_num_batched_tokens": budget,
+                "enable_chunked_prefill": chunked,
+                "scheduling_policy": "priority" if policy == "autellix" else draw(st.sampled_from(["fcfs", "priority"])),
+                "host_tier": {
+                    "blocks": draw(st.sampled_from([4, blocks // 2, blocks, 2 * blocks])),
+                    "kv_bytes_per_token": 100_000 // block,
+                    "d2h_gbps": gbps,
+                    "h2d_gbps": draw(st.sampled_from([gbps, 0.0, 0.005])),
+                    "store_threshold": draw(st.sampled_from([0, 0, 2])),
+                },
+            },
+        },
+        "workload": {
+            "kind": "agent",
+            "arrival": "closed",
+            "concurrency": draw(st.integers(3, 10)),
+            "programs": draw(st.integers(4, 14)),
+            "system_prompt_tokens": system,
+            "task_prompt_tokens": {"kind": "uniform", "low": 1, "high": min(120, longest - system - longest_output)},
+            "turns": {"kind": "uniform", "low": 2, "high": 5},
+            "output_tokens": {"kind": "uniform", "low": 1, "high": longest_output},
+            "observation_tokens": {"kind": "uniform", "low": 0, "high": 60},
+            "tool_latency_s": {"kind": "uniform", "low": 0.02, "high": 0.3},
+            "max_context_tokens": longest,
+        },
+        "policy": {"name": policy},
+    }
+    if policy == "autellix":
+        raw["policy"]["params"] = {"queue_boundaries_s": [0.05, 0.1, 0.2, 0.4]}  # type: ignore[index]
+    return parse_scenario(raw, "random-tiered")
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(tiered_workloads())
+def test_vllm_with_a_host_tier_decides_every_request_as_tasim_does(tmp_path: Path, scenario: Scenario) -> None:
+    """Admissions, GPU and host hits, every load and store (blocks, step, done), preemptions,
+    first tokens and finishes per request, and the host's KV events per worker and step."""
+    result = validate(scenario, tmp_path, STEP_MS)
+    assert result.tiered
+    assert result.mismatches == [], result.mismatches[:3]
+    assert result.all_identical
+
+
+# A host tier of 128 KiB per token (Llama 3.1 8B in bf16: a 16-token block is 2 MiB) behind a
+# GPU pool that holds a fraction of the 40 programs, so their prompts come back from the host.
+_TIERED_LOOP = ["workload.programs=40", "workload.concurrency=40", "cluster.engine.host_tier.kv_bytes_per_token=131072"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        # the host holds every program: its hits are loaded at 32 GB/s, within a step
+        ["cluster.engine.kv_blocks=500", "cluster.engine.host_tier.blocks=4000"],
+        # a host smaller than the programs (evictions; stores that do not fit wait), each block
+        # stored only at its second offer, copies at 2 GB/s that take a few steps
+        [
+            "cluster.engine.kv_blocks=500",
+            "cluster.engine.host_tier.blocks=600",
+            "cluster.engine.host_tier.store_threshold=2",
+            "cluster.engine.host_tier.d2h_gbps=2",
+            "cluster.engine.host_tier.h2d_gbps=2",
+        ],
+        # two workers under Autellix's priorities, stores instant, loads at 8 GB/s
+        [
+            "cluster.backends=2",
+            "cluster.engine.kv_blocks=300",
+            "cluster.engine.scheduling_policy=priority",
+            "policy.name=autellix",
+            "cluster.engine.host_tier.blocks=1000",
+            "cluster.engine.host_tier.d2h_gbps=0",
+            "cluster.engine.host_tier.h2d_gbps=8",
+        ],
+    ],
+    ids=["host holds everything", "small slow host, store_threshold 2", "2 workers, autellix"],
+)
+def test_tiered_tool_loops_agree(tmp_path: Path, overrides: list[str]) -> None:
+    scenario_file = tmp_path / "tool-loop.yaml"
+    scenario_file.write_text(json.dumps(TOOL_LOOP))
+    result = validate(load_scenario(scenario_file, _TIERED_LOOP + overrides), tmp_path / "out", STEP_MS)
+    assert result.mismatches == [], result.mismatches[:3]
+    assert result.all_identical and result.tiered and result.requests == 160
+    summary = result.summaries["vllm"]
+    assert summary["host_tier"]["host_hit_tokens"] > 0 and summary["preemptions"] > 0
+    assert result.host_event_steps > 0
+
+
 @pytest.mark.parametrize(
     "overrides",
     [
@@ -169,6 +281,23 @@ def test_cli_compares_and_writes_the_record(tmp_path: Path) -> None:
     assert record["identical"] == dict.fromkeys(DECISIONS, 120)
     assert record["engine"]["num_blocks"] == 2000  # 2001 configured, one is vLLM's null block
     assert (out / "tasim" / "events.jsonl").is_file() and (out / "vllm" / "events.jsonl").is_file()
+
+
+def test_cli_compares_a_host_tier(tmp_path: Path) -> None:
+    scenario = tmp_path / "tool-loop.yaml"
+    scenario.write_text(json.dumps(TOOL_LOOP))
+    out = tmp_path / "out"
+    tier = ["--set", "cluster.engine.kv_blocks=400", "--set", "cluster.engine.host_tier.blocks=2000"]
+    result = tasim("validate", "vllm", str(scenario), "--set", "workload.concurrency=30", "--set", "workload.programs=30", *tier, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for row in (*DECISIONS, *TIER_DECISIONS, "host KV events, per worker step", "host-hit tokens", "host stored tokens", "H2D busy (s)"):
+        assert f"{row} " in result.stdout
+    assert "✗" not in result.stdout
+    record = json.loads((out / "validation.json").read_text())
+    assert record["all_identical"] is True
+    assert record["identical"] == dict.fromkeys(DECISIONS + TIER_DECISIONS, 120)
+    assert record["host_tier"]["blocks"] == 2000
+    assert record["summary"]["vllm"]["host_tier"]["host_hit_tokens"] > 0
 
 
 def test_validate_vllm_leaves_no_temporary_folder(tmp_path: Path) -> None:

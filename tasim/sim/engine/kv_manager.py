@@ -309,7 +309,9 @@ class KVCacheManager:
         start = computed.gpu_blocks
         stop = start + computed.host_blocks
         keys = host.prepare_load(request.block_hashes, start, stop, access)
-        request.next_store = max(request.next_store, stop)
+        # set, not raised: a request preempted after storing further offers those blocks again
+        # (vLLM sets next_stored_chunk_idx to the cached chunks, connector/scheduler.py:1194-1196)
+        request.next_store = stop
         request.host_jobs += 1
         self._unsubmitted.append(_Transfer(True, keys, request))
 
@@ -353,6 +355,30 @@ class KVCacheManager:
                 done = store_done.get(key)
                 if done is not None and done > until:
                     until = done
+        return until
+
+    def flush_request(self, request: RequestBlocks) -> float:
+        """When the request's stores in flight are copied (0.0 when none): vLLM flushes those of
+        a preempted request, its worker waiting for them before the step's forward
+        (connector/scheduler.py:1786-1794), so they are done when the step is."""
+        until = 0.0
+        if request.host_jobs:
+            for job in self._in_flight:
+                if job.request is request and job.done > until:
+                    until = job.done
+        return until
+
+    def flush_hits(self, hits: Sequence[BlockHash]) -> float:
+        """When the stores in flight of finished requests (they hold no blocks) that copy any of
+        ``hits`` are done (0.0 when none): vLLM flushes such a store when a step hands one of its
+        source blocks to a request, as a prefix hit as much as a new block
+        (connector/scheduler.py:1796-1808, the blocks of every request admitted in the step)."""
+        until = 0.0
+        if hits and self._store_done:
+            wanted = set(hits)
+            for job in self._in_flight:
+                if not job.load and job.done > until and job.request.phys == 0 and not wanted.isdisjoint(job.keys):
+                    until = job.done
         return until
 
     def submit_transfers(self, at: float) -> None:

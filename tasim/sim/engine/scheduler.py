@@ -271,6 +271,8 @@ class Engine(FoldableEngine):
         # offered; a step that loads host blocks lasts at least until they are copied.
         self._sglang = config.host_tier is not None and config.host_tier.semantics == "sglang"
         self._load_done = 0.0
+        self._flush_until = 0.0  # when the stores the next step that runs waits for are copied
+        self._hit_blocks: list[BlockHash] = []  # the cached blocks requests admitted in this step took
         if config.host_tier is not None:
             self.kv_cache.add_host_tier(config.host_tier)
 
@@ -346,25 +348,35 @@ class Engine(FoldableEngine):
         step = Step(start=now, duration=0.0)
         if self._tiered:
             self._complete_transfers(now)
+            self._hit_blocks = []
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
             if self.loaded:
                 budget = self._resume_loaded(step, budget, now)
-            self._admit_waiting(step, budget, now)
+            if not self.loaded:  # vLLM's scan reaches the queue only past every loaded request
+                self._admit_waiting(step, budget, now)
         if self._tiered and not self._sglang:
             self._offer_stores(step, now)
         step.stored, step.removed = self.kv_cache.take_events()
         if self._sglang:
             self._publish_host_kv(now)
+        if self._tiered:
+            # vLLM's worker waits before the forward for the stores of the requests preempted
+            # here, for the store of a block evicted here, and for a finished request's store of a
+            # block admitted here as a prefix hit (SGLang's write-back for its writes of blocks
+            # evicted here); a step that runs nothing leaves the wait to the next one that does
+            until = max(self._flush_until, self.kv_cache.flush_hits(self._hit_blocks))
+            if step.removed:
+                until = max(until, self.kv_cache.flush_until(step.removed))
+            self._flush_until = until
         if step.scheduled:
             self.iterations += 1
             step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
-            if self._tiered and step.removed:
-                # vLLM's worker waits for the store of a block evicted here before the forward
-                # (SGLang's write-back for its write of the block)
-                step.duration += max(0.0, self.kv_cache.flush_until(step.removed) - now)
+            if self._tiered:
+                step.duration += max(0.0, self._flush_until - now)
+                self._flush_until = 0.0
             if self._load_done > now:  # SGLang: the forward waits for its layers' loads
                 step.duration = max(step.duration, self._load_done - now)
         else:
@@ -481,7 +493,11 @@ class Engine(FoldableEngine):
             if not kv_cache.fits(length, computed):
                 break
             if computed.host_blocks and not self._sglang:
-                if not kv_cache.fits(length, computed, self._prefill_reserve(step)):
+                # vLLM keeps the reservation free of the blocks the hit loads into, not of the
+                # whole request (whose fit was checked above without it)
+                gpu_tokens = computed.gpu_blocks * bs
+                hit, _ = host_hit(gpu_tokens, computed.host_blocks, length, bs)
+                if not kv_cache.fits(gpu_tokens + hit, computed, self._prefill_reserve(step)):
                     break
                 del waiting[at]
                 self._park(req, computed, length)
@@ -507,6 +523,8 @@ class Engine(FoldableEngine):
                 self._load_done = max(self._load_done, kv_cache.load_back(req, computed, now))
                 req.host_tokens = computed.host_blocks * bs
             req.computed = cached
+            if self._tiered:
+                self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
             self._admitted(req, step, chunk, now)
             budget -= chunk
 
@@ -539,6 +557,7 @@ class Engine(FoldableEngine):
         if not kv_cache.allocate_slots(req, gpu_tokens + hit, computed, release_pin=req.spec.program, delay_caching=True):
             raise AssertionError(f"{self.worker}: a host load for {req.spec.id} found no blocks after the capacity check")
         kv_cache.start_load(req, computed)
+        self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
         req.computed = computed_tokens
         req.host_tokens = computed_tokens - gpu_tokens
         self.parked.append(req)
@@ -546,8 +565,8 @@ class Engine(FoldableEngine):
     def _prefill_reserve(self, step: Step) -> int:
         """Blocks that the requests still prefilling after this step (loading, loaded, or
         scheduled short of their last token) need beyond what they hold: vLLM admits a host hit
-        only if it fits without them (``_inflight_prefill_reserved_blocks``), so that requests
-        holding blocks without progress cannot starve each other."""
+        only if the blocks it loads into fit without them (``_inflight_prefill_reserved_blocks``),
+        so that requests holding blocks without progress cannot starve each other."""
         bs = self.config.block_size
         reserve = 0
         for req in self.parked:
@@ -565,11 +584,19 @@ class Engine(FoldableEngine):
         for req in self.kv_cache.complete_transfers(now):
             assert isinstance(req, EngineRequest)
             self.parked.remove(req)
-            self.loaded.append(req)
+            if self._by_priority:  # vLLM's queue of requests holding blocks is ordered as its waiting queue
+                at = len(self.loaded)
+                while at and _priority_order(self.loaded[at - 1]) > _priority_order(req):
+                    at -= 1
+                self.loaded.insert(at, req)
+            else:
+                self.loaded.append(req)
 
     def _resume_loaded(self, step: Step, budget: int, now: float) -> int:
-        """Schedule the loaded requests, in the order their loads completed, as admissions: their
-        loaded blocks are cached as their first tokens' slots are taken."""
+        """Schedule the loaded requests, in the order their loads completed (under priority
+        scheduling in priority order), as admissions: their loaded blocks are cached as their first
+        tokens' slots are taken. One that cannot run stops the step's admissions, as vLLM's scan of
+        its queues breaks there."""
         cfg = self.config
         loaded = self.loaded
         while loaded and budget > 0 and len(self.running) < cfg.max_num_seqs:
@@ -578,9 +605,13 @@ class Engine(FoldableEngine):
             chunk = min(pending, budget)
             if not cfg.enable_chunked_prefill and chunk < pending:
                 break
+            if blocks_for(req.length, cfg.block_size) - req.phys > self.kv_cache.available:
+                break  # vLLM's full_sequence_must_fit: the whole request must fit before it runs
+            held = req.full_done  # its GPU prefix: the loaded blocks are cached by this allocation
             if not self.kv_cache.allocate_slots(req, req.computed + chunk):
                 break
             loaded.popleft()
+            self._hit_blocks += req.block_hashes[:held]
             self._admitted(req, step, chunk, now)
             budget -= chunk
         return budget
@@ -642,6 +673,8 @@ class Engine(FoldableEngine):
                 del step.scheduled[k]
                 break
         lost = victim.lost = victim.computed
+        if self._tiered:
+            self._flush_until = max(self._flush_until, self.kv_cache.flush_request(victim))
         self.running.remove(victim)
         self.kv_cache.free(victim)
         victim.computed = 0
