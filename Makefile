@@ -42,9 +42,12 @@ demo: $(CORE) $(NATIVE)
 	$(BIN)/python -m tasim compare swe-agent-2x --policies round_robin,kv_router,thunderagent --seeds 3 --set workload.concurrency=96
 	@echo "next, its knobs: python -m tasim tune swe-agent-2x --policy thunderagent --set workload.concurrency=96 --space policy.params.scheduler_interval_s=1:20:log --space 'policy.params.admission_order=smallest_first|fifo' --objective calls_per_min --trials 8 (then live: README.md, Quickstart)"
 
-# The whole suite, as CI runs it, with the slowest tests named at the end.
+# The whole suite, as CI runs it, with the slowest tests named at the end: the tests that start
+# no real process on both cores, then those that do (Dynamo stacks, Ray, vLLM's scheduler, the
+# CLI under signals) one at a time, since they bind ports and hold live-vs-simulated tolerances.
 test: install
-	$(BIN)/python -m pytest --durations=25
+	$(BIN)/python -m pytest -n 2 -m "not processes" --durations=15
+	$(BIN)/python -m pytest -m processes --durations=15
 
 # The developer's loop: everything but the tests that start real processes or run long, on both
 # cores (about two minutes on 2 cores).
