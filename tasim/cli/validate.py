@@ -102,8 +102,6 @@ def run_dynamo(args: argparse.Namespace) -> int:
         if problem:
             raise UsageError(f"--set {shown(assignment)}: {problem}")
     scenario = load_scenario(scenario_path(args.scenario), seeded(args))
-    if scenario.cluster.engine.host_tier is not None:  # tasim's side would have a tier Dynamo's replay lacks
-        raise UsageError("cluster.engine.host_tier: validate dynamo does not give Dynamo's replay a host tier yet (leave it unset)")
     out = output_dir(args.out or Path("runs") / f"validate-{scenario.name}")
     trace, results = validate(scenario, out, list(dict.fromkeys(routers)), args.repeats)
     out.mkdir(parents=True, exist_ok=True)

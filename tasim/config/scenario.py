@@ -68,10 +68,12 @@ class HostTierConfig(_Strict):
     """A host (CPU) KV tier behind each engine's GPU pool: vLLM 0.31's native CPU offloading
     (OffloadingConnector, one GPU block per chunk). Size it with exactly one of blocks, gib and ratio."""
 
-    semantics: Literal["vllm"] = Field(
+    semantics: Literal["vllm", "dynamo_mocker"] = Field(
         "vllm",
         description="whose tier this models: vLLM 0.31's OffloadingConnector (prompt blocks stored as they are "
-        "computed, a host hit loaded before the request runs, LRU at request finish)",
+        "computed, a host hit loaded before the request runs, LRU at request finish), or Dynamo 1.6.1 mocker's "
+        "model of it (dynamo_mocker: loads start at admission, a prompt loaded whole recomputes its last block, "
+        "recency touched at lookups, stores and copy completions; what validate dynamo compares against)",
     )
     blocks: PositiveInt | None = Field(None, le=1 << 40, description="host capacity in blocks (Dynamo mocker's --num-host-blocks)")
     gib: PositiveFloat | None = Field(

@@ -60,7 +60,7 @@ def host_tier_setup(scenario: Scenario) -> HostTierSetup | None:
     if tier is None:
         return None
     block_bytes = cluster.engine.block_size * cluster.kv_bytes_per_token() // cluster.tp
-    return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold)
+    return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold, tier.semantics)
 
 
 def served_len(scenario: Scenario) -> int:

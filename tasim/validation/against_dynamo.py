@@ -54,8 +54,8 @@ def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:
 def validate(scenario: Scenario, out: Path, routers: Sequence[Router], repeats: int = 3) -> tuple[ReplayTrace, list[RouterResult]]:
     """Replay on both sides; randomized routers ``repeats`` times each (tasim with seeds
     ``seed``, ``seed + 1``, ...), deterministic ones once. tasim's engine runs as the mocker's
-    flavour: the one Dynamo's replay simulates."""
-    scenario = with_engine_flavour(scenario, "mocker")
+    flavour, and its host tier, if any, with the mocker's semantics: what Dynamo's replay simulates."""
+    scenario = with_mocker_host_tier(with_engine_flavour(scenario, "mocker"))
     trace = replay_trace(scenario, out.resolve())
     results = []
     for router in routers:
@@ -68,6 +68,17 @@ def validate(scenario: Scenario, out: Path, routers: Sequence[Router], repeats: 
             tasim_runs.append(summarize(records, wall))
         results.append(RouterResult(router, dynamo_runs, tasim_runs, dynamo_incomplete, tasim_incomplete))
     return trace, results
+
+
+def with_mocker_host_tier(scenario: Scenario) -> Scenario:
+    """The scenario with its host tier, if it has one, as Dynamo's mocker models it: the
+    ``dynamo_mocker`` semantics, every offered block stored."""
+    engine = scenario.cluster.engine
+    if engine.host_tier is None:
+        return scenario
+    tier = engine.host_tier.model_copy(update={"semantics": "dynamo_mocker", "store_threshold": 0})
+    cluster = scenario.cluster.model_copy(update={"engine": engine.model_copy(update={"host_tier": tier})})
+    return scenario.model_copy(update={"cluster": cluster})
 
 
 def validation_record(scenario: Scenario, trace: ReplayTrace, results: Sequence[RouterResult]) -> dict[str, Any]:

@@ -28,6 +28,8 @@ REPLACED_FIELDS: ReplacedFields = {
         FLAVOUR_DEFAULTS["mocker"]["reuse_output_blocks"],
         "the mocker caches its output under token ids of its own",
     ),
+    "cluster.engine.host_tier.semantics": ("dynamo_mocker", "Dynamo's replay runs the mocker's host tier"),
+    "cluster.engine.host_tier.store_threshold": (0, "the mocker stores every block it is offered"),
     "cluster.perf.model": (MOCKER_PERF_MODEL, "the mocker's step times"),
     "metrics.warmup_s": (0.0, "every request of the trace is measured"),
     "metrics.sample_interval_s": (_UNBOUNDED_S, "the replay takes no samples"),
