@@ -28,7 +28,7 @@ step would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Final, TypeVar
 
@@ -90,7 +90,7 @@ class HostTierSetup:
     copy lane's bandwidth in GB/s (0: instant), and whose semantics it has: vLLM's, or Dynamo
     mocker's (``dynamo_mocker``, `tasim.sim.engine.mocker_host_tier`)."""
 
-    __slots__ = ("blocks", "block_bytes", "d2h_gbps", "h2d_gbps", "store_threshold", "semantics")
+    __slots__ = ("blocks", "block_bytes", "d2h_gbps", "h2d_gbps", "store_threshold", "semantics", "cohort_order")
 
     def __init__(
         self,
@@ -100,6 +100,7 @@ class HostTierSetup:
         h2d_gbps: float = 32.0,
         store_threshold: int = 0,
         semantics: str = "vllm",
+        cohort_order: Mapping[BlockHash, int] | None = None,
     ) -> None:
         self.blocks: Final = blocks
         self.block_bytes: Final = block_bytes
@@ -107,6 +108,7 @@ class HostTierSetup:
         self.h2d_gbps: Final = h2d_gbps
         self.store_threshold: Final = store_threshold
         self.semantics: Final = semantics
+        self.cohort_order: Final = cohort_order  # dynamo_mocker: see `MockerHostPool`
 
 
 class _Transfer:
@@ -171,7 +173,7 @@ class KVCacheManager:
         if not self.enable_caching:
             raise ValueError("a host tier needs prefix caching")
         if setup.semantics == "dynamo_mocker":
-            self.host = self.mocker_host = MockerHostPool(setup.blocks, setup.store_threshold)
+            self.host = self.mocker_host = MockerHostPool(setup.blocks, setup.store_threshold, cohort_order=setup.cohort_order)
         else:
             self.host = HostPool(setup.blocks, setup.store_threshold)
         self._host_block_bytes = setup.block_bytes

@@ -16,14 +16,15 @@ newest end on each *touch* (``tier.rs``, ``Lru``):
   ``observe_completed_blocks``);
 * a request's finish touches nothing (vLLM re-ranks what the request observed then).
 
-Inside a cohort the mocker orders blocks by its sequence hash, a stand-in for vLLM's
-unordered Python sets; tasim orders them by its own block hash, so which blocks of one cohort
-go first can differ from the mocker's (docs/results/validation.md says how much that costs).
+Inside a cohort the mocker orders blocks by its sequence hash (a stand-in for vLLM's unordered
+Python sets), so which blocks of a cohort are evicted first depends on hash values: given the
+mocker's sequence hash of each block (``cohort_order``; `tasim.validation.mocker_hashes`
+computes them for a replayed trace) tasim orders them alike, else by its own block hash.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tasim.core.model import BlockHash
 from tasim.sim.engine.host_tier import HostPool
@@ -32,7 +33,13 @@ from tasim.sim.engine.host_tier import HostPool
 class MockerHostPool(HostPool):
     """`HostPool` with the recency of Dynamo's mocker (see the module docstring)."""
 
-    __slots__ = ()
+    __slots__ = ("cohort_order",)
+
+    def __init__(
+        self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000, cohort_order: Mapping[BlockHash, int] | None = None
+    ) -> None:
+        super().__init__(capacity, store_threshold, max_tracker_size)
+        self.cohort_order = cohort_order  # the mocker's sequence hash of each block, where known
 
     def touch_prompt(self, hashes: Sequence[BlockHash], prompt_blocks: int) -> None:
         """Touch the ready, unpinned blocks among the first ``prompt_blocks`` of ``hashes``, tail
@@ -58,7 +65,9 @@ class MockerHostPool(HostPool):
 
     def _touch_cohort(self, keys: Sequence[BlockHash]) -> None:
         slots = self._slots
-        for key in sorted(keys):
+        order = self.cohort_order
+        ranked = sorted(keys) if order is None else sorted(keys, key=lambda key: order.get(key, key))
+        for key in ranked:
             if key in slots:
                 slots.move_to_end(key)
 
