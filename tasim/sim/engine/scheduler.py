@@ -40,8 +40,8 @@ from typing import Literal, Protocol
 from tasim.core.model import BlockHash, RequestSpec, blocks_for
 from tasim.sim.engine.block_pool import Eviction
 from tasim.sim.engine.host_tier import host_hit
-from tasim.sim.engine.mocker_host_tier import mocker_host_hit
 from tasim.sim.engine.kv_manager import BlockBoundary, ComputedBlocks, HostTierSetup, KVCacheManager, RequestBlocks
+from tasim.sim.engine.mocker_host_tier import mocker_host_hit
 from tasim.sim.perf.perf_model import PerfModel, StepShape, decode_shape, summed
 
 
