@@ -1,11 +1,13 @@
 """The cross-validation matrix of docs/results/validation.md: every workload x configuration x router
 through `validate`, written as a markdown table between the document's markers.
 
-    python -m lab.dynamo_matrix [--jobs N] [--doc docs/results/validation.md]
+    python -m lab.dynamo_matrix [--jobs N] [--doc docs/results/validation.md] [--tiered-only]
 
 Workloads: both Mooncake traces (open loop) and the synthetic multi-turn agents preset (closed
 loop, sessions). Configurations: 2 and 8 workers x block sizes 16 and 64 x pools of 4,096 and
-32,768 blocks per worker.
+32,768 blocks per worker; and, with a host tier of 4,096 blocks per worker behind the smaller
+pool (both tiers evict), 2 and 8 workers x block sizes 16 and 64, in a table of their own
+(``--tiered-only`` runs and rewrites just that one).
 """
 
 from __future__ import annotations
@@ -37,7 +39,10 @@ WORKLOADS = {
 WORKERS = (2, 8)
 BLOCK_SIZES = (16, 64)
 POOLS = (4096, 32768)
+TIERED_POOL = 4096
+HOST_BLOCKS = 4096  # as large as the GPU pool in front of it: both evict on every workload
 BEGIN, END = "<!-- dynamo-matrix:begin -->", "<!-- dynamo-matrix:end -->"
+TIER_BEGIN, TIER_END = "<!-- dynamo-tier-matrix:begin -->", "<!-- dynamo-tier-matrix:end -->"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,18 +51,25 @@ class Config:
     workers: int
     block_size: int
     blocks: int
+    host_blocks: int | None = None  # a host tier of this many blocks per worker
 
     def overrides(self) -> list[str]:
+        tier = [] if self.host_blocks is None else [f"cluster.engine.host_tier={{blocks: {self.host_blocks}}}"]
         return [
             f"cluster.backends={self.workers}",
             f"cluster.engine.block_size={self.block_size}",
             f"cluster.engine.kv_blocks={self.blocks}",
             "cluster.perf.model=dynamo_polynomial",
+            *tier,
         ]
 
 
 def configs() -> list[Config]:
     return [Config(*c) for c in itertools.product(WORKLOADS, WORKERS, BLOCK_SIZES, POOLS)]
+
+
+def tiered_configs() -> list[Config]:
+    return [Config(w, n, bs, TIERED_POOL, HOST_BLOCKS) for w, n, bs in itertools.product(WORKLOADS, WORKERS, BLOCK_SIZES)]
 
 
 def run_config(config: Config) -> tuple[list[RouterResult], int] | str:
@@ -72,8 +84,8 @@ def run_config(config: Config) -> tuple[list[RouterResult], int] | str:
     return results, trace.excluded
 
 
-def _cell(diff: Difference) -> str:
-    return diff.shown() + ("" if diff.within is not False else " ✗")
+def _cell(diff: Difference, held: bool = True) -> str:
+    return diff.shown() + ("" if diff.within is not False or not held else " ✗")
 
 
 Outcome = tuple[list[RouterResult], int] | str
@@ -98,17 +110,49 @@ def markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
             cells = [config.workload, str(config.workers), str(config.block_size), f"{config.blocks:,}", "both", outcome.replace("|", "/")] + [""] * 7
             lines.append("| " + " | ".join(cells) + " |")
             continue
-        router_results, excluded = outcome
-        for r in router_results:
-            d = {diff.metric.key: diff for diff in r.differences}
-            reuse = f"{d['prefix_reuse'].dynamo:.4f} → {d['prefix_reuse'].tasim:.4f} ({_cell(d['prefix_reuse'])})"
-            incomplete = f" ({excluded} left out: too large)" if excluded else ""
-            lines.append(
-                f"| {config.workload} | {config.workers} | {config.block_size} | {config.blocks:,} | {r.router} "
-                f"| {r.dynamo['requests']:,.0f}{incomplete} | {_cell(d['output_tok_s'])} | {reuse} "
-                f"| {_cell(d['first_admission_reuse'])} | {_cell(d['ttft_mean_ms'])} | {_cell(d['tpot_mean_ms'])} "
-                f"| {_cell(d['e2e_mean_ms'])} | {d['wall_s'].dynamo:.2f} / {d['wall_s'].tasim:.2f} |"
-            )
+        lines += _rows(config, outcome)
+    return "\n".join(lines)
+
+
+def _rows(config: Config, outcome: tuple[list[RouterResult], int]) -> list[str]:
+    router_results, excluded = outcome
+    rows = []
+    host = "" if config.host_blocks is None else f" | {config.host_blocks:,}"
+    for r in router_results:
+        held = r.held_to_tolerances
+        d = {diff.metric.key: diff for diff in r.differences}
+        reuse = f"{d['prefix_reuse'].dynamo:.4f} → {d['prefix_reuse'].tasim:.4f} ({_cell(d['prefix_reuse'], held)})"
+        incomplete = f" ({excluded} left out: too large)" if excluded else ""
+        router = r.router if held else f"{r.router} †"
+        rows.append(
+            f"| {config.workload} | {config.workers} | {config.block_size} | {config.blocks:,}{host} | {router} "
+            f"| {r.dynamo['requests']:,.0f}{incomplete} | {_cell(d['output_tok_s'], held)} | {reuse} "
+            f"| {_cell(d['first_admission_reuse'], held)} | {_cell(d['ttft_mean_ms'], held)} | {_cell(d['tpot_mean_ms'], held)} "
+            f"| {_cell(d['e2e_mean_ms'], held)} | {d['wall_s'].dynamo:.2f} / {d['wall_s'].tasim:.2f} |"
+        )
+    return rows
+
+
+def tiered_markdown(results: Sequence[tuple[Config, Outcome]]) -> str:
+    """The table of the configurations with a host tier (`tiered_configs`)."""
+    lines = [
+        "Generated by `python -m lab.dynamo_matrix` (`make validation`; `--tiered-only` for this table alone). As the",
+        "table above, with a host tier of the given size behind each worker's GPU pool: Dynamo's mocker runs its",
+        "native G2 tier (`native_host_offload`, 32 GB/s each way, 131,072 KV bytes per token), tasim the",
+        "`dynamo_mocker` host-tier semantics. Tolerances and ✗ as above. † `kv_router` with a host tier is compared",
+        "but not held to the tolerances: Dynamo's router credits a worker's host-only blocks at weight 0.75 and",
+        "tasim's `kv_router` does not credit host blocks yet.",
+        "",
+        "| workload | workers | block | pool | host | router | requests | throughput | prefix reuse (Dynamo → tasim) "
+        "| reuse, 1st admission | TTFT mean | TPOT mean | E2E mean | wall s (Dynamo / tasim) |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for config, outcome in results:
+        if isinstance(outcome, str):
+            cells = [config.workload, str(config.workers), str(config.block_size), f"{config.blocks:,}", f"{config.host_blocks:,}", "both"]
+            lines.append("| " + " | ".join(cells + [outcome.replace("|", "/")] + [""] * 7) + " |")
+            continue
+        lines += _rows(config, outcome)
     return "\n".join(lines)
 
 
@@ -117,10 +161,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--doc", type=Path, default=Path("docs/results/validation.md"))
     parser.add_argument("--json", type=Path, help="also write every result as JSON here")
+    parser.add_argument("--tiered-only", action="store_true", help="run and rewrite only the table of configurations with a host tier")
     args = parser.parse_args(argv)
-    plan = configs()
+    plain = [] if args.tiered_only else configs()
+    tiered = tiered_configs()
+    plan = plain + tiered
     results = list(zip(plan, map_in_processes(run_config, plan, args.jobs)))
-    replace_section(args.doc, BEGIN, END, markdown(results))
+    if plain:
+        replace_section(args.doc, BEGIN, END, markdown(results[: len(plain)]))
+    replace_section(args.doc, TIER_BEGIN, TIER_END, tiered_markdown(results[len(plain) :]))
     if args.json:
         args.json.write_text(json.dumps(_records(results), indent=1))
 

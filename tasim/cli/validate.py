@@ -89,7 +89,7 @@ def add_parser(commands: Commands) -> None:
 
 
 def run_dynamo(args: argparse.Namespace) -> int:
-    from tasim.validation.against_dynamo import VALIDATION_FILE, validate, validation_record, validation_table
+    from tasim.validation.against_dynamo import VALIDATION_FILE, unheld_note, validate, validation_record, validation_table
     from tasim.validation.dynamo_replay import ROUTERS
     from tasim.validation.tasim_replay import lost_in_replay
 
@@ -102,13 +102,14 @@ def run_dynamo(args: argparse.Namespace) -> int:
         if problem:
             raise UsageError(f"--set {shown(assignment)}: {problem}")
     scenario = load_scenario(scenario_path(args.scenario), seeded(args))
-    if scenario.cluster.engine.host_tier is not None:  # tasim's side would have a tier Dynamo's replay lacks
-        raise UsageError("cluster.engine.host_tier: validate dynamo does not give Dynamo's replay a host tier yet (leave it unset)")
     out = output_dir(args.out or Path("runs") / f"validate-{scenario.name}")
     trace, results = validate(scenario, out, list(dict.fromkeys(routers)), args.repeats)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / VALIDATION_FILE, validation_record(scenario, trace, results))
     print_unsquashed(validation_table(results))
+    note = unheld_note(results)
+    if note:
+        print(note)
     if trace.excluded:
         print(f"left out {trace.excluded} requests whose prompt + output need more KV blocks than a worker has")
     Console().print(f"wrote {out}/{VALIDATION_FILE}", markup=False, highlight=False)

@@ -72,12 +72,14 @@ class HostTierConfig(_Strict):
     (OffloadingConnector, one GPU block per chunk) or SGLang's HiCache (one GPU block per page).
     Size it with exactly one of blocks, gib and ratio."""
 
-    semantics: Literal["vllm", "sglang"] = Field(
+    semantics: Literal["vllm", "sglang", "dynamo_mocker"] = Field(
         "vllm",
         description="whose tier this models: vLLM 0.31's OffloadingConnector (prompt blocks stored as they are "
-        "computed, a host hit loaded before the request runs, LRU at request finish), or SGLang's HiCache "
-        "(blocks written as requests insert them into the radix tree, a host hit loaded while its step runs, "
-        "host eviction of leaves no longer on the GPU)",
+        "computed, a host hit loaded before the request runs, LRU at request finish); SGLang's HiCache "
+        "(sglang: blocks written as requests insert them into the radix tree, a host hit loaded while its step runs, "
+        "host eviction of leaves no longer on the GPU); or Dynamo 1.6.1 mocker's model of vLLM's "
+        "(dynamo_mocker: loads start at admission, a prompt loaded whole recomputes its last block, "
+        "recency touched at lookups, stores and copy completions; what validate dynamo compares against)",
     )
     write_policy: WritePolicy | None = Field(
         None,
@@ -129,12 +131,13 @@ class HostTierConfig(_Strict):
 
     @model_validator(mode="after")
     def _semantics_keys(self) -> HostTierConfig:
-        if self.semantics == "vllm":
+        if self.semantics != "sglang":
             for name in ("write_policy", "load_back_threshold"):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name} is SGLang HiCache's: set semantics: sglang, or leave it unset")
-        elif self.store_threshold:
-            raise ValueError("store_threshold is vLLM's: SGLang writes by write_policy (leave store_threshold unset)")
+        if self.semantics != "vllm" and self.store_threshold:
+            whose = "SGLang writes by write_policy" if self.semantics == "sglang" else "Dynamo's mocker has none"
+            raise ValueError(f"store_threshold is vLLM's: {whose} (leave store_threshold unset)")
         return self
 
 

@@ -42,6 +42,7 @@ MODULES = (
     "sim/engine/kv_manager.py",
     "sim/engine/host_tier.py",
     "sim/engine/hicache.py",
+    "sim/engine/mocker_host_tier.py",
     "sim/engine/block_pool.py",
     "sim/engine/fast_forward.py",
     "sim/perf/perf_model.py",

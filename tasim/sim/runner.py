@@ -70,7 +70,7 @@ def host_tier_setup(scenario: Scenario) -> HostTierSetup | None:
             write_policy=tier.sglang_write_policy(),
             load_back_threshold=tier.sglang_load_back_threshold(),
         )
-    return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold)
+    return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold, tier.semantics)
 
 
 def served_len(scenario: Scenario) -> int:

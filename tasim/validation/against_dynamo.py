@@ -23,6 +23,14 @@ VALIDATION_FILE = "validation.json"
 # from run to run (prefix reuse by up to 5 pp on 8 workers); round-robin is deterministic.
 RANDOMIZED_ROUTERS = frozenset({"kv_router"})
 
+# Routers whose tasim policy does not yet credit a worker's host-tier blocks as Dynamo's does
+# (Dynamo's KV router counts each worker's host-only blocks after its GPU prefix at
+# host_cache_hit_weight 0.75: lib/kv-router/src/scheduling/selector/default.rs and
+# indexer/lower_tier_indexers.rs). With a host tier their results are compared and reported,
+# but a difference is not a miss. Remove a router once its policy (tasim/policies) credits host
+# blocks: its tiered rows and tests/validation/test_against_dynamo.py then hold it to the tolerances.
+HOST_CREDIT_MISSING: frozenset[Router] = frozenset({"kv_router"})
+
 
 @dataclass(frozen=True, slots=True)
 class RouterResult:
@@ -42,9 +50,16 @@ class RouterResult:
     def tasim(self) -> dict[str, float]:
         return _mean(self.tasim_runs)
 
+    host_tier: bool = False  # both sides ran a host tier
+
     @property
     def differences(self) -> list[Difference]:
         return differences(self.dynamo, self.tasim, self.dynamo_runs, self.tasim_runs)
+
+    @property
+    def held_to_tolerances(self) -> bool:
+        """False for a router whose host-tier credit tasim does not model yet (`HOST_CREDIT_MISSING`)."""
+        return not (self.host_tier and self.router in HOST_CREDIT_MISSING)
 
 
 def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -54,8 +69,8 @@ def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:
 def validate(scenario: Scenario, out: Path, routers: Sequence[Router], repeats: int = 3) -> tuple[ReplayTrace, list[RouterResult]]:
     """Replay on both sides; randomized routers ``repeats`` times each (tasim with seeds
     ``seed``, ``seed + 1``, ...), deterministic ones once. tasim's engine runs as the mocker's
-    flavour: the one Dynamo's replay simulates."""
-    scenario = with_engine_flavour(scenario, "mocker")
+    flavour, and its host tier, if any, with the mocker's semantics: what Dynamo's replay simulates."""
+    scenario = with_mocker_host_tier(with_engine_flavour(scenario, "mocker"))
     trace = replay_trace(scenario, out.resolve())
     results = []
     for router in routers:
@@ -66,8 +81,20 @@ def validate(scenario: Scenario, out: Path, routers: Sequence[Router], repeats: 
             seeded = scenario.model_copy(update={"seed": scenario.seed + i})
             records, tasim_incomplete, wall = run_tasim(seeded, trace, router)
             tasim_runs.append(summarize(records, wall))
-        results.append(RouterResult(router, dynamo_runs, tasim_runs, dynamo_incomplete, tasim_incomplete))
+        tiered = scenario.cluster.engine.host_tier is not None
+        results.append(RouterResult(router, dynamo_runs, tasim_runs, dynamo_incomplete, tasim_incomplete, tiered))
     return trace, results
+
+
+def with_mocker_host_tier(scenario: Scenario) -> Scenario:
+    """The scenario with its host tier, if it has one, as Dynamo's mocker models it: the
+    ``dynamo_mocker`` semantics, every offered block stored."""
+    engine = scenario.cluster.engine
+    if engine.host_tier is None:
+        return scenario
+    tier = engine.host_tier.model_copy(update={"semantics": "dynamo_mocker", "store_threshold": 0})
+    cluster = scenario.cluster.model_copy(update={"engine": engine.model_copy(update={"host_tier": tier})})
+    return scenario.model_copy(update={"cluster": cluster})
 
 
 def validation_record(scenario: Scenario, trace: ReplayTrace, results: Sequence[RouterResult]) -> dict[str, Any]:
@@ -98,6 +125,7 @@ def _router_record(result: RouterResult) -> dict[str, Any]:
         "incomplete": {"dynamo": result.dynamo_incomplete, "tasim": result.tasim_incomplete},
         "difference": {d.metric.key: d.value for d in diffs},
         "within_tolerance": all_within(diffs),
+        "held_to_tolerances": result.held_to_tolerances,
     }
 
 
@@ -109,12 +137,12 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
         table.add_column(f"{r.router}{runs}\nDynamo", justify="right")
         table.add_column(f"{r.router}\ntasim", justify="right")
         table.add_column(f"{r.router}\ndifference", justify="right")
-    per_router = [r.differences for r in results]
+    per_router = [(r.differences, r.held_to_tolerances) for r in results]
     for i, metric in enumerate(METRICS):
         cells = [f"{metric.label} ({metric.unit})"]
-        for diffs in per_router:
+        for diffs, held in per_router:
             diff = diffs[i]
-            mark = {True: " ✓", False: " ✗", None: ""}[diff.within]
+            mark = {True: " ✓", False: " ✗", None: ""}[diff.within] if held else ""
             cells += [_number(diff.dynamo, metric), _number(diff.tasim, metric), diff.shown() + mark]
         table.add_row(*cells)
     table.add_row(
@@ -130,6 +158,17 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
         ],
     )
     return table
+
+
+def unheld_note(results: Sequence[RouterResult]) -> str | None:
+    """Why some routers' differences are shown but not judged, or None."""
+    unheld = [r.router for r in results if not r.held_to_tolerances]
+    if not unheld:
+        return None
+    return (
+        f"{', '.join(unheld)}: not held to the tolerances with a host tier (tasim's policy does not credit host "
+        "blocks yet; Dynamo's router weighs them 0.75)"
+    )
 
 
 def _number(value: float, metric: Metric) -> str:

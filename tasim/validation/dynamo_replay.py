@@ -24,7 +24,7 @@ class DynamoUnavailable(ValidationUnavailable):
 def engine_args(cluster: ClusterConfig) -> dict[str, Any]:
     """The mocker engine configuration equal to the scenario's engine (polynomial timing)."""
     engine = cluster.engine
-    return {
+    args: dict[str, Any] = {
         "engine": {
             "block_size": engine.block_size,
             "num_gpu_blocks": cluster.kv_blocks_per_worker(),
@@ -36,6 +36,29 @@ def engine_args(cluster: ClusterConfig) -> dict[str, Any]:
             "speedup_ratio": cluster.perf.speedup_ratio,
             "timing_model": {"type": "polynomial"},
         }
+    }
+    if engine.host_tier is not None:
+        args["engine"].update(host_offload_args(cluster))
+    return args
+
+
+def host_offload_args(cluster: ClusterConfig) -> dict[str, Any]:
+    """The mocker's native G2 tier equal to the scenario's host tier: its size in blocks, both
+    lanes' bandwidths, and the KV bytes per token that time a copy. The mocker copies
+    ``block_size x kv_cache_bytes_per_token`` bytes per block; tasim copies one TP rank's share
+    (`tasim.sim.runner.host_tier_setup`), so the figure given is a rank's."""
+    tier = cluster.engine.host_tier
+    assert tier is not None
+    per_rank, remainder = divmod(cluster.kv_bytes_per_token(), cluster.tp)
+    if remainder:
+        raise DynamoUnavailable(f"cluster.tp {cluster.tp} does not divide the {cluster.kv_bytes_per_token()} KV bytes per token")
+    return {
+        "native_host_offload": {
+            "num_host_blocks": cluster.host_blocks_per_worker(),
+            "d2h_bandwidth_gbps": tier.d2h_gbps,
+            "h2d_bandwidth_gbps": tier.h2d_gbps,
+        },
+        "kv_cache_bytes_per_token": per_rank,
     }
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from tasim.config.scenario import FLAVOUR_DEFAULTS, MooncakeTraceWorkload, Override, ReplacedFields, Scenario, replaced_by
 from tasim.core import events as ev
 from tasim.validation.measures import RequestRecord
 from tasim.validation.workload_trace import ReplayTrace
+
+if TYPE_CHECKING:
+    from tasim.sim.engine.scheduler import EngineFactory, EngineListener, EngineSetup
+    from tasim.sim.perf import PerfModel
 
 # Long enough for any trace to drain: the run ends when its last request completes.
 _UNBOUNDED_S = 1e7
@@ -28,6 +33,8 @@ REPLACED_FIELDS: ReplacedFields = {
         FLAVOUR_DEFAULTS["mocker"]["reuse_output_blocks"],
         "the mocker caches its output under token ids of its own",
     ),
+    "cluster.engine.host_tier.semantics": ("dynamo_mocker", "Dynamo's replay runs the mocker's host tier"),
+    "cluster.engine.host_tier.store_threshold": (0, "the mocker stores every block it is offered"),
     "cluster.perf.model": (MOCKER_PERF_MODEL, "the mocker's step times"),
     "metrics.warmup_s": (0.0, "every request of the trace is measured"),
     "metrics.sample_interval_s": (_UNBOUNDED_S, "the replay takes no samples"),
@@ -117,8 +124,33 @@ def run_tasim(scenario: Scenario, trace: ReplayTrace, router: str) -> tuple[list
     from tasim.sim.runner import Simulation
 
     collector = _Collector()
+    engine_factory = _mocker_tier_engines(scenario, trace)
     gc.collect()  # earlier runs' garbage (a finished simulation is a cycle) is not this run's
     started = time.perf_counter()
-    Simulation(replay_scenario(scenario, trace, router), collector).run()
+    if engine_factory is None:
+        Simulation(replay_scenario(scenario, trace, router), collector).run()
+    else:
+        Simulation(replay_scenario(scenario, trace, router), collector, engine_factory=engine_factory).run()
     wall = time.perf_counter() - started
     return collector.records, trace.requests - len(collector.records), wall
+
+
+def _mocker_tier_engines(scenario: Scenario, trace: ReplayTrace) -> EngineFactory | None:
+    """With a host tier: engines whose tier orders a cohort of blocks by the sequence hashes
+    Dynamo's replay gives them, as the mocker does (`tasim.sim.engine.mocker_host_tier`);
+    None without one."""
+    if scenario.cluster.engine.host_tier is None:
+        return None
+    from tasim.sim.engine.kv_manager import HostTierSetup
+    from tasim.sim.engine.scheduler import Engine
+    from tasim.validation.mocker_hashes import mocker_sequence_hashes
+
+    order = mocker_sequence_hashes(trace.path, trace.trace_block_size, scenario.cluster.engine.block_size)
+
+    def build(worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> Engine:
+        tier = config.host_tier
+        assert tier is not None
+        ordered = HostTierSetup(tier.blocks, tier.block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold, tier.semantics, cohort_order=order)
+        return Engine(worker, replace(config, host_tier=ordered), perf, listener)
+
+    return build

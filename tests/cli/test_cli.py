@@ -233,8 +233,9 @@ def test_set_policy_params_reach_the_policy_given_by_policy(tmp_path: Path) -> N
             "error: --set cluster.perf.model=roofline: validate dynamo sets cluster.perf.model to dynamo_polynomial itself (the mocker's step times)",
         ),
         (
-            ["validate", "dynamo", TINY, "--set", "cluster.engine.host_tier.blocks=64"],
-            "error: cluster.engine.host_tier: validate dynamo does not give Dynamo's replay a host tier yet (leave it unset)",
+            ["validate", "dynamo", TINY, "--set", "cluster.engine.host_tier.semantics=vllm"],
+            "error: --set cluster.engine.host_tier.semantics=vllm: validate dynamo sets cluster.engine.host_tier.semantics to "
+            "dynamo_mocker itself (Dynamo's replay runs the mocker's host tier)",
         ),
     ],
 )

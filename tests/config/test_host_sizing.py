@@ -56,7 +56,7 @@ def test_a_scenario_sizes_its_host_tier() -> None:
         ({}, {}, "give exactly one of blocks, gib and ratio (got none)"),
         ({"ratio": 2}, {"enable_prefix_caching": False}, "host_tier needs enable_prefix_caching"),
         ({"gib": 1e-6}, {}, "engine.host_tier holds no block"),
-        ({"ratio": 2, "semantics": "lmcache"}, {}, "Input should be 'vllm' or 'sglang'"),
+        ({"ratio": 2, "semantics": "lmcache"}, {}, "Input should be 'vllm', 'sglang' or 'dynamo_mocker'"),
         ({"ratio": 2, "write_policy": "write_back"}, {}, "write_policy is SGLang HiCache's: set semantics: sglang, or leave it unset"),
         ({"ratio": 2, "load_back_threshold": 5}, {}, "load_back_threshold is SGLang HiCache's: set semantics: sglang, or leave it unset"),
         ({"ratio": 2, "semantics": "sglang", "store_threshold": 2}, {}, "store_threshold is vLLM's: SGLang writes by write_policy"),

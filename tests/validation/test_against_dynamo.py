@@ -13,7 +13,7 @@ from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 
 from tasim.config.scenario import Override, load_scenario
 from tasim.validation import ValidationUnavailable
-from tasim.validation.against_dynamo import validate
+from tasim.validation.against_dynamo import HOST_CREDIT_MISSING, validate
 from tasim.validation.measures import METRICS, differences
 from tasim.validation.tasim_replay import lost_in_replay
 
@@ -30,6 +30,36 @@ CASES = {
     "Mooncake synthetic, 300 requests": ("mooncake-synthetic.yaml", MOONCAKE_SLICE),
     "agents, Poisson arrivals": ("multiturn-validation.yaml", ["workload.arrival=poisson", "workload.rate_per_s=0.5", "duration_s=60"]),
 }
+
+
+TIERED_CASES = {
+    "agents, block 16, pool 2048, host 4096 (both tiers evict)": (
+        "multiturn-validation.yaml",
+        SMALL_AGENTS + ["cluster.engine.block_size=16", "cluster.engine.kv_blocks=2048", "cluster.engine.host_tier={blocks: 4096}"],
+    ),
+    "agents, 8 workers, pool 512, host 1024, 1 GB/s copies": (
+        "multiturn-validation.yaml",
+        SMALL_AGENTS + ["cluster.backends=8", "cluster.engine.kv_blocks=512", "cluster.engine.host_tier={blocks: 1024, d2h_gbps: 1, h2d_gbps: 1}"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", TIERED_CASES)
+def test_tasim_agrees_with_dynamo_replay_with_a_host_tier(tmp_path: Path, case: str) -> None:
+    """Dynamo's mocker with its native G2 tier against tasim's dynamo_mocker host tier: round
+    robin request by request; the KV router is held to the tolerances once tasim's policy credits
+    host blocks (`HOST_CREDIT_MISSING`), and until then only has to complete the same requests."""
+    preset, overrides = TIERED_CASES[case]
+    trace, results = validate(load_scenario(SCENARIOS / preset, overrides), tmp_path, ["round_robin", "kv_router"], repeats=1)
+    assert trace.requests >= 100
+    for result in results:
+        assert result.dynamo_incomplete == result.tasim_incomplete == 0
+        assert result.held_to_tolerances == (result.router not in HOST_CREDIT_MISSING)
+        for diff in result.differences:
+            if result.held_to_tolerances:
+                assert diff.within is not False, f"{result.router}: {diff.metric.label} {diff.shown()}"
+            if result.router == "round_robin" and diff.metric.key != "wall_s":
+                assert diff.tasim == pytest.approx(diff.dynamo, rel=1e-6, abs=1e-9), diff.metric.label
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -66,6 +96,26 @@ def test_validate_cli_writes_the_comparison(tmp_path: Path) -> None:
     assert (tmp_path / "workload.jsonl").is_file()
 
 
+def test_validate_cli_gives_both_sides_the_host_tier(tmp_path: Path) -> None:
+    result = tasim(
+        "validate",
+        "dynamo",
+        str(SCENARIOS / "multiturn-validation.yaml"),
+        "--out",
+        str(tmp_path),
+        *[f"--set={o}" for o in SMALL_AGENTS + ["cluster.engine.kv_blocks=1024", "cluster.engine.host_tier.blocks=2048"]],
+    )
+    assert result.returncode == 0, result.stderr
+    assert "kv_router: not held to the tolerances with a host tier" in result.stdout
+    record = json.loads((tmp_path / "validation.json").read_text())
+    engine = record["engine"]
+    assert engine["native_host_offload"] == {"num_host_blocks": 2048, "d2h_bandwidth_gbps": 32.0, "h2d_bandwidth_gbps": 32.0}
+    assert engine["kv_cache_bytes_per_token"] == 131072
+    by_router = {r["router"]: r for r in record["routers"]}
+    assert by_router["round_robin"]["within_tolerance"] and by_router["round_robin"]["held_to_tolerances"]
+    assert not by_router["kv_router"]["held_to_tolerances"]
+
+
 @pytest.mark.parametrize(
     ("args", "fragments"),
     [
@@ -89,6 +139,16 @@ def test_validate_rejects_bad_flags(tmp_path: Path, args: list[str], fragments: 
             "validate dynamo sets cluster.engine.eviction to lineage itself (the mocker evicts leaves first)",
         ),
         ("metrics.warmup_s=5", "validate dynamo sets metrics.warmup_s to 0.0 itself (every request of the trace is measured)"),
+        ("cluster.engine.host_tier={blocks: 4096}", None),
+        ("cluster.engine.host_tier.semantics=dynamo_mocker", None),
+        (
+            "cluster.engine.host_tier.semantics=vllm",
+            "validate dynamo sets cluster.engine.host_tier.semantics to dynamo_mocker itself (Dynamo's replay runs the mocker's host tier)",
+        ),
+        (
+            "cluster.engine.host_tier.store_threshold=2",
+            "validate dynamo sets cluster.engine.host_tier.store_threshold to 0 itself (the mocker stores every block it is offered)",
+        ),
         (
             "policy.defaults.kv_router.router_temperature=0.5",
             "validate dynamo sets policy itself (each router in --routers runs with Dynamo's defaults)",

@@ -31,7 +31,7 @@ step would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from operator import itemgetter
 from typing import Final, TypeVar
 
@@ -39,6 +39,7 @@ from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
 from tasim.sim.engine.hicache import HiCache, WritePolicy
 from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane
+from tasim.sim.engine.mocker_host_tier import MockerHostPool
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
 # completing one (1); a prefill chunk (2) comes last in running order
@@ -89,11 +90,22 @@ _NOTHING_COMPUTED = ComputedBlocks(0, 0)
 
 
 class HostTierSetup:
-    """An engine's host tier: ``blocks`` slots, ``block_bytes`` copied per block and rank, and
-    each copy lane's bandwidth in GB/s (0: instant); whose semantics (``vllm``, or ``sglang``
+    """An engine's host tier: ``blocks`` slots, ``block_bytes`` copied per block and rank, each
+    copy lane's bandwidth in GB/s (0: instant), and whose semantics it has: vLLM's, Dynamo
+    mocker's (``dynamo_mocker``, `tasim.sim.engine.mocker_host_tier`) or SGLang's (``sglang``,
     with its write policy and load-back threshold in tokens)."""
 
-    __slots__ = ("blocks", "block_bytes", "d2h_gbps", "h2d_gbps", "store_threshold", "semantics", "write_policy", "load_back_threshold")
+    __slots__ = (
+        "blocks",
+        "block_bytes",
+        "d2h_gbps",
+        "h2d_gbps",
+        "store_threshold",
+        "semantics",
+        "write_policy",
+        "load_back_threshold",
+        "cohort_order",
+    )
 
     def __init__(
         self,
@@ -105,6 +117,7 @@ class HostTierSetup:
         semantics: str = "vllm",
         write_policy: WritePolicy = "write_through",
         load_back_threshold: int = 10,
+        cohort_order: Mapping[BlockHash, int] | None = None,
     ) -> None:
         self.blocks: Final = blocks
         self.block_bytes: Final = block_bytes
@@ -114,6 +127,7 @@ class HostTierSetup:
         self.semantics: Final = semantics
         self.write_policy: Final = write_policy
         self.load_back_threshold: Final = load_back_threshold
+        self.cohort_order: Final = cohort_order  # dynamo_mocker: see `MockerHostPool`
 
 
 class _Transfer:
@@ -139,6 +153,10 @@ class BlockBoundary:
         self.reserves: list[tuple[RequestBlocks, int]] = []
 
 
+def _deadline_order(job: _Transfer) -> tuple[float, bool]:
+    return job.done, job.load
+
+
 def _blocks_for(tokens: int, block_size: int) -> int:
     """`tasim.core.model.blocks_for`, compiled with this module: a call from here to that one, an
     interpreted function, costs more than all else `allocate_slots` does."""
@@ -162,6 +180,7 @@ class KVCacheManager:
         self._pins: dict[str, Claim] = {}  # program -> blocks kept referenced
         self.host: HostPool | None = None
         self.hicache: HiCache | None = None  # the host tier with SGLang's semantics instead
+        self.mocker_host: MockerHostPool | None = None  # the same pool, with Dynamo mocker's semantics
         self._host_block_bytes = 0
         self.d2h = self.h2d = TransferLane(0.0)
         self._unsubmitted: list[_Transfer] = []  # made by the step being scheduled
@@ -186,7 +205,10 @@ class KVCacheManager:
             )
             self.d2h, self.h2d = self.hicache.d2h, self.hicache.h2d
             return
-        self.host = HostPool(setup.blocks, setup.store_threshold)
+        if setup.semantics == "dynamo_mocker":
+            self.host = self.mocker_host = MockerHostPool(setup.blocks, setup.store_threshold, cohort_order=setup.cohort_order)
+        else:
+            self.host = HostPool(setup.blocks, setup.store_threshold)
         self._host_block_bytes = setup.block_bytes
         self.d2h = TransferLane(setup.d2h_gbps)
         self.h2d = TransferLane(setup.h2d_gbps)
@@ -225,8 +247,13 @@ class KVCacheManager:
             if self.hicache is not None:  # SGLang matches the same tokens on both tiers
                 return ComputedBlocks(hits, active, self.hicache.lookup(request.block_hashes, hits, self.cacheable_blocks(num_tokens)))
             return ComputedBlocks(hits, active)
+        full = num_tokens // self.block_size
+        if self.mocker_host is not None and hits < full and self.block_pool.prefix_hits(request.block_hashes, full)[0] == full:
+            # the mocker looks no further when the GPU holds every full block, the last one too
+            # (AISimulate adapter.rs, lookup_visited: base_g1_blocks >= prompt_keys.len())
+            return ComputedBlocks(hits, active)
         # vLLM caps the host hit at the request's tokens, not one less (connector/scheduler.py:772-781)
-        blocks, deferred = host.lookup(request.block_hashes, hits, num_tokens // self.block_size)
+        blocks, deferred = host.lookup(request.block_hashes, hits, full)
         return ComputedBlocks(hits, active, blocks, deferred)
 
     def fits(self, num_tokens: int, computed: ComputedBlocks, reserved: int = 0) -> bool:
@@ -298,9 +325,10 @@ class KVCacheManager:
 
     # --- the host tier -----------------------------------------------------------------------
 
-    def start_load(self, request: RequestBlocks, computed: ComputedBlocks) -> None:
+    def start_load(self, request: RequestBlocks, computed: ComputedBlocks, enter_at: float | None = None) -> None:
         """Pin the host hit of ``computed`` (after its GPU prefix) for one load, timed by the next
-        `submit_transfers`; the request stores nothing it loaded or found on the GPU."""
+        `submit_transfers` (vLLM), or entering its lane at ``enter_at`` (Dynamo's mocker); the
+        request stores nothing it loaded or found on the GPU."""
         host = self.host
         assert host is not None, "no host tier"
         access = request.host_access
@@ -313,15 +341,23 @@ class KVCacheManager:
         # (vLLM sets next_stored_chunk_idx to the cached chunks, connector/scheduler.py:1194-1196)
         request.next_store = stop
         request.host_jobs += 1
-        self._unsubmitted.append(_Transfer(True, keys, request))
+        job = _Transfer(True, keys, request)
+        if enter_at is None:
+            self._unsubmitted.append(job)
+            return
+        job.done = self.h2d.submit(enter_at, len(keys) * self._host_block_bytes)
+        if job.done < self.next_transfer_done:
+            self.next_transfer_done = job.done
+        self._in_flight.append(job)
 
-    def offer_stores(self, request: RequestBlocks, stop: int) -> None:
+    def offer_stores(self, request: RequestBlocks, stop: int) -> bool:
         """Offer the request's full blocks up to ``stop`` (computed by the end of this step) that it
         has not offered yet; those the host takes are one store, timed by the next
-        `submit_transfers`. If they do not fit, the same blocks are offered again next time."""
+        `submit_transfers`. If they do not fit, the same blocks are offered again next time.
+        Returns whether a store was made."""
         start = request.next_store
         if stop <= start:
-            return
+            return False
         host = self.host
         assert host is not None, "no host tier"
         access = request.host_access
@@ -329,11 +365,38 @@ class KVCacheManager:
             access = request.host_access = HostAccess()
         keys = host.prepare_store(request.block_hashes, start, stop, access)
         if keys is None:
-            return
+            return False
         request.next_store = stop
-        if keys:
-            request.host_jobs += 1
-            self._unsubmitted.append(_Transfer(False, keys, request))
+        if not keys:
+            return False
+        request.host_jobs += 1
+        self._unsubmitted.append(_Transfer(False, keys, request))
+        return True
+
+    def touch_host_prompt(self, request: RequestBlocks, prompt_blocks: int) -> None:
+        """Dynamo's mocker only: touch the request's prompt blocks in the host's recency
+        (`MockerHostPool.touch_prompt`), as it does at each lookup and each store it makes."""
+        host = self.mocker_host
+        assert host is not None, "no mocker host tier"
+        host.touch_prompt(request.block_hashes, prompt_blocks)
+
+    def removed_mark(self) -> int:
+        """Where the blocks evicted from the GPU from now on start, for `flush_since`."""
+        return len(self.block_pool.removed)
+
+    def flush_since(self, mark: int) -> float:
+        """`flush_until` over the blocks evicted since ``mark`` (`removed_mark`) in this step."""
+        return self.flush_until(self.block_pool.removed[mark:])
+
+    def store_done(self, request: RequestBlocks) -> float:
+        """When the request's stores in flight are copied (0.0 when none is): Dynamo's mocker
+        waits for them before the step that preempts it computes (AISimulate
+        engine/scheduler/vllm/host_offload.rs, ``preempt_request``)."""
+        until = 0.0
+        for job in self._in_flight:
+            if job.request is request and not job.load and job.done > until:
+                until = job.done
+        return until
 
     def request_finished(self, request: RequestBlocks) -> None:
         """After the finished request's last offer: re-rank the host keys it observed."""
@@ -413,7 +476,12 @@ class KVCacheManager:
         store_done = self._store_done
         still: list[_Transfer] = []
         earliest = float("inf")
-        for job in self._in_flight:
+        in_flight = self._in_flight
+        if self.mocker_host is not None:
+            # the mocker completes transfers by deadline, a store before a load at the same time
+            # (AISimulate engine/host_offload/tier.rs, ``Deadline`` order)
+            in_flight = sorted(in_flight, key=_deadline_order)
+        for job in in_flight:
             if job.done > now:
                 still.append(job)
                 if job.done < earliest:

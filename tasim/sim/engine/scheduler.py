@@ -41,6 +41,7 @@ from tasim.core.model import BlockHash, RequestSpec, blocks_for
 from tasim.sim.engine.block_pool import Eviction
 from tasim.sim.engine.host_tier import host_hit
 from tasim.sim.engine.kv_manager import BlockBoundary, ComputedBlocks, HostTierSetup, KVCacheManager, RequestBlocks
+from tasim.sim.engine.mocker_host_tier import mocker_host_hit
 from tasim.sim.perf.perf_model import PerfModel, StepShape, decode_shape, summed
 
 
@@ -273,6 +274,12 @@ class Engine(FoldableEngine):
         self._load_done = 0.0
         self._flush_until = 0.0  # when the stores the next step that runs waits for are copied
         self._hit_blocks: list[BlockHash] = []  # the cached blocks requests admitted in this step took
+        # Dynamo mocker's host tier (`tasim.sim.engine.mocker_host_tier`): loads start at admission,
+        # the step waits only for the stores of blocks it computes into (those a load reuses delay
+        # that load) and of a request it preempts; the blocks evicted for loads this step.
+        self._mocker_tier = config.host_tier is not None and config.host_tier.semantics == "dynamo_mocker"
+        self._load_evicted: list[BlockHash] = []
+        self._preempt_fence = 0.0
         if config.host_tier is not None:
             self.kv_cache.add_host_tier(config.host_tier)
 
@@ -361,7 +368,8 @@ class Engine(FoldableEngine):
         step.stored, step.removed = self.kv_cache.take_events()
         if self._sglang:
             self._publish_host_kv(now)
-        if self._tiered:
+        fence = self._mocker_fence(step.removed) if self._mocker_tier else 0.0
+        if self._tiered and not self._mocker_tier:
             # vLLM's worker waits before the forward for the stores of the requests preempted
             # here, for the store of a block evicted here, and for a finished request's store of a
             # block admitted here as a prefix hit (SGLang's write-back for its writes of blocks
@@ -374,7 +382,9 @@ class Engine(FoldableEngine):
             self.iterations += 1
             step.shape = self._shape(step, decodes)
             step.duration = self.perf.step_time(step.shape)
-            if self._tiered:
+            if self._mocker_tier:
+                step.duration += max(0.0, fence - now)
+            elif self._tiered:
                 step.duration += max(0.0, self._flush_until - now)
                 self._flush_until = 0.0
             if self._load_done > now:  # SGLang: the forward waits for its layers' loads
@@ -411,7 +421,7 @@ class Engine(FoldableEngine):
             # see them still referenced, before the next step's allocations can evict them.
             self.listener.on_finished(self.worker, req.spec, req.cached_tokens, now)
             self.kv_cache.free(req)
-            if self._tiered and not self._sglang:
+            if self._tiered and not self._sglang and not self._mocker_tier:
                 self._finished_since.append(req)
 
     def clear_prefix_cache(self, now: float) -> None:
@@ -487,6 +497,8 @@ class Engine(FoldableEngine):
                 self.listener.on_dropped(self.worker, req.spec, f"needs {total_blocks} KV blocks, pool has {cfg.num_blocks}", now)
                 continue
             computed = kv_cache.get_computed_blocks(req, length)
+            if self._mocker_tier and not req.host_jobs:
+                kv_cache.touch_host_prompt(req, req.prompt // bs)  # the mocker's lookup touches the prompt
             if computed.host_deferred or req.host_jobs:
                 at += 1  # its host blocks are in flight: vLLM skips it this step
                 continue
@@ -500,7 +512,7 @@ class Engine(FoldableEngine):
                 if not kv_cache.fits(gpu_tokens + hit, computed, self._prefill_reserve(step)):
                     break
                 del waiting[at]
-                self._park(req, computed, length)
+                self._park(req, computed, length, now)
                 continue
             cached = computed.blocks * bs
             chunk = min(length - cached, budget)
@@ -546,18 +558,30 @@ class Engine(FoldableEngine):
 
     # --- the host tier ---------------------------------------------------------------------
 
-    def _park(self, req: EngineRequest, computed: ComputedBlocks, length: int) -> None:
+    def _park(self, req: EngineRequest, computed: ComputedBlocks, length: int, now: float) -> None:
         """Admit a request with a host hit as vLLM does: blocks for its GPU prefix and the whole
         hit (cached once loaded), the hit pinned on the host for one load, and the request parked
-        (holding its blocks; neither running nor preemptible) until the load is done."""
+        (holding its blocks; neither running nor preemptible) until the load is done. Dynamo's
+        mocker starts the load now, once the stores of the blocks it reuses are copied, and
+        recomputes the last block of a prompt loaded whole."""
         kv_cache = self.kv_cache
         bs = self.config.block_size
         gpu_tokens = computed.gpu_blocks * bs
-        hit, computed_tokens = host_hit(gpu_tokens, computed.host_blocks, length, bs)
+        mark = kv_cache.removed_mark()
+        if self._mocker_tier:
+            hit, computed_tokens = mocker_host_hit(gpu_tokens, computed.host_blocks, length, bs)
+        else:
+            hit, computed_tokens = host_hit(gpu_tokens, computed.host_blocks, length, bs)
         if not kv_cache.allocate_slots(req, gpu_tokens + hit, computed, release_pin=req.spec.program, delay_caching=True):
             raise AssertionError(f"{self.worker}: a host load for {req.spec.id} found no blocks after the capacity check")
-        kv_cache.start_load(req, computed)
-        self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
+        if self._mocker_tier:
+            evicted = kv_cache.block_pool.removed[mark:]
+            self._load_evicted += evicted
+            kv_cache.start_load(req, computed, max(now, kv_cache.flush_until(evicted)))
+            req.next_store = computed_tokens // bs  # the mocker stores from what the request reuses
+        else:
+            kv_cache.start_load(req, computed)
+            self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
         req.computed = computed_tokens
         req.host_tokens = computed_tokens - gpu_tokens
         self.parked.append(req)
@@ -639,12 +663,15 @@ class Engine(FoldableEngine):
     def _offer_stores(self, step: Step, now: float) -> None:
         """vLLM's store jobs of a step: every scheduled request offers its full prompt blocks
         computed by the step's end, every request finished since the last step its whole prompt
-        (then the host re-ranks what it observed). Host KV events are published at once."""
+        (then the host re-ranks what it observed). Host KV events are published at once.
+        Dynamo's mocker touches a request's prompt when it stores, and nothing at its finish."""
         kv_cache = self.kv_cache
         bs = self.config.block_size
+        mocker = self._mocker_tier
         for req, n in step.scheduled:
             done = req.computed + n
-            kv_cache.offer_stores(req, (done if done < req.prompt else req.prompt) // bs)
+            if kv_cache.offer_stores(req, (done if done < req.prompt else req.prompt) // bs) and mocker:
+                kv_cache.touch_host_prompt(req, req.prompt // bs)
         if self._finished_since:
             for req in self._finished_since:
                 kv_cache.offer_stores(req, req.prompt // bs)
@@ -653,6 +680,22 @@ class Engine(FoldableEngine):
         stored, removed = kv_cache.take_host_events()
         if stored or removed:
             self.listener.on_host_kv(self.worker, stored, removed, now)
+
+    def _mocker_fence(self, removed: list[BlockHash]) -> float:
+        """When Dynamo's mocker lets the step compute (AISimulate engine/scheduler/vllm/core.rs,
+        ``compute_not_before_ms``): once the stores of the blocks it evicted to compute into,
+        and of the requests it preempted, are copied; the blocks evicted for loads delay only
+        those loads. Clears the step's record of both."""
+        fence = self._preempt_fence
+        load_evicted = self._load_evicted
+        if load_evicted:
+            skip = set(load_evicted)
+            removed = [key for key in removed if key not in skip]
+            self._load_evicted = []
+        if removed:
+            fence = max(fence, self.kv_cache.flush_until(removed))
+        self._preempt_fence = 0.0
+        return fence
 
     def _victim(self) -> EngineRequest:
         running = self.running
@@ -673,7 +716,9 @@ class Engine(FoldableEngine):
                 del step.scheduled[k]
                 break
         lost = victim.lost = victim.computed
-        if self._tiered:
+        if self._mocker_tier:
+            self._preempt_fence = max(self._preempt_fence, self.kv_cache.store_done(victim))
+        elif self._tiered:
             self._flush_until = max(self._flush_until, self.kv_cache.flush_request(victim))
         self.running.remove(victim)
         self.kv_cache.free(victim)
