@@ -13,7 +13,7 @@ from conftest import SCENARIOS, TINY, assert_usage_error, tasim
 
 from tasim.config.scenario import Override, load_scenario
 from tasim.validation import ValidationUnavailable
-from tasim.validation.against_dynamo import HOST_CREDIT_MISSING, validate
+from tasim.validation.against_dynamo import HOST_TIER_UNJUDGED, validate
 from tasim.validation.measures import METRICS, differences
 from tasim.validation.tasim_replay import lost_in_replay
 
@@ -47,14 +47,14 @@ TIERED_CASES = {
 @pytest.mark.parametrize("case", TIERED_CASES)
 def test_tasim_agrees_with_dynamo_replay_with_a_host_tier(tmp_path: Path, case: str) -> None:
     """Dynamo's mocker with its native G2 tier against tasim's dynamo_mocker host tier: round
-    robin request by request; the KV router is held to the tolerances once tasim's policy credits
-    host blocks (`HOST_CREDIT_MISSING`), and until then only has to complete the same requests."""
+    robin request by request; the KV router, not yet held to the tolerances with a host tier
+    (`HOST_TIER_UNJUDGED`), has to complete the same requests."""
     preset, overrides = TIERED_CASES[case]
     trace, results = validate(load_scenario(SCENARIOS / preset, overrides), tmp_path, ["round_robin", "kv_router"], repeats=1)
     assert trace.requests >= 100
     for result in results:
         assert result.dynamo_incomplete == result.tasim_incomplete == 0
-        assert result.held_to_tolerances == (result.router not in HOST_CREDIT_MISSING)
+        assert result.held_to_tolerances == (result.router not in HOST_TIER_UNJUDGED)
         for diff in result.differences:
             if result.held_to_tolerances:
                 assert diff.within is not False, f"{result.router}: {diff.metric.label} {diff.shown()}"

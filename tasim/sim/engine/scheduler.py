@@ -361,7 +361,7 @@ class Engine(FoldableEngine):
         if not step.preempted:
             if self.loaded:
                 budget = self._resume_loaded(step, budget, now)
-            if not self.loaded:  # vLLM's scan reaches the queue only past every loaded request
+            if not self.loaded or self._mocker_tier:  # vLLM's scan reaches the queue only past every loaded request
                 self._admit_waiting(step, budget, now)
         if self._tiered and not self._sglang:
             self._offer_stores(step, now)
@@ -506,10 +506,14 @@ class Engine(FoldableEngine):
                 break
             if computed.host_blocks and not self._sglang:
                 # vLLM keeps the reservation free of the blocks the hit loads into, not of the
-                # whole request (whose fit was checked above without it)
-                gpu_tokens = computed.gpu_blocks * bs
-                hit, _ = host_hit(gpu_tokens, computed.host_blocks, length, bs)
-                if not kv_cache.fits(gpu_tokens + hit, computed, self._prefill_reserve(step)):
+                # whole request (whose fit was checked above without it); Dynamo's mocker of the
+                # whole request
+                reserved_for = length
+                if not self._mocker_tier:
+                    gpu_tokens = computed.gpu_blocks * bs
+                    hit, _ = host_hit(gpu_tokens, computed.host_blocks, length, bs)
+                    reserved_for = gpu_tokens + hit
+                if not kv_cache.fits(reserved_for, computed, self._prefill_reserve(step)):
                     break
                 del waiting[at]
                 self._park(req, computed, length, now)
@@ -629,7 +633,7 @@ class Engine(FoldableEngine):
             chunk = min(pending, budget)
             if not cfg.enable_chunked_prefill and chunk < pending:
                 break
-            if blocks_for(req.length, cfg.block_size) - req.phys > self.kv_cache.available:
+            if not self._mocker_tier and blocks_for(req.length, cfg.block_size) - req.phys > self.kv_cache.available:
                 break  # vLLM's full_sequence_must_fit: the whole request must fit before it runs
             held = req.full_done  # its GPU prefix: the loaded blocks are cached by this allocation
             if not self.kv_cache.allocate_slots(req, req.computed + chunk):
