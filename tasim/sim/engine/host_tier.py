@@ -40,10 +40,6 @@ from tasim.core.model import BlockHash
 _PENDING = -1  # ChunkStatus.ref_cnt of a chunk whose store is in flight (cpu/policies/base.py:25-45)
 
 
-def _depth(position: tuple[BlockHash, int]) -> int:
-    return position[1]
-
-
 class TransferLane:
     """One copy direction (D2H or H2D): transfers run one at a time in the order submitted, as
     Dynamo's mocker and vLLM's offloading worker both serialise them per direction.
@@ -70,14 +66,55 @@ class TransferLane:
 
 
 class HostAccess:
-    """The host keys one request observed, by block index: what vLLM's manager records per
-    request (cpu/manager.py, ``_RequestCacheAccess``) to re-rank them, head to tail, when the
-    request finishes. The scheduler keeps one per request and passes it to the pool."""
+    """The host keys one request observed: what vLLM's manager records per request
+    (cpu/manager.py, ``_RequestCacheAccess``) to re-rank them, head to tail, when the request
+    finishes. The scheduler keeps one per request and passes it to the pool.
 
-    __slots__ = ("positions",)
+    Kept as depth ranges of the request's chain, not key by key: a request loads and offers
+    consecutive blocks, so its observed keys are a few ranges, less the rare depths a call
+    skipped (another request's store in flight, or a key under the store threshold)."""
+
+    __slots__ = ("hashes", "spans", "unseen")
 
     def __init__(self) -> None:
-        self.positions: dict[BlockHash, int] = {}
+        self.hashes: Sequence[BlockHash] = ()
+        self.spans: list[tuple[int, int]] = []  # depth ranges [start, stop) loaded or offered, in call order
+        self.unseen: set[int] = set()  # depths inside the spans that no call observed
+
+    def observe(self, hashes: Sequence[BlockHash], start: int, stop: int, skipped: list[int]) -> None:
+        """Blocks ``start`` to ``stop`` of ``hashes`` observed, except the depths ``skipped``."""
+        self.hashes = hashes
+        unseen = self.unseen
+        if unseen:  # observed now, though an earlier call skipped it
+            for depth in [depth for depth in unseen if start <= depth < stop and depth not in skipped]:
+                unseen.discard(depth)
+        for depth in skipped:
+            if not self._covered(depth):
+                unseen.add(depth)
+        self.spans.append((start, stop))
+
+    def _covered(self, depth: int) -> bool:
+        for start, stop in self.spans:
+            if start <= depth < stop:
+                return True
+        return False
+
+    def tail_first(self) -> list[tuple[int, int]]:
+        """The spans merged into disjoint ranges, deepest first."""
+        merged: list[tuple[int, int]] = []
+        for start, stop in sorted(self.spans):
+            if merged and start <= merged[-1][1]:
+                if stop > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], stop)
+            else:
+                merged.append((start, stop))
+        merged.reverse()
+        return merged
+
+    def clear(self) -> None:
+        self.hashes = ()
+        self.spans = []
+        self.unseen = set()
 
 
 class _Slot:
@@ -180,15 +217,14 @@ class HostPool:
         returns their keys for `complete_load` (cpu/manager.py, ``prepare_load``)."""
         keys = list(hashes[start:stop])
         slots = self._slots
-        positions = access.positions
-        for depth, key in enumerate(keys, start):
+        for key in keys:
             slot = slots[key]
             if slot.refs < 0:
                 raise ValueError(f"host block {key} is not ready to load")
             if slot.refs == 0:
                 self._evictable -= 1
             slot.refs += 1
-            positions.setdefault(key, depth)
+        access.observe(hashes, start, stop, [])
         self.hits += len(keys)
         return keys
 
@@ -217,18 +253,19 @@ class HostPool:
         if offers is not None:
             self._count_offers(offers, keys)
         slots = self._slots
-        positions = access.positions
         new: list[BlockHash] = []
+        skipped: list[int] = []
         for depth in range(start, stop):
             key = hashes[depth]
             slot = slots.get(key)
             if slot is None:
                 if offers is not None and offers.get(key, 0) < self.store_threshold:
+                    skipped.append(depth)
                     continue
                 new.append(key)
             elif slot.refs == _PENDING:
-                continue  # another request's store: not observed by this one
-            positions.setdefault(key, depth)
+                skipped.append(depth)  # another request's store: not observed by this one
+        access.observe(hashes, start, stop, skipped)
         if not new:
             return new
         need = len(new) - self.free
@@ -260,12 +297,17 @@ class HostPool:
         """Re-rank every resident key the request observed, tail first, so its head ends newest
         (cpu/manager.py:393-419, cpu/policies/lru.py:96-113). Pinned and pending slots take the
         rank too and keep it for when they become evictable. Clears ``access``."""
-        positions = access.positions
         slots = self._slots
-        for key, _ in sorted(positions.items(), key=_depth, reverse=True):
-            if key in slots:
-                slots.move_to_end(key)
-        positions.clear()
+        hashes = access.hashes
+        unseen = access.unseen
+        for start, stop in access.tail_first():
+            for depth in range(stop - 1, start - 1, -1):
+                if unseen and depth in unseen:
+                    continue
+                key = hashes[depth]
+                if key in slots:
+                    slots.move_to_end(key)
+        access.clear()
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """KV events since the last call: keys stored (store completed) and keys removed
