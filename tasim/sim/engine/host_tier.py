@@ -200,8 +200,8 @@ class HostPool:
         slots = self._slots
         hit = 0
         loading = False
-        for depth in range(start_block, limit_blocks):
-            slot = slots.get(hashes[depth])
+        for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
+            slot = slots.get(key)
             if slot is None:
                 break
             if slot.refs == _PENDING:
@@ -255,16 +255,17 @@ class HostPool:
         slots = self._slots
         new: list[BlockHash] = []
         skipped: list[int] = []
-        for depth in range(start, stop):
-            key = hashes[depth]
+        depth = start
+        for key in keys:
             slot = slots.get(key)
             if slot is None:
                 if offers is not None and offers.get(key, 0) < self.store_threshold:
                     skipped.append(depth)
-                    continue
-                new.append(key)
+                else:
+                    new.append(key)
             elif slot.refs == _PENDING:
                 skipped.append(depth)  # another request's store: not observed by this one
+            depth += 1
         access.observe(hashes, start, stop, skipped)
         if not new:
             return new
@@ -301,10 +302,15 @@ class HostPool:
         hashes = access.hashes
         unseen = access.unseen
         for start, stop in access.tail_first():
-            for depth in range(stop - 1, start - 1, -1):
-                if unseen and depth in unseen:
-                    continue
-                key = hashes[depth]
+            if unseen:
+                for depth in range(stop - 1, start - 1, -1):
+                    key = hashes[depth]
+                    if depth not in unseen and key in slots:
+                        slots.move_to_end(key)
+                continue
+            keys = list(hashes[start:stop])
+            keys.reverse()
+            for key in keys:
                 if key in slots:
                     slots.move_to_end(key)
         access.clear()
