@@ -117,8 +117,9 @@ class HostAccess:
         self.unseen = set()
 
 
-class _Slot:
-    """``refs``: -1 while the store is in flight, else the loads holding it (cpu/policies/base.py)."""
+class HostSlot:
+    """One host slot. ``refs``: -1 while the store is in flight, else the loads holding it
+    (cpu/policies/base.py). A pinned slot stays in the pool, so a load may hold on to it."""
 
     __slots__ = ("refs",)
 
@@ -146,6 +147,7 @@ class HostPool:
         "_evictable",
         "_offers",
         "_events",
+        "_found",
     )
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
@@ -159,13 +161,16 @@ class HostPool:
         self.evicted = 0
         # In LRU rank order, oldest first: a rank is given by moving a key to the end (vLLM's
         # ranks only grow, cpu/policies/lru.py), so eviction walks from the front.
-        self._slots: OrderedDict[BlockHash, _Slot] = OrderedDict()
+        self._slots: OrderedDict[BlockHash, HostSlot] = OrderedDict()
         self._pending = 0
         self._evictable = 0
         # Offer counts, least recently offered first; only with a threshold (cpu/manager.py:84-87).
         self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
         # KV events since the last drain: key -> stored (else removed), in the order of each key's last event.
         self._events: dict[BlockHash, bool] = {}
+        # The slots of the last `lookup`'s hit, while the pool has not changed since: the load
+        # that usually follows pins them without looking each key up again.
+        self._found: tuple[Sequence[BlockHash], int, list[HostSlot]] | None = None
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -198,7 +203,7 @@ class HostPool:
         store is in flight, or one another request is loading (connector/scheduler.py:671-703,
         :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded."""
         slots = self._slots
-        hit = 0
+        found: list[HostSlot] = []
         loading = False
         for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
             slot = slots.get(key)
@@ -207,34 +212,50 @@ class HostPool:
             if slot.refs == _PENDING:
                 return 0, True
             loading = loading or slot.refs > 0
-            hit += 1
-        return (0, True) if loading else (hit, False)
+            found.append(slot)
+        if loading:
+            return 0, True
+        self._found = (hashes, start_block, found)
+        return len(found), False
 
     # --- loads -----------------------------------------------------------------------------
 
     def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[BlockHash]:
         """Pin blocks ``start`` to ``stop`` of ``hashes`` (all ready: a `lookup` hit) for a load;
         returns their keys for `complete_load` (cpu/manager.py, ``prepare_load``)."""
-        keys = list(hashes[start:stop])
-        slots = self._slots
-        for key in keys:
-            slot = slots[key]
+        self.pin_slots(hashes, start, stop, access)
+        return list(hashes[start:stop])
+
+    def pin_slots(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[HostSlot]:
+        """`prepare_load`, returning the pinned slots themselves for `unpin_slots`."""
+        found = self._found
+        if found is not None and found[0] is hashes and found[1] == start and len(found[2]) >= stop - start:
+            pinned = found[2][: stop - start]  # the last lookup's hit, nothing changed since
+        else:
+            slots = self._slots
+            pinned = [slots[key] for key in hashes[start:stop]]
+        self._found = None
+        for slot in pinned:
             if slot.refs < 0:
-                raise ValueError(f"host block {key} is not ready to load")
+                raise ValueError("a host block is not ready to load")
             if slot.refs == 0:
                 self._evictable -= 1
             slot.refs += 1
         access.observe(hashes, start, stop, [])
-        self.hits += len(keys)
-        return keys
+        self.hits += len(pinned)
+        return pinned
 
     def complete_load(self, keys: Sequence[BlockHash]) -> None:
         """The load is done: unpin. The host copy stays (cpu/manager.py:231-241)."""
         slots = self._slots
-        for key in keys:
-            slot = slots[key]
+        self.unpin_slots([slots[key] for key in keys])
+
+    def unpin_slots(self, pinned: list[HostSlot]) -> None:
+        """`complete_load` of slots `pin_slots` returned."""
+        self._found = None
+        for slot in pinned:
             if slot.refs <= 0:
-                raise ValueError(f"host block {key} is not being loaded")
+                raise ValueError("a host block is not being loaded")
             slot.refs -= 1
             if slot.refs == 0:
                 self._evictable += 1
@@ -248,6 +269,7 @@ class HostPool:
         None when they do not fit even after evicting every evictable slot not offered here:
         then nothing changes and the caller offers the range again next step
         (connector/scheduler.py:1663-1671)."""
+        self._found = None
         keys = hashes[start:stop]
         offers = self._offers
         if offers is not None:
@@ -273,12 +295,13 @@ class HostPool:
         if need > 0 and (need > self._evictable or not self._evict(need, set(keys))):
             return None
         for key in new:
-            slots[key] = _Slot()
+            slots[key] = HostSlot()
         self._pending += len(new)
         return new
 
     def complete_store(self, keys: Sequence[BlockHash]) -> None:
         """The store is done: the slots become ready and evictable (cpu/manager.py:358-390)."""
+        self._found = None
         slots = self._slots
         events = self._events
         for key in keys:
