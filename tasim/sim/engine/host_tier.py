@@ -127,6 +127,19 @@ class HostSlot:
         self.refs = _PENDING
 
 
+class _Lookup:
+    """A `HostPool.lookup`: its arguments, the slots of its hit, and whether it was deferred."""
+
+    __slots__ = ("hashes", "start", "limit", "slots", "deferred")
+
+    def __init__(self, hashes: Sequence[BlockHash], start: int, limit: int, slots: list[HostSlot], deferred: bool) -> None:
+        self.hashes = hashes
+        self.start = start
+        self.limit = limit
+        self.slots = slots
+        self.deferred = deferred
+
+
 class HostPool:
     """Host KV slots with vLLM 0.31's CPUOffloadingManager semantics (cpu/manager.py) and its LRU
     policy (cpu/policies/lru.py), one slot per GPU block.
@@ -168,9 +181,9 @@ class HostPool:
         self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
         # KV events since the last drain: key -> stored (else removed), in the order of each key's last event.
         self._events: dict[BlockHash, bool] = {}
-        # The slots of the last `lookup`'s hit, while the pool has not changed since: the load
-        # that usually follows pins them without looking each key up again.
-        self._found: tuple[Sequence[BlockHash], int, list[HostSlot]] | None = None
+        # The last `lookup`, while no slot has changed since (any change drops it): the load that
+        # usually follows pins its slots without looking each key up again.
+        self._found: _Lookup | None = None
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -201,22 +214,28 @@ class HostPool:
         full blocks, as vLLM caps the hit at ``num_tokens``), and whether the request must be
         looked up again next step instead. It must when the run of resident blocks holds one whose
         store is in flight, or one another request is loading (connector/scheduler.py:671-703,
-        :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded."""
+        :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded.
+
+        A queue's head that waits for GPU blocks is looked up again every step: while the pool
+        has not changed since, the answer is the last one."""
+        found = self._found
+        if found is not None and found.hashes is hashes and found.start == start_block and found.limit == limit_blocks:
+            return (0, True) if found.deferred else (len(found.slots), False)
         slots = self._slots
-        found: list[HostSlot] = []
-        loading = False
+        hit: list[HostSlot] = []
+        deferred = loading = False
         for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
             slot = slots.get(key)
             if slot is None:
                 break
             if slot.refs == _PENDING:
-                return 0, True
+                deferred = True
+                break
             loading = loading or slot.refs > 0
-            found.append(slot)
-        if loading:
-            return 0, True
-        self._found = (hashes, start_block, found)
-        return len(found), False
+            hit.append(slot)
+        deferred = deferred or loading
+        self._found = _Lookup(hashes, start_block, limit_blocks, hit, deferred)
+        return (0, True) if deferred else (len(hit), False)
 
     # --- loads -----------------------------------------------------------------------------
 
@@ -229,8 +248,8 @@ class HostPool:
     def pin_slots(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[HostSlot]:
         """`prepare_load`, returning the pinned slots themselves for `unpin_slots`."""
         found = self._found
-        if found is not None and found[0] is hashes and found[1] == start and len(found[2]) >= stop - start:
-            pinned = found[2][: stop - start]  # the last lookup's hit, nothing changed since
+        if found is not None and found.hashes is hashes and found.start == start and not found.deferred and len(found.slots) >= stop - start:
+            pinned = found.slots[: stop - start]  # the last lookup's hit, nothing changed since
         else:
             slots = self._slots
             pinned = [slots[key] for key in hashes[start:stop]]
@@ -269,7 +288,6 @@ class HostPool:
         None when they do not fit even after evicting every evictable slot not offered here:
         then nothing changes and the caller offers the range again next step
         (connector/scheduler.py:1663-1671)."""
-        self._found = None
         keys = hashes[start:stop]
         offers = self._offers
         if offers is not None:
@@ -294,6 +312,7 @@ class HostPool:
         need = len(new) - self.free
         if need > 0 and (need > self._evictable or not self._evict(need, set(keys))):
             return None
+        self._found = None
         for key in new:
             slots[key] = HostSlot()
         self._pending += len(new)
@@ -301,13 +320,13 @@ class HostPool:
 
     def complete_store(self, keys: Sequence[BlockHash]) -> None:
         """The store is done: the slots become ready and evictable (cpu/manager.py:358-390)."""
-        self._found = None
         slots = self._slots
         events = self._events
         for key in keys:
             slot = slots.get(key)
             if slot is None or slot.refs != _PENDING:
                 continue
+            self._found = None
             slot.refs = 0
             self._pending -= 1
             self._evictable += 1
