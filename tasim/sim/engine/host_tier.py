@@ -91,7 +91,11 @@ class HostAccess:
         for depth in skipped:
             if not self._covered(depth):
                 unseen.add(depth)
-        self.spans.append((start, stop))
+        spans = self.spans
+        if spans and spans[-1][0] == start and spans[-1][1] <= stop:
+            spans[-1] = (start, stop)  # offered again (it did not fit): one span, however often
+        else:
+            spans.append((start, stop))
 
     def _covered(self, depth: int) -> bool:
         for start, stop in self.spans:
