@@ -227,17 +227,15 @@ class HostPool:
             return (0, True) if found.deferred else (len(found.slots), False)
         slots = self._slots
         hit: list[HostSlot] = []
-        deferred = loading = False
+        deferred = False
         for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
             slot = slots.get(key)
             if slot is None:
                 break
-            if slot.refs == _PENDING:
+            if slot.refs:  # its store in flight, or being loaded: deferred either way
                 deferred = True
                 break
-            loading = loading or slot.refs > 0
             hit.append(slot)
-        deferred = deferred or loading
         self._found = _Lookup(hashes, start_block, limit_blocks, hit, deferred)
         return (0, True) if deferred else (len(hit), False)
 
@@ -357,8 +355,10 @@ class HostPool:
             keys = list(hashes[start:stop])
             keys.reverse()
             for key in keys:
-                if key in slots:
+                try:  # one lookup, not two: a key evicted since it was observed is rare
                     slots.move_to_end(key)
+                except KeyError:
+                    pass
         access.clear()
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
