@@ -131,17 +131,26 @@ class HostSlot:
         self.refs = _PENDING
 
 
-class _Lookup:
-    """A `HostPool.lookup`: its arguments, the slots of its hit, and whether it was deferred."""
+class _Hit:
+    """A `HostPool.lookup` that found no block in flight, kept while nothing disturbs it: its
+    arguments, the slots of its hit and their keys, and the key after them (None at the limit).
+    Only an eviction of one of its keys, a load pinning one, or a store of the key after them
+    changes what the same lookup finds (stores completing and loads ending touch no ready slot)."""
 
-    __slots__ = ("hashes", "start", "limit", "slots", "deferred")
+    __slots__ = ("hashes", "start", "limit", "slots", "keys", "miss")
 
-    def __init__(self, hashes: Sequence[BlockHash], start: int, limit: int, slots: list[HostSlot], deferred: bool) -> None:
+    def __init__(self, hashes: Sequence[BlockHash], start: int, limit: int, slots: list[HostSlot]) -> None:
+        stop = start + len(slots)
         self.hashes = hashes
         self.start = start
         self.limit = limit
         self.slots = slots
-        self.deferred = deferred
+        self.keys = set(hashes[start:stop])
+        self.miss: BlockHash | None = hashes[stop] if stop < limit else None
+
+
+# Hits kept at most: the requests a scan of the queue looks up step after step.
+_KEPT_HITS = 16
 
 
 class HostPool:
@@ -164,7 +173,8 @@ class HostPool:
         "_evictable",
         "_offers",
         "_events",
-        "_found",
+        "_hits",
+        "_deferred",
     )
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
@@ -185,9 +195,12 @@ class HostPool:
         self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
         # KV events since the last drain: key -> stored (else removed), in the order of each key's last event.
         self._events: dict[BlockHash, bool] = {}
-        # The last `lookup`, while no slot has changed since (any change drops it): the load that
-        # usually follows pins its slots without looking each key up again.
-        self._found: _Lookup | None = None
+        # Lookups kept while nothing disturbs them (`_Hit`), by their chain's identity: a queue's
+        # head that waits for GPU blocks is looked up again every step, and the load that follows
+        # a hit pins its slots without looking each key up again. A deferred lookup is kept only
+        # while no slot changes at all.
+        self._hits: dict[int, _Hit] = {}
+        self._deferred: tuple[Sequence[BlockHash], int, int] | None = None
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -220,24 +233,28 @@ class HostPool:
         store is in flight, or one another request is loading (connector/scheduler.py:671-703,
         :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded.
 
-        A queue's head that waits for GPU blocks is looked up again every step: while the pool
-        has not changed since, the answer is the last one."""
-        found = self._found
-        if found is not None and found.hashes is hashes and found.start == start_block and found.limit == limit_blocks:
-            return (0, True) if found.deferred else (len(found.slots), False)
+        A lookup repeated while nothing disturbed it answers as before (see `_Hit`)."""
+        hit_before = self._hits.get(id(hashes))
+        if hit_before is not None and hit_before.hashes is hashes and hit_before.start == start_block and hit_before.limit == limit_blocks:
+            return len(hit_before.slots), False
+        deferred = self._deferred
+        if deferred is not None and deferred[0] is hashes and deferred[1] == start_block and deferred[2] == limit_blocks:
+            return 0, True
         slots = self._slots
         hit: list[HostSlot] = []
-        deferred = False
         for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
             slot = slots.get(key)
             if slot is None:
                 break
             if slot.refs:  # its store in flight, or being loaded: deferred either way
-                deferred = True
-                break
+                self._deferred = (hashes, start_block, limit_blocks)
+                return 0, True
             hit.append(slot)
-        self._found = _Lookup(hashes, start_block, limit_blocks, hit, deferred)
-        return (0, True) if deferred else (len(hit), False)
+        hits = self._hits
+        if len(hits) >= _KEPT_HITS:
+            hits.clear()
+        hits[id(hashes)] = _Hit(hashes, start_block, limit_blocks, hit)
+        return len(hit), False
 
     # --- loads -----------------------------------------------------------------------------
 
@@ -249,13 +266,22 @@ class HostPool:
 
     def pin_slots(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[HostSlot]:
         """`prepare_load`, returning the pinned slots themselves for `unpin_slots`."""
-        found = self._found
-        if found is not None and found.hashes is hashes and found.start == start and not found.deferred and len(found.slots) >= stop - start:
-            pinned = found.slots[: stop - start]  # the last lookup's hit, nothing changed since
+        hits = self._hits
+        hit_before = hits.get(id(hashes))
+        if hit_before is not None and hit_before.hashes is hashes and hit_before.start == start and len(hit_before.slots) >= stop - start:
+            pinned = hit_before.slots[: stop - start]  # the lookup's hit, undisturbed since
         else:
             slots = self._slots
             pinned = [slots[key] for key in hashes[start:stop]]
-        self._found = None
+        self._deferred = None
+        if hits and stop > start:
+            # Pinned keys are the blocks start..stop of a chain; a kept hit's keys are a depth
+            # range of its own chain. Chained hashes: two chains share a block only if they
+            # agree at the top of the depths both ranges cover.
+            for ident, kept in list(hits.items()):
+                top = start if start > kept.start else kept.start
+                if top < stop and top < kept.start + len(kept.slots) and kept.hashes[top] == hashes[top]:
+                    del hits[ident]
         for slot in pinned:
             if slot.refs < 0:
                 raise ValueError("a host block is not ready to load")
@@ -273,7 +299,7 @@ class HostPool:
 
     def unpin_slots(self, pinned: list[HostSlot]) -> None:
         """`complete_load` of slots `pin_slots` returned."""
-        self._found = None
+        self._deferred = None
         for slot in pinned:
             if slot.refs <= 0:
                 raise ValueError("a host block is not being loaded")
@@ -312,9 +338,17 @@ class HostPool:
         if not new:
             return new
         need = len(new) - self.free
-        if need > 0 and (need > self._evictable or not self._evict(need, set(keys))):
-            return None
-        self._found = None
+        evicted: list[BlockHash] = []
+        if need > 0:
+            if need > self._evictable:
+                return None
+            chosen = self._evict(need, set(keys))
+            if chosen is None:
+                return None
+            evicted = chosen
+        self._deferred = None
+        if self._hits:
+            self._disturb(evicted, new)
         for key in new:
             slots[key] = HostSlot()
         self._pending += len(new)
@@ -328,7 +362,7 @@ class HostPool:
             slot = slots.get(key)
             if slot is None or slot.refs != _PENDING:
                 continue
-            self._found = None
+            self._deferred = None
             slot.refs = 0
             self._pending -= 1
             self._evictable += 1
@@ -380,9 +414,9 @@ class HostPool:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _evict(self, count: int, offered: set[BlockHash]) -> bool:
+    def _evict(self, count: int, offered: set[BlockHash]) -> list[BlockHash] | None:
         """Evict ``count`` evictable slots, lowest rank first, none of ``offered``; all or nothing
-        (cpu/policies/lru.py:115-159)."""
+        (cpu/policies/lru.py:115-159). Returns their keys, or None when there are too few."""
         chosen: list[BlockHash] = []
         for key, slot in self._slots.items():
             if slot.refs == 0 and key not in offered:
@@ -390,7 +424,7 @@ class HostPool:
                 if len(chosen) == count:
                     break
         if len(chosen) < count:
-            return False
+            return None
         slots = self._slots
         events = self._events
         for key in chosen:
@@ -399,7 +433,15 @@ class HostPool:
             events[key] = False
         self._evictable -= count
         self.evicted += count
-        return True
+        return chosen
+
+    def _disturb(self, evicted: list[BlockHash], stored: list[BlockHash]) -> None:
+        """Forget the kept hits that an eviction or a new store changes (see `_Hit`)."""
+        hits = self._hits
+        stored_keys = set(stored)
+        for ident, kept in list(hits.items()):
+            if (kept.miss is not None and kept.miss in stored_keys) or not kept.keys.isdisjoint(evicted):
+                del hits[ident]
 
     def _count_offers(self, offers: OrderedDict[BlockHash, int], keys: Sequence[BlockHash]) -> None:
         """One more offer of each key; a full table forgets its least recently offered key, never
