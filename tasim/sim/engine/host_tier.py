@@ -40,10 +40,6 @@ from tasim.core.model import BlockHash
 _PENDING = -1  # ChunkStatus.ref_cnt of a chunk whose store is in flight (cpu/policies/base.py:25-45)
 
 
-def _depth(position: tuple[BlockHash, int]) -> int:
-    return position[1]
-
-
 class TransferLane:
     """One copy direction (D2H or H2D): transfers run one at a time in the order submitted, as
     Dynamo's mocker and vLLM's offloading worker both serialise them per direction.
@@ -70,23 +66,88 @@ class TransferLane:
 
 
 class HostAccess:
-    """The host keys one request observed, by block index: what vLLM's manager records per
-    request (cpu/manager.py, ``_RequestCacheAccess``) to re-rank them, head to tail, when the
-    request finishes. The scheduler keeps one per request and passes it to the pool."""
+    """The host keys one request observed: what vLLM's manager records per request
+    (cpu/manager.py, ``_RequestCacheAccess``) to re-rank them, head to tail, when the request
+    finishes. The scheduler keeps one per request and passes it to the pool.
 
-    __slots__ = ("positions",)
+    Kept as depth ranges of the request's chain, not key by key: a request loads and offers
+    consecutive blocks, so its observed keys are a few ranges, less the rare depths a call
+    skipped (another request's store in flight, or a key under the store threshold)."""
+
+    __slots__ = ("hashes", "spans", "unseen")
 
     def __init__(self) -> None:
-        self.positions: dict[BlockHash, int] = {}
+        self.hashes: Sequence[BlockHash] = ()
+        self.spans: list[tuple[int, int]] = []  # depth ranges [start, stop) loaded or offered, in call order
+        self.unseen: set[int] = set()  # depths inside the spans that no call observed
+
+    def observe(self, hashes: Sequence[BlockHash], start: int, stop: int, skipped: list[int]) -> None:
+        """Blocks ``start`` to ``stop`` of ``hashes`` observed, except the depths ``skipped``."""
+        self.hashes = hashes
+        unseen = self.unseen
+        if unseen:  # observed now, though an earlier call skipped it
+            for depth in [depth for depth in unseen if start <= depth < stop and depth not in skipped]:
+                unseen.discard(depth)
+        for depth in skipped:
+            if not self._covered(depth):
+                unseen.add(depth)
+        spans = self.spans
+        if spans and spans[-1][0] == start and spans[-1][1] <= stop:
+            spans[-1] = (start, stop)  # offered again (it did not fit): one span, however often
+        else:
+            spans.append((start, stop))
+
+    def _covered(self, depth: int) -> bool:
+        return any(start <= depth < stop for start, stop in self.spans)
+
+    def tail_first(self) -> list[tuple[int, int]]:
+        """The spans merged into disjoint ranges, deepest first."""
+        merged: list[tuple[int, int]] = []
+        for start, stop in sorted(self.spans):
+            if merged and start <= merged[-1][1]:
+                if stop > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], stop)
+            else:
+                merged.append((start, stop))
+        merged.reverse()
+        return merged
+
+    def clear(self) -> None:
+        self.hashes = ()
+        self.spans = []
+        self.unseen = set()
 
 
-class _Slot:
-    """``refs``: -1 while the store is in flight, else the loads holding it (cpu/policies/base.py)."""
+class HostSlot:
+    """One host slot. ``refs``: -1 while the store is in flight, else the loads holding it
+    (cpu/policies/base.py). A pinned slot stays in the pool, so a load may hold on to it."""
 
     __slots__ = ("refs",)
 
     def __init__(self) -> None:
         self.refs = _PENDING
+
+
+class _Hit:
+    """A `HostPool.lookup` that found no block in flight, kept while nothing disturbs it: its
+    arguments, the slots of its hit and their keys, and the key after them (None at the limit).
+    Only an eviction of one of its keys, a load pinning one, or a store of the key after them
+    changes what the same lookup finds (stores completing and loads ending touch no ready slot)."""
+
+    __slots__ = ("hashes", "start", "limit", "slots", "keys", "miss")
+
+    def __init__(self, hashes: Sequence[BlockHash], start: int, limit: int, slots: list[HostSlot]) -> None:
+        stop = start + len(slots)
+        self.hashes = hashes
+        self.start = start
+        self.limit = limit
+        self.slots = slots
+        self.keys = set(hashes[start:stop])
+        self.miss: BlockHash | None = hashes[stop] if stop < limit else None
+
+
+# Hits kept at most: the requests a scan of the queue looks up step after step.
+_KEPT_HITS = 16
 
 
 class HostPool:
@@ -109,6 +170,8 @@ class HostPool:
         "_evictable",
         "_offers",
         "_events",
+        "_hits",
+        "_deferred",
     )
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
@@ -122,13 +185,19 @@ class HostPool:
         self.evicted = 0
         # In LRU rank order, oldest first: a rank is given by moving a key to the end (vLLM's
         # ranks only grow, cpu/policies/lru.py), so eviction walks from the front.
-        self._slots: OrderedDict[BlockHash, _Slot] = OrderedDict()
+        self._slots: OrderedDict[BlockHash, HostSlot] = OrderedDict()
         self._pending = 0
         self._evictable = 0
         # Offer counts, least recently offered first; only with a threshold (cpu/manager.py:84-87).
         self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
         # KV events since the last drain: key -> stored (else removed), in the order of each key's last event.
         self._events: dict[BlockHash, bool] = {}
+        # Lookups kept while nothing disturbs them (`_Hit`), by their chain's identity: a queue's
+        # head that waits for GPU blocks is looked up again every step, and the load that follows
+        # a hit pins its slots without looking each key up again. A deferred lookup is kept only
+        # while no slot changes at all.
+        self._hits: dict[int, _Hit] = {}
+        self._deferred: tuple[Sequence[BlockHash], int, int] | None = None
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -159,46 +228,78 @@ class HostPool:
         full blocks, as vLLM caps the hit at ``num_tokens``), and whether the request must be
         looked up again next step instead. It must when the run of resident blocks holds one whose
         store is in flight, or one another request is loading (connector/scheduler.py:671-703,
-        :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded."""
+        :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded.
+
+        A lookup repeated while nothing disturbed it answers as before (see `_Hit`)."""
+        hit_before = self._hits.get(id(hashes))
+        if hit_before is not None and hit_before.hashes is hashes and hit_before.start == start_block and hit_before.limit == limit_blocks:
+            return len(hit_before.slots), False
+        deferred = self._deferred
+        if deferred is not None and deferred[0] is hashes and deferred[1] == start_block and deferred[2] == limit_blocks:
+            return 0, True
         slots = self._slots
-        hit = 0
-        loading = False
-        for depth in range(start_block, limit_blocks):
-            slot = slots.get(hashes[depth])
+        hit: list[HostSlot] = []
+        for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
+            slot = slots.get(key)
             if slot is None:
                 break
-            if slot.refs == _PENDING:
+            if slot.refs:  # its store in flight, or being loaded: deferred either way
+                self._deferred = (hashes, start_block, limit_blocks)
                 return 0, True
-            loading = loading or slot.refs > 0
-            hit += 1
-        return (0, True) if loading else (hit, False)
+            hit.append(slot)
+        hits = self._hits
+        if len(hits) >= _KEPT_HITS:
+            hits.clear()
+        hits[id(hashes)] = _Hit(hashes, start_block, limit_blocks, hit)
+        return len(hit), False
 
     # --- loads -----------------------------------------------------------------------------
 
     def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[BlockHash]:
         """Pin blocks ``start`` to ``stop`` of ``hashes`` (all ready: a `lookup` hit) for a load;
         returns their keys for `complete_load` (cpu/manager.py, ``prepare_load``)."""
-        keys = list(hashes[start:stop])
-        slots = self._slots
-        positions = access.positions
-        for depth, key in enumerate(keys, start):
-            slot = slots[key]
+        self.pin_slots(hashes, start, stop, access)
+        return list(hashes[start:stop])
+
+    def pin_slots(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[HostSlot]:
+        """`prepare_load`, returning the pinned slots themselves for `unpin_slots`."""
+        hits = self._hits
+        hit_before = hits.get(id(hashes))
+        if hit_before is not None and hit_before.hashes is hashes and hit_before.start == start and len(hit_before.slots) >= stop - start:
+            pinned = hit_before.slots[: stop - start]  # the lookup's hit, undisturbed since
+        else:
+            slots = self._slots
+            pinned = [slots[key] for key in hashes[start:stop]]
+        self._deferred = None
+        if hits and stop > start:
+            # Pinned keys are the blocks start..stop of a chain; a kept hit's keys are a depth
+            # range of its own chain. Chained hashes: two chains share a block only if they
+            # agree at the top of the depths both ranges cover.
+            for ident, kept in list(hits.items()):
+                top = start if start > kept.start else kept.start
+                if top < stop and top < kept.start + len(kept.slots) and kept.hashes[top] == hashes[top]:
+                    del hits[ident]
+        for slot in pinned:
             if slot.refs < 0:
-                raise ValueError(f"host block {key} is not ready to load")
+                raise ValueError("a host block is not ready to load")
             if slot.refs == 0:
                 self._evictable -= 1
             slot.refs += 1
-            positions.setdefault(key, depth)
-        self.hits += len(keys)
-        return keys
+        access.observe(hashes, start, stop, [])
+        self.hits += len(pinned)
+        return pinned
 
     def complete_load(self, keys: Sequence[BlockHash]) -> None:
         """The load is done: unpin. The host copy stays (cpu/manager.py:231-241)."""
         slots = self._slots
-        for key in keys:
-            slot = slots[key]
+        self.unpin_slots([slots[key] for key in keys])
+
+    def unpin_slots(self, pinned: list[HostSlot]) -> None:
+        """`complete_load` of slots `pin_slots` returned."""
+        self._deferred = None
+        for slot in pinned:
             if slot.refs <= 0:
-                raise ValueError(f"host block {key} is not being loaded")
+                raise ValueError("a host block is not being loaded")
             slot.refs -= 1
             if slot.refs == 0:
                 self._evictable += 1
@@ -217,25 +318,36 @@ class HostPool:
         if offers is not None:
             self._count_offers(offers, keys)
         slots = self._slots
-        positions = access.positions
         new: list[BlockHash] = []
-        for depth in range(start, stop):
-            key = hashes[depth]
+        skipped: list[int] = []
+        depth = start
+        for key in keys:
             slot = slots.get(key)
             if slot is None:
                 if offers is not None and offers.get(key, 0) < self.store_threshold:
-                    continue
-                new.append(key)
+                    skipped.append(depth)
+                else:
+                    new.append(key)
             elif slot.refs == _PENDING:
-                continue  # another request's store: not observed by this one
-            positions.setdefault(key, depth)
+                skipped.append(depth)  # another request's store: not observed by this one
+            depth += 1
+        access.observe(hashes, start, stop, skipped)
         if not new:
             return new
         need = len(new) - self.free
-        if need > 0 and (need > self._evictable or not self._evict(need, set(keys))):
-            return None
+        evicted: list[BlockHash] = []
+        if need > 0:
+            if need > self._evictable:
+                return None
+            chosen = self._evict(need, set(keys))
+            if chosen is None:
+                return None
+            evicted = chosen
+        self._deferred = None
+        if self._hits:
+            self._disturb(evicted, new)
         for key in new:
-            slots[key] = _Slot()
+            slots[key] = HostSlot()
         self._pending += len(new)
         return new
 
@@ -247,6 +359,7 @@ class HostPool:
             slot = slots.get(key)
             if slot is None or slot.refs != _PENDING:
                 continue
+            self._deferred = None
             slot.refs = 0
             self._pending -= 1
             self._evictable += 1
@@ -260,12 +373,26 @@ class HostPool:
         """Re-rank every resident key the request observed, tail first, so its head ends newest
         (cpu/manager.py:393-419, cpu/policies/lru.py:96-113). Pinned and pending slots take the
         rank too and keep it for when they become evictable. Clears ``access``."""
-        positions = access.positions
         slots = self._slots
-        for key, _ in sorted(positions.items(), key=_depth, reverse=True):
-            if key in slots:
-                slots.move_to_end(key)
-        positions.clear()
+        hashes = access.hashes
+        unseen = access.unseen
+        for start, stop in access.tail_first():
+            if unseen:
+                for depth in range(stop - 1, start - 1, -1):
+                    key = hashes[depth]
+                    if depth not in unseen and key in slots:
+                        slots.move_to_end(key)
+                continue
+            keys = list(hashes[start:stop])
+            keys.reverse()
+            for key in keys:
+                # one lookup, not two (a key evicted since it was observed is rare); a context
+                # manager per block would cost more than the lookup saved
+                try:  # noqa: SIM105
+                    slots.move_to_end(key)
+                except KeyError:
+                    pass
+        access.clear()
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """KV events since the last call: keys stored (store completed) and keys removed
@@ -286,9 +413,9 @@ class HostPool:
 
     # --- internals -------------------------------------------------------------------------
 
-    def _evict(self, count: int, offered: set[BlockHash]) -> bool:
+    def _evict(self, count: int, offered: set[BlockHash]) -> list[BlockHash] | None:
         """Evict ``count`` evictable slots, lowest rank first, none of ``offered``; all or nothing
-        (cpu/policies/lru.py:115-159)."""
+        (cpu/policies/lru.py:115-159). Returns their keys, or None when there are too few."""
         chosen: list[BlockHash] = []
         for key, slot in self._slots.items():
             if slot.refs == 0 and key not in offered:
@@ -296,7 +423,7 @@ class HostPool:
                 if len(chosen) == count:
                     break
         if len(chosen) < count:
-            return False
+            return None
         slots = self._slots
         events = self._events
         for key in chosen:
@@ -305,7 +432,15 @@ class HostPool:
             events[key] = False
         self._evictable -= count
         self.evicted += count
-        return True
+        return chosen
+
+    def _disturb(self, evicted: list[BlockHash], stored: list[BlockHash]) -> None:
+        """Forget the kept hits that an eviction or a new store changes (see `_Hit`)."""
+        hits = self._hits
+        stored_keys = set(stored)
+        for ident, kept in list(hits.items()):
+            if (kept.miss is not None and kept.miss in stored_keys) or not kept.keys.isdisjoint(evicted):
+                del hits[ident]
 
     def _count_offers(self, offers: OrderedDict[BlockHash, int], keys: Sequence[BlockHash]) -> None:
         """One more offer of each key; a full table forgets its least recently offered key, never

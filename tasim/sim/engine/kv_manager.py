@@ -38,7 +38,7 @@ from typing import Final, TypeVar
 from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
 from tasim.sim.engine.hicache import HiCache, WritePolicy
-from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane
+from tasim.sim.engine.host_tier import HostAccess, HostPool, HostSlot, TransferLane
 from tasim.sim.engine.mocker_host_tier import MockerHostPool
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
@@ -131,13 +131,15 @@ class HostTierSetup:
 
 
 class _Transfer:
-    """One copy job: a load (H2D) of a request's host hit, or a store (D2H) of its blocks."""
+    """One copy job: a load (H2D) of a request's host hit (the slots it pins), or a store (D2H)
+    of its blocks (their keys)."""
 
-    __slots__ = ("load", "keys", "request", "done")
+    __slots__ = ("load", "keys", "pinned", "request", "done")
 
-    def __init__(self, load: bool, keys: list[BlockHash], request: RequestBlocks) -> None:
+    def __init__(self, load: bool, keys: list[BlockHash], request: RequestBlocks, pinned: list[HostSlot] | None = None) -> None:
         self.load = load
         self.keys = keys
+        self.pinned: list[HostSlot] = [] if pinned is None else pinned
         self.request = request
         self.done = 0.0  # when it is copied, once submitted
 
@@ -336,16 +338,16 @@ class KVCacheManager:
             access = request.host_access = HostAccess()
         start = computed.gpu_blocks
         stop = start + computed.host_blocks
-        keys = host.prepare_load(request.block_hashes, start, stop, access)
+        pinned = host.pin_slots(request.block_hashes, start, stop, access)
         # set, not raised: a request preempted after storing further offers those blocks again
         # (vLLM sets next_stored_chunk_idx to the cached chunks, connector/scheduler.py:1194-1196)
         request.next_store = stop
         request.host_jobs += 1
-        job = _Transfer(True, keys, request)
+        job = _Transfer(True, list(request.block_hashes[start:stop]), request, pinned)
         if enter_at is None:
             self._unsubmitted.append(job)
             return
-        job.done = self.h2d.submit(enter_at, len(keys) * self._host_block_bytes)
+        job.done = self.h2d.submit(enter_at, len(pinned) * self._host_block_bytes)
         if job.done < self.next_transfer_done:
             self.next_transfer_done = job.done
         self._in_flight.append(job)
@@ -449,11 +451,10 @@ class KVCacheManager:
         bytes_per_block = self._host_block_bytes
         store_done = self._store_done
         for job in self._unsubmitted:
-            nbytes = len(job.keys) * bytes_per_block
             if job.load:
-                job.done = self.h2d.submit(at, nbytes)
+                job.done = self.h2d.submit(at, len(job.pinned) * bytes_per_block)
             else:
-                job.done = self.d2h.submit(at, nbytes)
+                job.done = self.d2h.submit(at, len(job.keys) * bytes_per_block)
                 for key in job.keys:
                     store_done[key] = job.done
             if job.done < self.next_transfer_done:
@@ -489,7 +490,10 @@ class KVCacheManager:
                 continue
             job.request.host_jobs -= 1
             if job.load:
-                host.complete_load(job.keys)
+                if self.mocker_host is not None:  # it touches the blocks it unpins as one cohort
+                    self.mocker_host.complete_load(job.keys)
+                else:
+                    host.unpin_slots(job.pinned)
                 loaded.append(job.request)
             else:
                 host.complete_store(job.keys)

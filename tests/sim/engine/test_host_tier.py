@@ -6,6 +6,9 @@ E = A), calling the pool in the order the connector does."""
 
 from __future__ import annotations
 
+import random
+from itertools import count
+
 import pytest
 
 from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane, host_hit
@@ -253,3 +256,54 @@ def test_invalid_settings() -> None:
         HostPool(0)
     with pytest.raises(ValueError):
         TransferLane(-1.0)
+
+
+def _walk(pool: HostPool, hashes: list[int], start: int, limit: int) -> tuple[int, bool]:
+    """A lookup from the slots as they are now, block by block."""
+    hit = 0
+    for key in hashes[start:limit]:
+        refs = pool.refs(key)
+        if refs is None:
+            break
+        if refs:
+            return 0, True
+        hit += 1
+    return hit, False
+
+
+def test_kept_lookups_answer_as_a_walk_of_the_slots() -> None:
+    # Random stores, loads, completions and finishes on chains that share prefixes (as chained
+    # hashes do): every lookup, kept or not, equals a walk of the slots as they are then.
+    rng = random.Random(11)
+    fresh = count(1000)
+    for _ in range(40):
+        pool = HostPool(rng.choice([6, 12, 30]))
+        chains: list[list[int]] = []
+        for _ in range(5):
+            prefix = rng.choice(chains)[: rng.randrange(8)] if chains and rng.random() < 0.7 else []
+            chains.append(prefix + [next(fresh) for _ in range(rng.randrange(1, 10))])
+        jobs: list[tuple[bool, list[int]]] = []
+        accesses: list[HostAccess] = []
+        for _ in range(200):
+            hashes = rng.choice(chains)
+            start = rng.randrange(len(hashes))
+            found = pool.lookup(hashes, start, len(hashes))
+            assert found == _walk(pool, hashes, start, len(hashes))
+            action = rng.random()
+            if action < 0.3 and found[0] and not found[1]:
+                jobs.append((True, pool.prepare_load(hashes, start, start + found[0], HostAccess())))
+            elif action < 0.6:
+                access = HostAccess()
+                accesses.append(access)
+                keys = pool.prepare_store(hashes, start, len(hashes), access)
+                if keys:
+                    jobs.append((False, keys))
+            elif action < 0.85 and jobs:
+                load, keys = jobs.pop(rng.randrange(len(jobs)))
+                if load:
+                    pool.complete_load(keys)
+                else:
+                    pool.complete_store(keys)
+            elif accesses:
+                pool.on_request_finished(accesses.pop(rng.randrange(len(accesses))))
+            assert pool.audit() is None
