@@ -630,11 +630,13 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _host_tier_survives_weight_updates(self) -> Scenario:
-        # A weight update empties the GPU caches but not yet the host tier, whose KV would then be stale.
-        if self.cluster.engine.host_tier is not None and isinstance(self.workload, RolloutWorkload) and self.workload.reset_prefix_cache:
+        # A weight update empties the GPU caches and vLLM's host tier (verl resets both); the other
+        # semantics' tiers are not emptied yet, and their KV would then be stale.
+        tier = self.cluster.engine.host_tier
+        if tier is not None and tier.semantics != "vllm" and isinstance(self.workload, RolloutWorkload) and self.workload.reset_prefix_cache:
             raise ValueError(
-                "cluster.engine.host_tier with workload.reset_prefix_cache: a weight update does not empty the host tier yet "
-                "(leave host_tier unset for RL rollouts)"
+                f"cluster.engine.host_tier.semantics {tier.semantics} with workload.reset_prefix_cache: a weight update does not "
+                "empty that tier yet (allowed with RL rollouts: semantics vllm)"
             )
         return self
 

@@ -71,14 +71,18 @@ def test_a_bad_host_tier_is_refused_in_one_line(tier: dict[str, object], engine:
     assert "\n" not in str(error.value)
 
 
-def test_rl_rollouts_that_empty_caches_refuse_a_host_tier() -> None:
-    """A weight update empties the GPU caches, not the host tier: refused until it does."""
+def test_rl_rollouts_that_empty_caches_take_only_a_tier_that_is_emptied_with_them() -> None:
+    """A weight update empties vLLM's host tier with the GPU caches; SGLang's and Dynamo mocker's
+    are not emptied yet: refused with a reset, taken without one."""
     rollout = {"kind": "rl_rollout", "prompts_per_step": 2, "samples_per_prompt": 2, "steps": 1}
-    with pytest.raises(ScenarioError, match=re.escape("a weight update does not empty the host tier yet")) as error:
-        parse_scenario({"workload": rollout, "cluster": _cluster(ratio=2)}, "s.yaml")
-    assert "\n" not in str(error.value)
-    kept = parse_scenario({"workload": {**rollout, "reset_prefix_cache": False}, "cluster": _cluster(ratio=2)}, "s.yaml")
-    assert kept.cluster.engine.host_tier is not None
+    assert parse_scenario({"workload": rollout, "cluster": _cluster(ratio=2)}, "s.yaml").cluster.engine.host_tier is not None
+    for semantics in ("sglang", "dynamo_mocker"):
+        expected = f"cluster.engine.host_tier.semantics {semantics} with workload.reset_prefix_cache: a weight update does not empty that tier yet"
+        with pytest.raises(ScenarioError, match=re.escape(expected)) as error:
+            parse_scenario({"workload": rollout, "cluster": _cluster(ratio=2, semantics=semantics)}, "s.yaml")
+        assert "\n" not in str(error.value)
+        kept = parse_scenario({"workload": {**rollout, "reset_prefix_cache": False}, "cluster": _cluster(ratio=2, semantics=semantics)}, "s.yaml")
+        assert kept.cluster.engine.host_tier is not None
 
 
 def test_native_offload_tokens_by_write_policy() -> None:

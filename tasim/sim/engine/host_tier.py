@@ -199,6 +199,16 @@ class HostPool:
         self._hits: dict[int, _Hit] = {}
         self._deferred: tuple[Sequence[BlockHash], int, int] | None = None
 
+    def reset(self) -> None:
+        """Drop every slot, as vLLM's ``reset_cache`` does when its prefix cache is reset with the
+        connector's after a weight update (cpu/manager.py:422-433): no KV event for the slots
+        dropped (the manager emits none), events already drained stay, offer counts stay."""
+        self._slots.clear()
+        self._pending = 0
+        self._evictable = 0
+        self._hits.clear()
+        self._deferred = None
+
     # --- queries ---------------------------------------------------------------------------
 
     @property

@@ -535,8 +535,25 @@ class KVCacheManager:
         return done
 
     def reset_prefix_cache(self) -> None:
-        """Evict every unreferenced cached block (its removals come with the next events)."""
+        """Evict every unreferenced cached block (its removals come with the next events), and
+        empty the host tier as vLLM does when its connector is reset too (verl 0.9.1 resets
+        both after a weight update: ``reset_prefix_cache(reset_connector=True)``): its copies in
+        flight are stale, their completions ignored (connector/scheduler.py ``reset_cache``:
+        ``_stale_job_threshold``), and nothing waits for them any more."""
         self.block_pool.clear()
+        host = self.host
+        if host is None:
+            return
+        jobs = self._in_flight + self._unsubmitted
+        if any(job.load for job in jobs):  # as vLLM, which refuses to reset under a request waiting for its KV
+            raise RuntimeError("the prefix cache cannot be reset while a host load is in flight")
+        host.reset()
+        for job in jobs:
+            job.request.host_jobs -= 1
+        self._in_flight = []
+        self._unsubmitted = []
+        self._store_done.clear()
+        self.next_transfer_done = float("inf")
 
     # --- pins --------------------------------------------------------------------------------
 

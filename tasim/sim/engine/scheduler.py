@@ -425,8 +425,18 @@ class Engine(FoldableEngine):
                 self._finished_since.append(req)
 
     def clear_prefix_cache(self, now: float) -> None:
-        """Evict every unreferenced cached block, reporting the removals."""
+        """Evict every unreferenced cached block, reporting the removals, and empty the host
+        tier. vLLM's connector first ends the requests finished since the last step, so their
+        recency is applied to the slots it then drops; requests in flight store again from
+        their first block (connector/scheduler.py ``reset_cache``)."""
+        if self._finished_since:
+            for req in self._finished_since:
+                self.kv_cache.request_finished(req)
+            self._finished_since = []
         self.kv_cache.reset_prefix_cache()
+        if self._tiered:
+            for req in (*self.running, *self.waiting, *self.parked, *self.loaded):
+                req.next_store = 0
         self.publish_kv(*self.kv_cache.take_events(), now)
 
     def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:

@@ -168,3 +168,43 @@ def test_a_folded_run_ends_before_the_step_that_sees_a_copy_done() -> None:
     step = quiet.begin_step(1.0)
     plan = quiet.plan_run(step, 1024)
     assert plan is not None and plan.steps == 9
+
+
+def test_a_prefix_cache_reset_empties_the_host_tier_and_drops_its_copies_in_flight() -> None:
+    """After a weight update verl resets vLLM's prefix cache with its connector's: every host
+    block goes (no KV event, as vLLM's manager emits none), a store still copying is dropped and
+    its completion ignored, and the same prompt afterwards finds nothing on the host."""
+    recorder = TierRecorder()
+    engine = _engine(recorder, d2h_gbps=0.001)  # a 2 MiB block takes 2.1 s to store
+    host = engine.kv_cache.host
+    assert host is not None
+    engine.submit(spec("A", 64, 2, A, BS))
+    step = engine.begin_step(0.0)
+    engine.end_step(step, step.end)
+    step = engine.begin_step(step.end)  # A's last token: A finishes, its 4 blocks still copying
+    engine.end_step(step, step.end)
+    assert host.pending == 4 and engine.next_transfer_done < float("inf")
+    engine.clear_prefix_cache(step.end)
+    assert (host.resident, host.pending) == (0, 0)
+    assert engine.next_transfer_done == float("inf") and not engine.has_work
+    assert recorder.host_stored == [] and recorder.host_removed == []
+    assert set(recorder.removed) == set(A)  # the GPU's cached blocks go, as before
+    engine.submit(spec("D", 80, 2, D, BS))
+    now = _run(engine, 100.0)
+    assert _admitted(recorder, "D")[0] == 0 and recorder.host_tokens["D"] == 0
+    assert host.stored == 5 and recorder.host_stored == D  # only D's own stores completed
+    assert now > 100.0
+
+
+def test_a_prefix_cache_reset_under_a_host_load_in_flight_is_refused() -> None:
+    recorder = TierRecorder()
+    engine = _engine(recorder, h2d_gbps=0.001)
+    engine.submit(spec("A", 64, 2, A, BS))
+    now = _run(engine, 0.0)
+    engine.submit(spec("C", 112, 2, C, BS))
+    now = _run(engine, now)
+    engine.submit(spec("D", 80, 2, D, BS))
+    engine.begin_step(now)  # D parked: its 4 host blocks loading
+    assert engine.parked
+    with pytest.raises(RuntimeError, match="cannot be reset while a host load is in flight"):
+        engine.clear_prefix_cache(now)
