@@ -116,10 +116,13 @@ def check_simulate(outcome: Outcome, root: Path) -> None:
     assert "wrote runs/swe-agent-thunderagent-s0/summary.json" in outcome.stdout
 
 
-def check_host_tier(outcome: Outcome, root: Path) -> None:
-    _ok(outcome)
-    tier = json.loads((root / "runs" / "swe-agent-host-tier" / "summary.json").read_text())["host_tier"]
-    assert tier["host_hit_tokens"] > 0 and tier["stored_tokens"] > 0
+def check_host_tier(run_dir: str) -> Callable[[Outcome, Path], None]:
+    def check(outcome: Outcome, root: Path) -> None:
+        _ok(outcome)
+        tier = json.loads((root / "runs" / run_dir / "summary.json").read_text())["host_tier"]
+        assert tier["host_hit_tokens"] > 0 and tier["stored_tokens"] > 0
+
+    return check
 
 
 def check_report(outcome: Outcome, root: Path) -> None:
@@ -233,7 +236,12 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
     # docs/engine.md
     "python -m tasim simulate swe-agent --set cluster.engine.host_tier.ratio=2 --set duration_s=900 --quiet --out runs/swe-agent-host-tier": (
         "",
-        check_host_tier,
+        check_host_tier("swe-agent-host-tier"),
+    ),
+    "python -m tasim simulate swe-agent --set cluster.engine.host_tier.semantics=sglang --set cluster.engine.host_tier.ratio=2 "
+    "--set cluster.engine.kv_blocks=6000 --set duration_s=300 --set metrics.warmup_s=60 --quiet --out runs/swe-agent-hicache": (
+        "",
+        check_host_tier("swe-agent-hicache"),
     ),
     # docs/howto/add-a-perf-model.md
     "python -m tasim compare live-mocker --policies round_robin --sweep cluster.perf.model=roofline,dynamo_polynomial,fixed --jobs 1 "
@@ -269,7 +277,14 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
         "",
         check_written("runs/validate-multiturn-validation/validation.json"),
     ),
+    "python -m tasim validate dynamo multiturn-validation --set cluster.engine.kv_blocks=1024 --set cluster.engine.host_tier.blocks=2048 "
+    "--set duration_s=120 --repeats 1 --out runs/validate-multiturn-validation-tier": (
+        "",
+        check_written("runs/validate-multiturn-validation-tier/validation.json"),
+    ),
     "python -m tasim validate published measurements/verl-recipe-h20.yaml": ("", check_written("runs/published/published.json")),
+    # docs/live.md
+    "python -m tasim live scenarios/live-mocker-host-tier.yaml --compare-sim": ("", check_live("live-live-mocker-host-tier-round_robin-s5", 98)),
     # docs/scenarios.md
     "python -m tasim scenarios": ("", check_printed("swe-agent.yaml", "live-mocker.yaml")),
 }
