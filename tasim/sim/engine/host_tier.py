@@ -3,21 +3,22 @@
 Paths cited below are in vLLM 0.31's installed package: ``connector/`` is
 ``vllm/distributed/kv_transfer/kv_connector/v1/offloading/``, ``cpu/`` is ``vllm/v1/kv_offload/cpu/``.
 
-`HostPool` is the scheduler side of vLLM's OffloadingConnector with its CPUOffloadingManager and
-LRU policy, at ``blocks_per_chunk = 1`` (vLLM's default): one host slot per GPU block, keyed by
-the block's hash. A slot is *pending* while its store is in flight (not readable, not evictable),
-then *ready*: evictable when no load holds it, pinned while loads do. A load leaves the host copy
-in place. What a scheduler does with it, per step, as the connector does:
+A host pool is the scheduler side of vLLM's OffloadingConnector with its CPUOffloadingManager
+and LRU policy, at ``blocks_per_chunk = 1`` (vLLM's default): one host slot per GPU block, keyed
+by the block's hash. A slot is *pending* while its store is in flight (not readable, not
+evictable), then *ready*: evictable when no load holds it, pinned while loads do. A load leaves
+the host copy in place. What a scheduler does with it, per step, as the connector does:
 
 1. At admission of a request with nothing computed, after its GPU prefix of ``g`` blocks:
    ``lookup(hashes, g, num_tokens // block_size)`` gives the host blocks that follow; deferred
    means try this request again next step. `host_hit` turns the blocks into tokens; a hit pins
-   them with `prepare_load` (one H2D job; `complete_load` when it is done) and the request's
-   stores start after the loaded prefix.
+   them with `HostPool.prepare_load` (one H2D job, a `HostCopy`; `HostPool.complete_load` when it
+   is done) and the request's stores start after the loaded prefix.
 2. After scheduling, for every scheduled request and every request finished since the last
    step: ``prepare_store(hashes, next_store, full prompt blocks computed by the end of the step,
    access)``; None means nothing was stored and the same range is offered again next step,
-   otherwise the range is done and the returned keys are one D2H job (`complete_store`).
+   otherwise the range is done and the returned `HostCopy` is one D2H job
+   (`HostPool.complete_store`).
 3. When a request finishes, after its last `prepare_store`: ``on_request_finished(access)``. vLLM
    does this in the step after the request finished, once that step's stores are prepared
    (connector/scheduler.py:1818-1827), so they evict by the ranks from before the re-ranking.
@@ -28,16 +29,20 @@ Recency is vLLM's: an LRU rank at insertion, and once more when a request finish
 key it observed (loaded, newly stored, or re-offered while ready), tail first so the head of the
 prefix ends newest. Lookups do not touch. Eviction takes the lowest rank among the evictable
 slots, never one the current store offers.
+
+`ExtentHostPool` is the engine's pool; `tasim.sim.engine.keyed_host_pool.KeyedHostPool` keeps the
+same rules one record per slot (Dynamo's mocker builds on it, and the tests hold the two alike).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from tasim.core.model import BlockHash
+from tasim.core.model import BlockHash, shared_prefix_end
 
-_PENDING = -1  # ChunkStatus.ref_cnt of a chunk whose store is in flight (cpu/policies/base.py:25-45)
+PENDING = -1  # ChunkStatus.ref_cnt of a chunk whose store is in flight (cpu/policies/base.py:25-45)
 
 
 class TransferLane:
@@ -118,41 +123,22 @@ class HostAccess:
         self.unseen = set()
 
 
-class HostSlot:
-    """One host slot. ``refs``: -1 while the store is in flight, else the loads holding it
-    (cpu/policies/base.py). A pinned slot stays in the pool, so a load may hold on to it."""
+class HostCopy:
+    """One copy job's blocks: depth ranges ``runs`` of the chain ``hashes``, and their keys in
+    that order (a load's are one range). ``load``: H2D, else a store (D2H)."""
 
-    __slots__ = ("refs",)
+    __slots__ = ("load", "hashes", "runs", "keys")
 
-    def __init__(self) -> None:
-        self.refs = _PENDING
-
-
-class _Hit:
-    """A `HostPool.lookup` that found no block in flight, kept while nothing disturbs it: its
-    arguments, the slots of its hit and their keys, and the key after them (None at the limit).
-    Only an eviction of one of its keys, a load pinning one, or a store of the key after them
-    changes what the same lookup finds (stores completing and loads ending touch no ready slot)."""
-
-    __slots__ = ("hashes", "start", "limit", "slots", "keys", "miss")
-
-    def __init__(self, hashes: Sequence[BlockHash], start: int, limit: int, slots: list[HostSlot]) -> None:
-        stop = start + len(slots)
+    def __init__(self, load: bool, hashes: Sequence[BlockHash], runs: list[tuple[int, int]]) -> None:
+        self.load = load
         self.hashes = hashes
-        self.start = start
-        self.limit = limit
-        self.slots = slots
-        self.keys = set(hashes[start:stop])
-        self.miss: BlockHash | None = hashes[stop] if stop < limit else None
-
-
-# Hits kept at most: the requests a scan of the queue looks up step after step.
-_KEPT_HITS = 16
+        self.runs = runs
+        self.keys: list[BlockHash] = [key for start, stop in runs for key in hashes[start:stop]]
 
 
 class HostPool:
-    """Host KV slots with vLLM 0.31's CPUOffloadingManager semantics (cpu/manager.py) and its LRU
-    policy (cpu/policies/lru.py), one slot per GPU block.
+    """A host tier's slots under vLLM 0.31's rules (see the module docstring): what every
+    representation of them counts and reports alike.
 
     ``store_threshold`` (vLLM's ``store_threshold``, cpu/manager.py:250-274): below 2 every new
     key offered is stored; from 2 a key is stored only at its N-th offer, offers counted over the
@@ -165,13 +151,12 @@ class HostPool:
         "hits",
         "stored",
         "evicted",
-        "_slots",
         "_pending",
         "_evictable",
         "_offers",
-        "_events",
-        "_hits",
-        "_deferred",
+        "_stored_keys",
+        "_removed_keys",
+        "_batches",
     )
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
@@ -183,38 +168,22 @@ class HostPool:
         self.hits = 0  # blocks handed to loads
         self.stored = 0  # blocks whose store completed
         self.evicted = 0
-        # In LRU rank order, oldest first: a rank is given by moving a key to the end (vLLM's
-        # ranks only grow, cpu/policies/lru.py), so eviction walks from the front.
-        self._slots: OrderedDict[BlockHash, HostSlot] = OrderedDict()
         self._pending = 0
         self._evictable = 0
         # Offer counts, least recently offered first; only with a threshold (cpu/manager.py:84-87).
         self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
-        # KV events since the last drain: key -> stored (else removed), in the order of each key's last event.
-        self._events: dict[BlockHash, bool] = {}
-        # Lookups kept while nothing disturbs them (`_Hit`), by their chain's identity: a queue's
-        # head that waits for GPU blocks is looked up again every step, and the load that follows
-        # a hit pins its slots without looking each key up again. A deferred lookup is kept only
-        # while no slot changes at all.
-        self._hits: dict[int, _Hit] = {}
-        self._deferred: tuple[Sequence[BlockHash], int, int] | None = None
-
-    def reset(self) -> None:
-        """Drop every slot, as vLLM's ``reset_cache`` does when its prefix cache is reset with the
-        connector's after a weight update (cpu/manager.py:422-433): no KV event for the slots
-        dropped (the manager emits none), events already drained stay, offer counts stay."""
-        self._slots.clear()
-        self._pending = 0
-        self._evictable = 0
-        self._hits.clear()
-        self._deferred = None
+        # KV events since the last drain, in the order they happened, and the batches they came
+        # in: whether stored, and the length of that list after the batch.
+        self._stored_keys: list[BlockHash] = []
+        self._removed_keys: list[BlockHash] = []
+        self._batches: list[tuple[bool, int]] = []
 
     # --- queries ---------------------------------------------------------------------------
 
     @property
     def resident(self) -> int:
         """Slots in use, ready or pending."""
-        return len(self._slots)
+        raise NotImplementedError
 
     @property
     def pending(self) -> int:
@@ -226,231 +195,85 @@ class HostPool:
 
     @property
     def free(self) -> int:
-        return self.capacity - len(self._slots)
+        return self.capacity - self.resident
 
     def refs(self, key: BlockHash) -> int | None:
         """-1 while the store is in flight, else the loads holding it; None when not resident."""
-        slot = self._slots.get(key)
-        return None if slot is None else slot.refs
+        raise NotImplementedError
 
     def lookup(self, hashes: Sequence[BlockHash], start_block: int, limit_blocks: int) -> tuple[int, bool]:
         """Blocks resident and ready from ``start_block`` on (below ``limit_blocks``: the request's
         full blocks, as vLLM caps the hit at ``num_tokens``), and whether the request must be
         looked up again next step instead. It must when the run of resident blocks holds one whose
         store is in flight, or one another request is loading (connector/scheduler.py:671-703,
-        :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded.
+        :909-940); then the hit is 0. A load pins its blocks, so pinned means being loaded."""
+        raise NotImplementedError
 
-        A lookup repeated while nothing disturbed it answers as before (see `_Hit`)."""
-        hit_before = self._hits.get(id(hashes))
-        if hit_before is not None and hit_before.hashes is hashes and hit_before.start == start_block and hit_before.limit == limit_blocks:
-            return len(hit_before.slots), False
-        deferred = self._deferred
-        if deferred is not None and deferred[0] is hashes and deferred[1] == start_block and deferred[2] == limit_blocks:
-            return 0, True
-        slots = self._slots
-        hit: list[HostSlot] = []
-        for key in hashes[start_block:limit_blocks]:  # a slice: no index object per block
-            slot = slots.get(key)
-            if slot is None:
-                break
-            if slot.refs:  # its store in flight, or being loaded: deferred either way
-                self._deferred = (hashes, start_block, limit_blocks)
-                return 0, True
-            hit.append(slot)
-        hits = self._hits
-        if len(hits) >= _KEPT_HITS:
-            hits.clear()
-        hits[id(hashes)] = _Hit(hashes, start_block, limit_blocks, hit)
-        return len(hit), False
+    # --- copies ----------------------------------------------------------------------------
 
-    # --- loads -----------------------------------------------------------------------------
+    def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy:
+        """Pin blocks ``start`` to ``stop`` of ``hashes`` (all ready: a `lookup` hit) for one load
+        (cpu/manager.py, ``prepare_load``)."""
+        raise NotImplementedError
 
-    def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[BlockHash]:
-        """Pin blocks ``start`` to ``stop`` of ``hashes`` (all ready: a `lookup` hit) for a load;
-        returns their keys for `complete_load` (cpu/manager.py, ``prepare_load``)."""
-        self.pin_slots(hashes, start, stop, access)
-        return list(hashes[start:stop])
-
-    def pin_slots(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[HostSlot]:
-        """`prepare_load`, returning the pinned slots themselves for `unpin_slots`."""
-        hits = self._hits
-        hit_before = hits.get(id(hashes))
-        if hit_before is not None and hit_before.hashes is hashes and hit_before.start == start and len(hit_before.slots) >= stop - start:
-            pinned = hit_before.slots[: stop - start]  # the lookup's hit, undisturbed since
-        else:
-            slots = self._slots
-            pinned = [slots[key] for key in hashes[start:stop]]
-        self._deferred = None
-        if hits and stop > start:
-            # Pinned keys are the blocks start..stop of a chain; a kept hit's keys are a depth
-            # range of its own chain. Chained hashes: two chains share a block only if they
-            # agree at the top of the depths both ranges cover.
-            for ident, kept in list(hits.items()):
-                top = start if start > kept.start else kept.start
-                if top < stop and top < kept.start + len(kept.slots) and kept.hashes[top] == hashes[top]:
-                    del hits[ident]
-        for slot in pinned:
-            if slot.refs < 0:
-                raise ValueError("a host block is not ready to load")
-            if slot.refs == 0:
-                self._evictable -= 1
-            slot.refs += 1
-        access.observe(hashes, start, stop, [])
-        self.hits += len(pinned)
-        return pinned
-
-    def complete_load(self, keys: Sequence[BlockHash]) -> None:
+    def complete_load(self, load: HostCopy) -> None:
         """The load is done: unpin. The host copy stays (cpu/manager.py:231-241)."""
-        slots = self._slots
-        self.unpin_slots([slots[key] for key in keys])
+        raise NotImplementedError
 
-    def unpin_slots(self, pinned: list[HostSlot]) -> None:
-        """`complete_load` of slots `pin_slots` returned."""
-        self._deferred = None
-        for slot in pinned:
-            if slot.refs <= 0:
-                raise ValueError("a host block is not being loaded")
-            slot.refs -= 1
-            if slot.refs == 0:
-                self._evictable += 1
-
-    # --- stores ----------------------------------------------------------------------------
-
-    def prepare_store(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> list[BlockHash] | None:
+    def prepare_store(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy | None:
         """Offer blocks ``start`` to ``stop`` of ``hashes`` (cpu/manager.py:244-355). Blocks already
         resident are not stored again; the ready ones count as observed by the request. The new
-        ones become pending slots, returned for `complete_store` (empty when there are none).
+        ones become pending slots, returned as one store (without keys when there are none).
         None when they do not fit even after evicting every evictable slot not offered here:
         then nothing changes and the caller offers the range again next step
         (connector/scheduler.py:1663-1671)."""
-        keys = hashes[start:stop]
-        offers = self._offers
-        if offers is not None:
-            self._count_offers(offers, keys)
-        slots = self._slots
-        new: list[BlockHash] = []
-        skipped: list[int] = []
-        depth = start
-        for key in keys:
-            slot = slots.get(key)
-            if slot is None:
-                if offers is not None and offers.get(key, 0) < self.store_threshold:
-                    skipped.append(depth)
-                else:
-                    new.append(key)
-            elif slot.refs == _PENDING:
-                skipped.append(depth)  # another request's store: not observed by this one
-            depth += 1
-        access.observe(hashes, start, stop, skipped)
-        if not new:
-            return new
-        need = len(new) - self.free
-        evicted: list[BlockHash] = []
-        if need > 0:
-            if need > self._evictable:
-                return None
-            chosen = self._evict(need, set(keys))
-            if chosen is None:
-                return None
-            evicted = chosen
-        self._deferred = None
-        if self._hits:
-            self._disturb(evicted, new)
-        for key in new:
-            slots[key] = HostSlot()
-        self._pending += len(new)
-        return new
+        raise NotImplementedError
 
-    def complete_store(self, keys: Sequence[BlockHash]) -> None:
-        """The store is done: the slots become ready and evictable (cpu/manager.py:358-390)."""
-        slots = self._slots
-        events = self._events
-        for key in keys:
-            slot = slots.get(key)
-            if slot is None or slot.refs != _PENDING:
-                continue
-            self._deferred = None
-            slot.refs = 0
-            self._pending -= 1
-            self._evictable += 1
-            self.stored += 1
-            events.pop(key, None)
-            events[key] = True
-
-    # --- recency and events ----------------------------------------------------------------
+    def complete_store(self, store: HostCopy) -> None:
+        """The store is done: its slots still pending become ready and evictable
+        (cpu/manager.py:358-390)."""
+        raise NotImplementedError
 
     def on_request_finished(self, access: HostAccess) -> None:
         """Re-rank every resident key the request observed, tail first, so its head ends newest
         (cpu/manager.py:393-419, cpu/policies/lru.py:96-113). Pinned and pending slots take the
         rank too and keep it for when they become evictable. Clears ``access``."""
-        slots = self._slots
-        hashes = access.hashes
-        unseen = access.unseen
-        for start, stop in access.tail_first():
-            if unseen:
-                for depth in range(stop - 1, start - 1, -1):
-                    key = hashes[depth]
-                    if depth not in unseen and key in slots:
-                        slots.move_to_end(key)
-                continue
-            keys = list(hashes[start:stop])
-            keys.reverse()
-            for key in keys:
-                # one lookup, not two (a key evicted since it was observed is rare); a context
-                # manager per block would cost more than the lookup saved
-                try:  # noqa: SIM105
-                    slots.move_to_end(key)
-                except KeyError:
-                    pass
-        access.clear()
+        raise NotImplementedError
+
+    def reset(self) -> None:
+        """Drop every slot, as vLLM's ``reset_cache`` does when its prefix cache is reset with the
+        connector's after a weight update (cpu/manager.py:422-433): no KV event for the slots
+        dropped (the manager emits none), events already drained stay, offer counts stay."""
+        raise NotImplementedError
+
+    def audit(self) -> str | None:
+        """The first broken invariant of the bookkeeping, or None."""
+        raise NotImplementedError
+
+    # --- shared bookkeeping ----------------------------------------------------------------
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """KV events since the last call: keys stored (store completed) and keys removed
         (evicted), each key by its latest event, so applying stored then removed is exact."""
-        events = self._events
-        self._events = {}
-        return [key for key, stored in events.items() if stored], [key for key, stored in events.items() if not stored]
+        stored, removed, batches = self._stored_keys, self._removed_keys, self._batches
+        self._stored_keys, self._removed_keys, self._batches = [], [], []
+        if len(set(stored).union(removed)) == len(stored) + len(removed):
+            return stored, removed  # the usual case: no key named twice
+        # a key evicted and stored again, or stored again after a reset: its latest event counts,
+        # and the keys come in the order of their latest events
+        latest: dict[BlockHash, bool] = {}
+        begin = {True: 0, False: 0}
+        for was_stored, end in batches:
+            for key in (stored if was_stored else removed)[begin[was_stored] : end]:
+                latest.pop(key, None)
+                latest[key] = was_stored
+            begin[was_stored] = end
+        return [key for key, was_stored in latest.items() if was_stored], [key for key, was_stored in latest.items() if not was_stored]
 
-    def audit(self) -> str | None:
-        """The first broken invariant of the bookkeeping, or None."""
-        if len(self._slots) > self.capacity:
-            return f"{len(self._slots)} host slots in use, capacity {self.capacity}"
-        pending = sum(1 for slot in self._slots.values() if slot.refs == _PENDING)
-        evictable = sum(1 for slot in self._slots.values() if slot.refs == 0)
-        if (pending, evictable) != (self._pending, self._evictable):
-            return f"counted {pending} pending, {evictable} evictable host slots; the pool says {self._pending}, {self._evictable}"
-        return None
-
-    # --- internals -------------------------------------------------------------------------
-
-    def _evict(self, count: int, offered: set[BlockHash]) -> list[BlockHash] | None:
-        """Evict ``count`` evictable slots, lowest rank first, none of ``offered``; all or nothing
-        (cpu/policies/lru.py:115-159). Returns their keys, or None when there are too few."""
-        chosen: list[BlockHash] = []
-        for key, slot in self._slots.items():
-            if slot.refs == 0 and key not in offered:
-                chosen.append(key)
-                if len(chosen) == count:
-                    break
-        if len(chosen) < count:
-            return None
-        slots = self._slots
-        events = self._events
-        for key in chosen:
-            del slots[key]
-            events.pop(key, None)
-            events[key] = False
-        self._evictable -= count
-        self.evicted += count
-        return chosen
-
-    def _disturb(self, evicted: list[BlockHash], stored: list[BlockHash]) -> None:
-        """Forget the kept hits that an eviction or a new store changes (see `_Hit`)."""
-        hits = self._hits
-        stored_keys = set(stored)
-        for ident, kept in list(hits.items()):
-            if (kept.miss is not None and kept.miss in stored_keys) or not kept.keys.isdisjoint(evicted):
-                del hits[ident]
+    def _note_events(self, keys: Sequence[BlockHash], stored: bool) -> None:
+        log = self._stored_keys if stored else self._removed_keys
+        log.extend(keys)
+        self._batches.append((stored, len(log)))
 
     def _count_offers(self, offers: OrderedDict[BlockHash, int], keys: Sequence[BlockHash]) -> None:
         """One more offer of each key; a full table forgets its least recently offered key, never
@@ -471,6 +294,375 @@ class HostPool:
                 offers.popitem(last=False)
                 forgettable -= 1
             offers[key] = 1
+
+
+class _Extent:
+    """Resident keys ``hashes[start:stop]`` of one chain in one state (``refs``: `PENDING` while
+    their store is in flight, else the loads holding them), with consecutive LRU ranks from
+    ``low``: the deepest key holds it when ``down`` (a finish re-ranked them tail first), else the
+    shallowest (a store ranked them head first). ``entry``: its live eviction-heap entry, 0 if
+    none. ``fork``: another chain was seen to leave this one after the extent's last block."""
+
+    __slots__ = ("hashes", "start", "stop", "refs", "low", "down", "entry", "fork")
+
+    def __init__(self, hashes: Sequence[BlockHash], start: int, stop: int, refs: int, low: int, down: bool) -> None:
+        self.hashes = hashes
+        self.start = start
+        self.stop = stop
+        self.refs = refs
+        self.low = low
+        self.down = down
+        self.entry = 0
+        self.fork = False
+
+
+class ExtentHostPool(HostPool):
+    """`HostPool` kept as extents: runs of consecutive blocks of one chain that share their state
+    and hold consecutive ranks.
+
+    A request observes its whole prompt (most of it a GPU hit already on the host) and re-ranks
+    it when it finishes, so a slot-per-key pool spends its time walking prompts of thousands of
+    blocks. Here a walk costs one step per extent: a store's new keys are one extent (ranked
+    head first), and a finish re-ranks the extents it covers, each as a whole, deepest first (and
+    joins neighbours in one state), so each extent's ranks stay consecutive. Ranks come from one counter and are never reused, so
+    the lowest evictable rank is always at the evictable end of some extent (its deepest block
+    when ``down``, else its shallowest), which an eviction heap of extents finds. Per key there
+    is only C-level work: the key-to-extent map (written when keys are stored, and for the
+    smaller side of a split) and the KV event lists."""
+
+    __slots__ = ("_where", "_heap", "_rank", "_entries")
+
+    def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
+        super().__init__(capacity, store_threshold, max_tracker_size)
+        self._where: dict[BlockHash, _Extent] = {}  # every resident key -> its extent
+        # (low, entry, extent) of every evictable extent, and stale ones (the extent's entry moved on)
+        self._heap: list[tuple[int, int, _Extent]] = []
+        self._rank = 0  # the next rank to give
+        self._entries = 0  # heap entries numbered so far
+
+    @property
+    def resident(self) -> int:
+        return len(self._where)
+
+    def refs(self, key: BlockHash) -> int | None:
+        extent = self._where.get(key)
+        return None if extent is None else extent.refs
+
+    def lookup(self, hashes: Sequence[BlockHash], start_block: int, limit_blocks: int) -> tuple[int, bool]:
+        where = self._where
+        depth = start_block
+        while depth < limit_blocks:
+            extent = where.get(hashes[depth])
+            if extent is None:
+                break
+            if extent.refs:  # its store in flight, or being loaded: deferred either way
+                return 0, True
+            depth = _agree_until(extent.hashes, hashes, depth, min(extent.stop, limit_blocks))
+        return depth - start_block, False
+
+    def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy:
+        pieces = self._cover(hashes, start, stop)
+        if sum(piece.stop - piece.start for piece in pieces) != stop - start or any(piece.refs < 0 for piece in pieces):
+            raise ValueError("a host block is not ready to load")
+        for piece in pieces:
+            if piece.refs == 0:
+                self._evictable -= piece.stop - piece.start
+                piece.entry = 0
+            piece.refs += 1
+        access.observe(hashes, start, stop, [])
+        self.hits += stop - start
+        return HostCopy(True, hashes, [(start, stop)])
+
+    def complete_load(self, load: HostCopy) -> None:
+        for start, stop in load.runs:
+            for piece in self._cover(load.hashes, start, stop):
+                if piece.refs <= 0:
+                    raise ValueError("a host block is not being loaded")
+                piece.refs -= 1
+                if piece.refs == 0:
+                    self._evictable += piece.stop - piece.start
+                    self._push(piece)
+
+    def prepare_store(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy | None:
+        offers = self._offers
+        if offers is not None:
+            self._count_offers(offers, hashes[start:stop])
+        where = self._where
+        runs: list[tuple[int, int]] = []  # the new keys, as depth ranges
+        skipped: list[int] = []  # depths not observed: another request's store, or under the threshold
+        new = 0
+        offered_evictable = 0  # evictable keys among those offered: they stay
+        depth = start
+        while depth < stop:
+            extent = where.get(hashes[depth])
+            if extent is not None:
+                end = _agree_until(extent.hashes, hashes, depth, min(extent.stop, stop))
+                if extent.refs == PENDING:
+                    skipped.extend(range(depth, end))
+                elif extent.refs == 0:
+                    offered_evictable += end - depth
+                depth = end
+                continue
+            end = depth + 1
+            while end < stop and hashes[end] not in where:
+                end += 1
+            if offers is None:
+                runs.append((depth, end))
+                new += end - depth
+            else:
+                threshold = self.store_threshold
+                for gap in range(depth, end):
+                    if offers.get(hashes[gap], 0) < threshold:
+                        skipped.append(gap)
+                    elif runs and runs[-1][1] == gap:
+                        runs[-1] = (runs[-1][0], gap + 1)
+                        new += 1
+                    else:
+                        runs.append((gap, gap + 1))
+                        new += 1
+            depth = end
+        access.observe(hashes, start, stop, skipped)
+        if new:
+            need = new - (self.capacity - len(where))
+            if need > 0:
+                if need > self._evictable - offered_evictable:
+                    return None
+                self._evict(need, hashes, start, stop)
+            rank = self._rank
+            for run_start, run_stop in runs:
+                extent = _Extent(hashes, run_start, run_stop, PENDING, rank, False)
+                rank += run_stop - run_start
+                for key in hashes[run_start:run_stop]:
+                    where[key] = extent
+            self._rank = rank
+            self._pending += new
+        return HostCopy(False, hashes, runs)
+
+    def complete_store(self, store: HostCopy) -> None:
+        for start, stop in store.runs:
+            for piece in self._cover(store.hashes, start, stop):
+                if piece.refs != PENDING:
+                    continue  # dropped by a reset, and stored again by another request since
+                size = piece.stop - piece.start
+                piece.refs = 0
+                self._pending -= size
+                self._evictable += size
+                self.stored += size
+                self._push(piece)
+                self._note_events(piece.hashes[piece.start : piece.stop], True)
+
+    def on_request_finished(self, access: HostAccess) -> None:
+        hashes = access.hashes
+        unseen = access.unseen
+        rank = self._rank
+        for start, stop in access.tail_first():
+            pieces = self._cover(hashes, start, stop)
+            if unseen:
+                pieces = self._without(pieces, unseen)
+            # deepest first; neighbours in one state become one extent (their new ranks are
+            # consecutive), so a program's prefix stays a few extents however many turns it has;
+            # not across a fork, where the next chain to pass would only cut it again
+            last = len(pieces)
+            while last:
+                first = last - 1
+                while first:
+                    above = pieces[first - 1]
+                    if above.fork or above.stop != pieces[first].start or above.refs != pieces[first].refs:
+                        break
+                    first -= 1
+                extent = self._joined(hashes, pieces[first:last])
+                extent.low = rank
+                extent.down = True
+                rank += extent.stop - extent.start
+                if extent.refs == 0:
+                    self._push(extent)
+                last = first
+        self._rank = rank
+        access.clear()
+
+    def reset(self) -> None:
+        self._where.clear()
+        self._heap.clear()
+        self._pending = 0
+        self._evictable = 0
+
+    def audit(self) -> str | None:
+        where = self._where
+        if len(where) > self.capacity:
+            return f"{len(where)} host slots in use, capacity {self.capacity}"
+        extents = {id(extent): extent for extent in where.values()}
+        live = {entry for _, entry, extent in self._heap if extent.entry == entry}
+        pending = evictable = 0
+        for extent in extents.values():
+            if not extent.start < extent.stop:
+                return f"an empty host extent holds key {extent.hashes[extent.start]}"
+            if any(where.get(key) is not extent for key in extent.hashes[extent.start : extent.stop]):
+                return f"a key of the host extent from depth {extent.start} maps elsewhere"
+            size = extent.stop - extent.start
+            if extent.refs == PENDING:
+                pending += size
+            elif extent.refs == 0:
+                evictable += size
+                if extent.entry not in live:
+                    return f"evictable host extent from depth {extent.start} cannot be evicted (no heap entry)"
+        if (pending, evictable) != (self._pending, self._evictable):
+            return f"counted {pending} pending, {evictable} evictable host slots; the pool says {self._pending}, {self._evictable}"
+        return None
+
+    # --- internals -------------------------------------------------------------------------
+
+    def _push(self, extent: _Extent) -> None:
+        """Make ``extent`` (evictable) a candidate under its current lowest rank."""
+        self._entries += 1
+        extent.entry = self._entries
+        heap = self._heap
+        heapq.heappush(heap, (extent.low, self._entries, extent))
+        if len(heap) > 2 * self._evictable + 64:  # in place: an eviction in progress holds the list
+            heap[:] = [item for item in heap if item[2].entry == item[1]]
+            heapq.heapify(heap)
+
+    def _split(self, extent: _Extent, at: int) -> tuple[_Extent, _Extent]:
+        """Cut ``extent`` before depth ``at``: the piece above (``[start, at)``) and the one below.
+        The smaller piece is the new object, so the key map changes for it only."""
+        above, below = at - extent.start, extent.stop - at
+        low_above = extent.low + below if extent.down else extent.low
+        low_below = extent.low if extent.down else extent.low + above
+        where = self._where
+        if above <= below:
+            upper = _Extent(extent.hashes, extent.start, at, extent.refs, low_above, extent.down)  # no fork: ``extent`` follows
+            for key in extent.hashes[extent.start : at]:
+                where[key] = upper
+            extent.start, extent.low = at, low_below
+            lower = extent
+        else:
+            lower = _Extent(extent.hashes, at, extent.stop, extent.refs, low_below, extent.down)
+            lower.fork = extent.fork
+            for key in extent.hashes[at : extent.stop]:
+                where[key] = lower
+            extent.stop, extent.low, extent.fork = at, low_above, False
+            upper = extent
+        if extent.refs == 0:
+            self._push(upper)
+            self._push(lower)
+        return upper, lower
+
+    def _joined(self, hashes: Sequence[BlockHash], pieces: list[_Extent]) -> _Extent:
+        """``pieces``, neighbours on the chain ``hashes`` in depth order and in one state, as one
+        extent: the largest, grown over the others (their keys map to it now). Ranks are the
+        caller's to set."""
+        if len(pieces) == 1:
+            return pieces[0]
+        keeper = max(pieces, key=_size)
+        where = self._where
+        for piece in pieces:
+            if piece is not keeper:
+                for key in hashes[piece.start : piece.stop]:
+                    where[key] = keeper
+                piece.entry = 0
+        keeper.hashes = hashes
+        keeper.start = pieces[0].start
+        keeper.stop = pieces[-1].stop
+        keeper.fork = pieces[-1].fork
+        return keeper
+
+    def _cover(self, hashes: Sequence[BlockHash], start: int, stop: int) -> list[_Extent]:
+        """The extents holding the resident blocks ``start`` to ``stop`` of ``hashes``, in depth
+        order, split so that each lies inside the range and on the chain."""
+        where = self._where
+        pieces: list[_Extent] = []
+        depth = start
+        while depth < stop:
+            extent = where.get(hashes[depth])
+            if extent is None:
+                depth += 1
+                continue
+            limit = min(extent.stop, stop)
+            end = _agree_until(extent.hashes, hashes, depth, limit)
+            if depth > extent.start:
+                extent = self._split(extent, depth)[1]
+            if end < extent.stop:
+                extent = self._split(extent, end)[0]
+                if end < limit:
+                    extent.fork = True
+            pieces.append(extent)
+            depth = end
+        return pieces
+
+    def _without(self, pieces: list[_Extent], unseen: set[int]) -> list[_Extent]:
+        """``pieces`` (of one chain) less the blocks at the depths ``unseen``, split around them."""
+        kept: list[_Extent] = []
+        for piece in pieces:
+            for depth in sorted(depth for depth in unseen if piece.start <= depth < piece.stop):
+                if depth > piece.start:
+                    upper, piece = self._split(piece, depth)
+                    kept.append(upper)
+                if depth + 1 == piece.stop:
+                    break
+                piece = self._split(piece, depth + 1)[1]
+            else:
+                kept.append(piece)
+        return kept
+
+    def _evict(self, count: int, hashes: Sequence[BlockHash], start: int, stop: int) -> None:
+        """Evict ``count`` evictable slots (there are enough), lowest rank first, none of the
+        blocks ``start`` to ``stop`` of ``hashes`` (the store being prepared) (cpu/policies/lru.py:115-159).
+        An extent's ranks are consecutive and no other slot's lie between them, so once its
+        evictable end is the lowest it goes as a whole, or as much of it as is needed."""
+        heap = self._heap
+        where = self._where
+        aside: list[_Extent] = []  # offered: out of the heap until the eviction is done
+        evicted = 0
+        while evicted < count:
+            _, entry, extent = heapq.heappop(heap)
+            if extent.entry != entry:
+                continue  # stale: pinned, re-ranked, split or evicted since it was pushed
+            top = max(extent.start, start)
+            bottom = min(extent.stop, stop)
+            if top < bottom and extent.hashes[top] == hashes[top]:
+                # chained hashes: the blocks both hold are one depth range
+                end = _agree_until(extent.hashes, hashes, top, bottom)
+                if top > extent.start:
+                    extent = self._split(extent, top)[1]
+                if end < extent.stop:
+                    extent = self._split(extent, end)[0]
+                extent.entry = 0
+                aside.append(extent)
+                continue
+            take = min(extent.stop - extent.start, count - evicted)
+            if extent.down:  # deepest first
+                cut = extent.stop - take
+                gone = list(extent.hashes[cut : extent.stop])
+                gone.reverse()
+                extent.stop = cut
+            else:
+                cut = extent.start + take
+                gone = list(extent.hashes[extent.start : cut])
+                extent.start = cut
+            extent.low += take
+            for key in gone:
+                del where[key]
+            self._note_events(gone, False)
+            evicted += take
+            if extent.start < extent.stop:
+                self._push(extent)
+            else:
+                extent.entry = 0
+        for extent in aside:
+            self._push(extent)
+        self._evictable -= count
+        self.evicted += count
+
+
+def _size(extent: _Extent) -> int:
+    return extent.stop - extent.start
+
+
+def _agree_until(theirs: Sequence[BlockHash], ours: Sequence[BlockHash], depth: int, limit: int) -> int:
+    """`tasim.core.model.shared_prefix_end`, with its common case (the chains agree up to
+    ``limit``) settled here: compiled code calls an interpreted function at a cost."""
+    if theirs is ours or theirs[limit - 1] == ours[limit - 1]:
+        return limit
+    return shared_prefix_end(theirs, ours, depth, limit)
 
 
 def host_hit(gpu_tokens: int, host_blocks: int, num_tokens: int, block_size: int) -> tuple[int, int]:

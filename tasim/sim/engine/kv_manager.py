@@ -38,7 +38,7 @@ from typing import Final, TypeVar
 from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
 from tasim.sim.engine.hicache import HiCache, WritePolicy
-from tasim.sim.engine.host_tier import HostAccess, HostPool, HostSlot, TransferLane
+from tasim.sim.engine.host_tier import ExtentHostPool, HostAccess, HostCopy, HostPool, TransferLane
 from tasim.sim.engine.mocker_host_tier import MockerHostPool
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
@@ -131,15 +131,14 @@ class HostTierSetup:
 
 
 class _Transfer:
-    """One copy job: a load (H2D) of a request's host hit (the slots it pins), or a store (D2H)
-    of its blocks (their keys)."""
+    """One copy job of a request: a load (H2D) of its host hit, or a store (D2H) of its blocks."""
 
-    __slots__ = ("load", "keys", "pinned", "request", "done")
+    __slots__ = ("copy", "load", "keys", "request", "done")
 
-    def __init__(self, load: bool, keys: list[BlockHash], request: RequestBlocks, pinned: list[HostSlot] | None = None) -> None:
-        self.load = load
-        self.keys = keys
-        self.pinned: list[HostSlot] = [] if pinned is None else pinned
+    def __init__(self, copy: HostCopy, request: RequestBlocks) -> None:
+        self.copy = copy
+        self.load = copy.load
+        self.keys = copy.keys
         self.request = request
         self.done = 0.0  # when it is copied, once submitted
 
@@ -157,6 +156,18 @@ class BlockBoundary:
 
 def _deadline_order(job: _Transfer) -> tuple[float, bool]:
     return job.done, job.load
+
+
+def _copies_any(copy: HostCopy, prefixes: Sequence[tuple[Sequence[BlockHash], int]]) -> bool:
+    """Whether ``copy`` holds a block of any of the chain prefixes. Chained hashes: a block is
+    at one depth, and two chains that share it share every block above it, so a run of the
+    copy shares a block with a prefix exactly when they share the run's first block."""
+    hashes = copy.hashes
+    for start, stop in copy.runs:
+        for chain, blocks in prefixes:
+            if start < blocks and start < stop and hashes[start] == chain[start]:
+                return True
+    return False
 
 
 def _blocks_for(tokens: int, block_size: int) -> int:
@@ -210,7 +221,7 @@ class KVCacheManager:
         if setup.semantics == "dynamo_mocker":
             self.host = self.mocker_host = MockerHostPool(setup.blocks, setup.store_threshold, cohort_order=setup.cohort_order)
         else:
-            self.host = HostPool(setup.blocks, setup.store_threshold)
+            self.host = ExtentHostPool(setup.blocks, setup.store_threshold)
         self._host_block_bytes = setup.block_bytes
         self.d2h = TransferLane(setup.d2h_gbps)
         self.h2d = TransferLane(setup.h2d_gbps)
@@ -338,16 +349,16 @@ class KVCacheManager:
             access = request.host_access = HostAccess()
         start = computed.gpu_blocks
         stop = start + computed.host_blocks
-        pinned = host.pin_slots(request.block_hashes, start, stop, access)
+        load = host.prepare_load(request.block_hashes, start, stop, access)
         # set, not raised: a request preempted after storing further offers those blocks again
         # (vLLM sets next_stored_chunk_idx to the cached chunks, connector/scheduler.py:1194-1196)
         request.next_store = stop
         request.host_jobs += 1
-        job = _Transfer(True, list(request.block_hashes[start:stop]), request, pinned)
+        job = _Transfer(load, request)
         if enter_at is None:
             self._unsubmitted.append(job)
             return
-        job.done = self.h2d.submit(enter_at, len(pinned) * self._host_block_bytes)
+        job.done = self.h2d.submit(enter_at, len(job.keys) * self._host_block_bytes)
         if job.done < self.next_transfer_done:
             self.next_transfer_done = job.done
         self._in_flight.append(job)
@@ -365,14 +376,14 @@ class KVCacheManager:
         access = request.host_access
         if access is None:
             access = request.host_access = HostAccess()
-        keys = host.prepare_store(request.block_hashes, start, stop, access)
-        if keys is None:
+        store = host.prepare_store(request.block_hashes, start, stop, access)
+        if store is None:
             return False
         request.next_store = stop
-        if not keys:
+        if not store.keys:
             return False
         request.host_jobs += 1
-        self._unsubmitted.append(_Transfer(False, keys, request))
+        self._unsubmitted.append(_Transfer(store, request))
         return True
 
     def touch_host_prompt(self, request: RequestBlocks, prompt_blocks: int) -> None:
@@ -433,16 +444,16 @@ class KVCacheManager:
                     until = job.done
         return until
 
-    def flush_hits(self, hits: Sequence[BlockHash]) -> float:
-        """When the stores in flight of finished requests (they hold no blocks) that copy any of
-        ``hits`` are done (0.0 when none): vLLM flushes such a store when a step hands one of its
-        source blocks to a request, as a prefix hit as much as a new block
-        (connector/scheduler.py:1796-1808, the blocks of every request admitted in the step)."""
+    def flush_hits(self, prefixes: Sequence[tuple[Sequence[BlockHash], int]]) -> float:
+        """When the stores in flight of finished requests (they hold no blocks) that copy any
+        block of the chain prefixes ``prefixes`` (chain, blocks) are done (0.0 when none): vLLM
+        flushes such a store when a step hands one of its source blocks to a request, as a
+        prefix hit as much as a new block (connector/scheduler.py:1796-1808, the blocks of every
+        request admitted in the step)."""
         until = 0.0
-        if hits and self._store_done:
-            wanted = set(hits)
+        if prefixes and self._store_done:
             for job in self._in_flight:
-                if not job.load and job.done > until and job.request.phys == 0 and not wanted.isdisjoint(job.keys):
+                if not job.load and job.done > until and job.request.phys == 0 and _copies_any(job.copy, prefixes):
                     until = job.done
         return until
 
@@ -451,10 +462,8 @@ class KVCacheManager:
         bytes_per_block = self._host_block_bytes
         store_done = self._store_done
         for job in self._unsubmitted:
-            if job.load:
-                job.done = self.h2d.submit(at, len(job.pinned) * bytes_per_block)
-            else:
-                job.done = self.d2h.submit(at, len(job.keys) * bytes_per_block)
+            job.done = (self.h2d if job.load else self.d2h).submit(at, len(job.keys) * bytes_per_block)
+            if not job.load:
                 for key in job.keys:
                     store_done[key] = job.done
             if job.done < self.next_transfer_done:
@@ -490,13 +499,10 @@ class KVCacheManager:
                 continue
             job.request.host_jobs -= 1
             if job.load:
-                if self.mocker_host is not None:  # it touches the blocks it unpins as one cohort
-                    self.mocker_host.complete_load(job.keys)
-                else:
-                    host.unpin_slots(job.pinned)
+                host.complete_load(job.copy)
                 loaded.append(job.request)
             else:
-                host.complete_store(job.keys)
+                host.complete_store(job.copy)
                 for key in job.keys:
                     if store_done.get(key) == job.done:
                         del store_done[key]

@@ -5,7 +5,7 @@ Dynamo's replay like with like (``validate dynamo``).
 Paths cited are AISimulate's: ``tier.rs`` is ``engine/host_offload/tier.rs``, ``adapter.rs``
 ``engine/scheduler/vllm/host_offload.rs``, ``core.rs`` ``engine/scheduler/vllm/core.rs``.
 
-Residency, pending stores, load pins, eviction and the copy lanes are vLLM's (`HostPool`);
+Residency, pending stores, load pins, eviction and the copy lanes are vLLM's (`KeyedHostPool`);
 recency is the mocker's own. Its LRU holds only ready, unpinned blocks and moves one to the
 newest end on each *touch* (``tier.rs``, ``Lru``):
 
@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tasim.core.model import BlockHash
-from tasim.sim.engine.host_tier import HostPool
+from tasim.sim.engine.host_tier import HostCopy
+from tasim.sim.engine.keyed_host_pool import KeyedHostPool
 
 
-class MockerHostPool(HostPool):
-    """`HostPool` with the recency of Dynamo's mocker (see the module docstring)."""
+class MockerHostPool(KeyedHostPool):
+    """`KeyedHostPool` with the recency of Dynamo's mocker (see the module docstring)."""
 
     __slots__ = ("cohort_order",)
 
@@ -51,17 +52,17 @@ class MockerHostPool(HostPool):
             if slot is not None and slot.refs == 0:
                 slots.move_to_end(key)
 
-    def complete_store(self, keys: Sequence[BlockHash]) -> None:
+    def complete_store(self, store: HostCopy) -> None:
         """Ready, and touched as one cohort (``tier.rs``: ``tick``, ``touch_cohort``)."""
-        super().complete_store(keys)
-        self._touch_cohort(keys)
+        super().complete_store(store)
+        self._touch_cohort(store.keys)
 
-    def complete_load(self, keys: Sequence[BlockHash]) -> None:
+    def complete_load(self, load: HostCopy) -> None:
         """Unpinned; those no other load holds are touched as one cohort (``tier.rs``:
         ``release_load_pins``)."""
-        super().complete_load(keys)
+        super().complete_load(load)
         slots = self._slots
-        self._touch_cohort([key for key in keys if slots[key].refs == 0])
+        self._touch_cohort([key for key in load.keys if slots[key].refs == 0])
 
     def _touch_cohort(self, keys: Sequence[BlockHash]) -> None:
         slots = self._slots

@@ -273,7 +273,8 @@ class Engine(FoldableEngine):
         self._sglang = config.host_tier is not None and config.host_tier.semantics == "sglang"
         self._load_done = 0.0
         self._flush_until = 0.0  # when the stores the next step that runs waits for are copied
-        self._hit_blocks: list[BlockHash] = []  # the cached blocks requests admitted in this step took
+        # the cached blocks requests admitted in this step took: a prefix of each one's chain
+        self._hit_prefixes: list[tuple[Sequence[BlockHash], int]] = []
         # Dynamo mocker's host tier (`tasim.sim.engine.mocker_host_tier`): loads start at admission,
         # the step waits only for the stores of blocks it computes into (those a load reuses delay
         # that load) and of a request it preempts; the blocks evicted for loads this step.
@@ -355,7 +356,7 @@ class Engine(FoldableEngine):
         step = Step(start=now, duration=0.0)
         if self._tiered:
             self._complete_transfers(now)
-            self._hit_blocks = []
+            self._hit_prefixes = []
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
@@ -374,7 +375,7 @@ class Engine(FoldableEngine):
             # here, for the store of a block evicted here, and for a finished request's store of a
             # block admitted here as a prefix hit (SGLang's write-back for its writes of blocks
             # evicted here); a step that runs nothing leaves the wait to the next one that does
-            until = max(self._flush_until, self.kv_cache.flush_hits(self._hit_blocks))
+            until = max(self._flush_until, self.kv_cache.flush_hits(self._hit_prefixes))
             if step.removed:
                 until = max(until, self.kv_cache.flush_until(step.removed))
             self._flush_until = until
@@ -550,7 +551,7 @@ class Engine(FoldableEngine):
                 req.host_tokens = computed.host_blocks * bs
             req.computed = cached
             if self._tiered:
-                self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
+                self._hit_prefixes.append((req.block_hashes, computed.gpu_blocks))
             self._admitted(req, step, chunk, now)
             budget -= chunk
 
@@ -595,7 +596,7 @@ class Engine(FoldableEngine):
             req.next_store = computed_tokens // bs  # the mocker stores from what the request reuses
         else:
             kv_cache.start_load(req, computed)
-            self._hit_blocks += req.block_hashes[: computed.gpu_blocks]
+            self._hit_prefixes.append((req.block_hashes, computed.gpu_blocks))
         req.computed = computed_tokens
         req.host_tokens = computed_tokens - gpu_tokens
         self.parked.append(req)
@@ -649,7 +650,7 @@ class Engine(FoldableEngine):
             if not self.kv_cache.allocate_slots(req, req.computed + chunk):
                 break
             loaded.popleft()
-            self._hit_blocks += req.block_hashes[:held]
+            self._hit_prefixes.append((req.block_hashes, held))
             self._admitted(req, step, chunk, now)
             budget -= chunk
         return budget

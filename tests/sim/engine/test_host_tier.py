@@ -2,16 +2,19 @@
 
 The scenario tests replay what vLLM 0.31's scheduler with its OffloadingConnector did on this
 box (block size 16; A = 4 blocks, B shares A's first 3, C = 7 other blocks, D = A + 1 block,
-E = A), calling the pool in the order the connector does."""
+E = A), calling the pool in the order the connector does. Both representations of the pool run
+them (the engine's extents and the slot per key); `test_host_tier_model` holds them alike on random
+histories."""
 
 from __future__ import annotations
 
-import random
-from itertools import count
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
-from tasim.sim.engine.host_tier import HostAccess, HostPool, TransferLane, host_hit
+from tasim.sim.engine.host_tier import ExtentHostPool, HostAccess, HostCopy, HostPool, TransferLane, host_hit
+from tasim.sim.engine.keyed_host_pool import KeyedHostPool
 
 BS = 16
 A = [1, 2, 3, 4]
@@ -21,7 +24,47 @@ D = [1, 2, 3, 4, 6]
 E = [1, 2, 3, 4]
 
 
-def _stored(pool: HostPool, hashes: list[int]) -> list[int]:
+class Pool:
+    """A pool as the tests call it: copies named by their keys (a test completes the store it
+    prepared by naming its blocks)."""
+
+    def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
+        self.inner: HostPool = POOL_CLASS[0](capacity, store_threshold, max_tracker_size)
+        self._copies: dict[tuple[int, ...], HostCopy] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def prepare_store(self, hashes: list[int], start: int, stop: int, access: HostAccess) -> list[int] | None:
+        store = self.inner.prepare_store(hashes, start, stop, access)
+        if store is None:
+            return None
+        self._copies[tuple(store.keys)] = store
+        return store.keys
+
+    def prepare_load(self, hashes: list[int], start: int, stop: int, access: HostAccess) -> list[int]:
+        load = self.inner.prepare_load(hashes, start, stop, access)
+        self._copies[tuple(load.keys)] = load
+        return load.keys
+
+    def complete_store(self, keys: list[int]) -> None:
+        self.inner.complete_store(self._copies.pop(tuple(keys)))
+
+    def complete_load(self, keys: list[int]) -> None:
+        self.inner.complete_load(self._copies.pop(tuple(keys)))
+
+
+POOL_CLASS: list[type[HostPool]] = [ExtentHostPool]
+
+
+@pytest.fixture(autouse=True, params=[ExtentHostPool, KeyedHostPool], ids=["extents", "keyed"])
+def pool_class(request: pytest.FixtureRequest) -> Iterator[None]:
+    POOL_CLASS[0] = request.param
+    yield
+    POOL_CLASS[0] = ExtentHostPool
+
+
+def _stored(pool: Pool, hashes: list[int]) -> list[int]:
     """One request stores its blocks, the store completes and the request finishes."""
     access = HostAccess()
     keys = pool.prepare_store(hashes, 0, len(hashes), access)
@@ -31,7 +74,7 @@ def _stored(pool: HostPool, hashes: list[int]) -> list[int]:
     return keys
 
 
-def _a_and_b(pool: HostPool) -> list[HostAccess]:
+def _a_and_b(pool: Pool) -> list[HostAccess]:
     """Step 1: A prefills 64 tokens, B (48 GPU-hit tokens) 16; both offer all their blocks.
     Step 2: both stores complete; A and B finish. Returns what they observed, for the manager
     to hear of their finish in step 3."""
@@ -47,7 +90,7 @@ def _a_and_b(pool: HostPool) -> list[HostAccess]:
 
 
 def test_measured_vllm_scenario() -> None:
-    pool = HostPool(64)
+    pool = Pool(64)
     finished = _a_and_b(pool)  # 5 host blocks stored, not 7
     # Step 3: C's 7 blocks are stored (the connector prepares the step's stores, then tells the
     # manager that A and B finished).
@@ -85,7 +128,7 @@ def test_measured_vllm_scenario() -> None:
 
 
 def test_eight_host_blocks_evict_a_before_b() -> None:
-    pool = HostPool(8)
+    pool = Pool(8)
     finished = _a_and_b(pool)
     access_c = HostAccess()
     # 5 resident, 3 free: C's 7 blocks evict 4, the lowest ranks (A's, inserted first).
@@ -100,7 +143,7 @@ def test_eight_host_blocks_evict_a_before_b() -> None:
 
 
 def test_finish_reranks_tail_first() -> None:
-    pool = HostPool(6)
+    pool = Pool(6)
     _stored(pool, [1, 2, 3, 4])  # re-ranked 4, 3, 2, 1: the head is newest
     pool.take_events()
     assert pool.prepare_store([7, 8, 9], 0, 3, HostAccess()) == [7, 8, 9]
@@ -110,7 +153,7 @@ def test_finish_reranks_tail_first() -> None:
 
 
 def test_ranks_are_kept_without_a_finish() -> None:
-    pool = HostPool(4)
+    pool = Pool(4)
     access = HostAccess()
     keys = pool.prepare_store([1, 2, 3, 4], 0, 4, access)
     assert keys is not None
@@ -121,7 +164,7 @@ def test_ranks_are_kept_without_a_finish() -> None:
 
 
 def test_ready_reoffer_counts_as_observed() -> None:
-    pool = HostPool(3)
+    pool = Pool(3)
     _stored(pool, [1])
     _stored(pool, [2])
     reuse = HostAccess()
@@ -133,20 +176,20 @@ def test_ready_reoffer_counts_as_observed() -> None:
 
 
 def test_offered_blocks_are_never_evicted() -> None:
-    pool = HostPool(2)
+    pool = Pool(2)
     _stored(pool, [1])
     _stored(pool, [2])
     pool.take_events()
     assert pool.prepare_store([1, 5], 0, 2, HostAccess()) == [5]  # 1 is the oldest, but offered
     assert pool.take_events() == ([], [2])
-    single = HostPool(1)
+    single = Pool(1)
     _stored(single, [1])
     assert single.prepare_store([1, 5], 0, 2, HostAccess()) is None
     assert single.refs(1) == 0 and single.audit() is None
 
 
 def test_pending_store_defers_the_lookup() -> None:
-    pool = HostPool(64)
+    pool = Pool(64)
     keys = pool.prepare_store(A, 0, 4, HostAccess())
     assert keys == A
     # E' = A + 1 block, 16 GPU-hit tokens: its host run is pending, so it waits (measured:
@@ -161,14 +204,14 @@ def test_pending_store_defers_the_lookup() -> None:
 
 
 def test_loading_a_pending_block_is_refused() -> None:
-    pool = HostPool(4)
+    pool = Pool(4)
     assert pool.prepare_store([1], 0, 1, HostAccess()) == [1]
     with pytest.raises(ValueError):
         pool.prepare_load([1], 0, 1, HostAccess())
 
 
 def test_pinned_block_is_never_evicted_and_the_copy_stays() -> None:
-    pool = HostPool(4)
+    pool = Pool(4)
     _stored(pool, [1, 2, 3, 4])
     pool.take_events()
     loading = pool.prepare_load([1, 2], 0, 2, HostAccess())
@@ -183,7 +226,7 @@ def test_pinned_block_is_never_evicted_and_the_copy_stays() -> None:
 
 
 def test_full_pool_refuses_then_retry_succeeds() -> None:
-    pool = HostPool(4)
+    pool = Pool(4)
     first = pool.prepare_store([1, 2, 3, 4], 0, 4, HostAccess())
     assert first is not None
     access = HostAccess()
@@ -197,7 +240,7 @@ def test_full_pool_refuses_then_retry_succeeds() -> None:
 
 
 def test_store_threshold_stores_at_the_second_offer() -> None:
-    pool = HostPool(64, store_threshold=2)
+    pool = Pool(64, store_threshold=2)
     assert pool.prepare_store(A, 0, 4, HostAccess()) == []
     assert pool.prepare_store(B, 0, 4, HostAccess()) == [1, 2, 3]
     pool.complete_store([1, 2, 3])
@@ -207,14 +250,14 @@ def test_store_threshold_stores_at_the_second_offer() -> None:
 
 
 def test_offer_table_forgets_the_least_recently_offered() -> None:
-    pool = HostPool(8, store_threshold=2, max_tracker_size=2)
+    pool = Pool(8, store_threshold=2, max_tracker_size=2)
     assert pool.prepare_store([1, 2], 0, 2, HostAccess()) == []
     assert pool.prepare_store([3], 0, 1, HostAccess()) == []  # forgets 1
     assert pool.prepare_store([1, 2], 0, 2, HostAccess()) == [2]
 
 
 def test_events_report_each_block_by_its_latest_state() -> None:
-    pool = HostPool(1)
+    pool = Pool(1)
     _stored(pool, [1])
     assert pool.prepare_store([2], 0, 1, HostAccess()) == [2]
     pool.complete_store([2])
@@ -253,57 +296,6 @@ def test_host_hit_arithmetic() -> None:
 
 def test_invalid_settings() -> None:
     with pytest.raises(ValueError):
-        HostPool(0)
+        Pool(0)
     with pytest.raises(ValueError):
         TransferLane(-1.0)
-
-
-def _walk(pool: HostPool, hashes: list[int], start: int, limit: int) -> tuple[int, bool]:
-    """A lookup from the slots as they are now, block by block."""
-    hit = 0
-    for key in hashes[start:limit]:
-        refs = pool.refs(key)
-        if refs is None:
-            break
-        if refs:
-            return 0, True
-        hit += 1
-    return hit, False
-
-
-def test_kept_lookups_answer_as_a_walk_of_the_slots() -> None:
-    # Random stores, loads, completions and finishes on chains that share prefixes (as chained
-    # hashes do): every lookup, kept or not, equals a walk of the slots as they are then.
-    rng = random.Random(11)
-    fresh = count(1000)
-    for _ in range(40):
-        pool = HostPool(rng.choice([6, 12, 30]))
-        chains: list[list[int]] = []
-        for _ in range(5):
-            prefix = rng.choice(chains)[: rng.randrange(8)] if chains and rng.random() < 0.7 else []
-            chains.append(prefix + [next(fresh) for _ in range(rng.randrange(1, 10))])
-        jobs: list[tuple[bool, list[int]]] = []
-        accesses: list[HostAccess] = []
-        for _ in range(200):
-            hashes = rng.choice(chains)
-            start = rng.randrange(len(hashes))
-            found = pool.lookup(hashes, start, len(hashes))
-            assert found == _walk(pool, hashes, start, len(hashes))
-            action = rng.random()
-            if action < 0.3 and found[0] and not found[1]:
-                jobs.append((True, pool.prepare_load(hashes, start, start + found[0], HostAccess())))
-            elif action < 0.6:
-                access = HostAccess()
-                accesses.append(access)
-                keys = pool.prepare_store(hashes, start, len(hashes), access)
-                if keys:
-                    jobs.append((False, keys))
-            elif action < 0.85 and jobs:
-                load, keys = jobs.pop(rng.randrange(len(jobs)))
-                if load:
-                    pool.complete_load(keys)
-                else:
-                    pool.complete_store(keys)
-            elif accesses:
-                pool.on_request_finished(accesses.pop(rng.randrange(len(accesses))))
-            assert pool.audit() is None

@@ -99,15 +99,16 @@ def test_a_prompt_loaded_whole_recomputes_its_last_block() -> None:
 
 def _resident(pool: MockerHostPool, keys: list[int]) -> None:
     stored = pool.prepare_store(keys, 0, len(keys), HostAccess())
-    assert stored == keys
-    pool.complete_store(keys)
+    assert stored is not None and stored.keys == keys
+    pool.complete_store(stored)
 
 
 def _eviction_order(pool: MockerHostPool, count: int) -> list[int]:
     """The ``count`` slots the next store of new blocks evicts, oldest first."""
     before = set(pool._slots)
     new = [1000 + i for i in range(count)]
-    assert pool.prepare_store(new, 0, count, HostAccess()) == new
+    stored = pool.prepare_store(new, 0, count, HostAccess())
+    assert stored is not None and stored.keys == new
     return sorted(before - set(pool._slots), key=lambda key: list(before).index(key))
 
 
@@ -134,10 +135,10 @@ def test_a_completed_load_touches_what_it_unpins() -> None:
     pool = MockerHostPool(4)
     _resident(pool, [1, 2])
     _resident(pool, [3, 4])
-    keys = pool.prepare_load([1, 2], 0, 2, HostAccess())
+    load = pool.prepare_load([1, 2], 0, 2, HostAccess())
     other = pool.prepare_load([2], 0, 1, HostAccess())
     pool.touch_prompt([3, 4, 1, 2], 4)  # pinned blocks are outside the recency order
-    pool.complete_load(keys)
+    pool.complete_load(load)
     assert list(pool._slots)[-1] == 1  # 2 is still held by the other load
     pool.complete_load(other)
     assert list(pool._slots)[-2:] == [1, 2]
