@@ -117,6 +117,8 @@ class Simulation(HostCore):
         self.engines = {w.id: engine_factory(w.id, config, perf, self) for w in self.view.workers}
         self._wake: dict[str, Event | None] = {w: None for w in self.engines}
         self._runs: dict[str, StepRun | None] = {w: None for w in self.engines}  # what each worker sleeps through
+        # folded runs may complete host stores (vLLM's tier): a step start comes after theirs
+        self._folds_copies = fast_forward and config.host_tier is not None
         self._workers: dict[str, Process] = {}
         self._waiters: dict[str, Event] = {}
         self._held: dict[str, RequestSpec] = {}
@@ -131,6 +133,7 @@ class Simulation(HostCore):
         # carried a prefill chunk besides the decodes
         self.folded_steps = 0
         self.folded_prefill_steps = 0
+        self.folded_copy_steps = 0  # folded steps that completed host stores
 
     # --- running -------------------------------------------------------------------------------
 
@@ -183,6 +186,8 @@ class Simulation(HostCore):
             if not engine.has_work:
                 yield self._sleep(engine, index)
             yield Alarm(env, env.now, STEP_START_PRIORITY + index)
+            if self._folds_copies:
+                self._start_copies_before(index)
             step = engine.begin_step(env.now)
             if not step.scheduled:
                 if step.preempted:
@@ -206,6 +211,7 @@ class Simulation(HostCore):
             self.folded_steps += run.steps - 1
             if run.folds_prefill:
                 self.folded_prefill_steps += run.steps - 1
+            self.folded_copy_steps += run.copied
             if self._check:
                 self._audit(engine)
 
@@ -220,15 +226,30 @@ class Simulation(HostCore):
 
     def _catch_up(self, t: float) -> None:
         """Before anything happens at ``t``: bring folded steps up to ``t`` and publish the KV
-        events of every step that has ended, in time order (then worker order)."""
+        events of every step that has ended, in time order, then the host tier's of the steps
+        that started (after everything at their instant: steps start last), then worker order."""
         due = []
-        for index, (worker, run) in enumerate(self._runs.items()):
+        for index, run in enumerate(self._runs.values()):
             if run is not None and run.next_due <= t:
-                due += [(end, index, worker, stored, removed) for end, stored, removed in run.catch_up(t)]
+                due += [(at, host, index, run, stored, removed) for at, host, stored, removed in run.catch_up(t)]
         if len(due) > 1:
-            due.sort(key=itemgetter(0, 1))
-        for end, _, worker, stored, removed in due:
-            self.engines[worker].publish_kv(stored, removed, end)
+            due.sort(key=itemgetter(0, 1, 2))
+        for at, host, _, run, stored, removed in due:
+            if host:
+                run.publish_host(stored, removed, at)
+            else:
+                run.engine.publish_kv(stored, removed, at)
+
+    def _start_copies_before(self, index: int) -> None:
+        """A worker's step starts now: first the folded steps of the workers before it that
+        start now too, with the host copies they complete (see `StepRun.start_copies`)."""
+        now = self.env.now
+        for before, run in enumerate(self._runs.values()):
+            if before == index:
+                break
+            if run is not None:
+                for at, _, stored, removed in run.start_copies(now):
+                    run.publish_host(stored, removed, at)
 
     def _changing(self, worker: str) -> None:
         """Something outside is about to change the engine: its run keeps only the steps already

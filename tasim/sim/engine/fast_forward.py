@@ -16,7 +16,10 @@ one event each:
   chunk every step. The run lists those steps and
   applies them lazily, in order, when the simulation catches up (`catch_up`), publishing their
   KV events at their steps' ends;
-* nothing else changes until the run ends, so the requests' counters advance in one go.
+* nothing else changes until the run ends, so the requests' counters advance in one go;
+  except, with a host tier, the stores in flight that complete at a folded step's start
+  (`FoldableEngine.complete_copies`), whose host KV events are published at that instant after
+  every step that ends then, as an unfolded step would publish them.
 
 The run stops early where a step could differ: before a step that needs more blocks than are
 free or evictable (preemption), after one that registers a block the queue's head could use.
@@ -57,10 +60,17 @@ class StepRun:
         self._applied = 0  # boundaries scheduled so far
         self._published = 0  # boundaries whose KV events are out
         self._first_published = False
+        self._copy_steps: list[int] = []  # steps that complete host stores when they start
+        self._copied = 0  # of those, started
 
     @property
     def end(self) -> float:
         return self.ends[self.steps - 1]
+
+    @property
+    def copied(self) -> int:
+        """Its folded steps that completed host stores so far."""
+        return self._copied
 
     @property
     def folds_prefill(self) -> bool:
@@ -74,29 +84,43 @@ class StepRun:
             return self.first.end
         if self._published < self._applied:
             return self.ends[self._boundaries[self._published].index - 1]
+        due = float("inf")
         if self._applied < len(self._boundaries):
             index = self._boundaries[self._applied].index
             if index <= self.steps:
-                return self.ends[index - 2]
-        return float("inf")
+                due = self.ends[index - 2]
+        if self._copied < len(self._copy_steps):
+            index = self._copy_steps[self._copied]
+            if index <= self.steps and self.ends[index - 2] < due:
+                due = self.ends[index - 2]
+        return due
 
     def started(self, t: float) -> int:
         """Steps of the run that started before ``t`` (the first always has)."""
         return min(self.steps, 1 + bisect.bisect_left(self.ends, t, 0, self.steps - 1))
 
-    def catch_up(self, t: float) -> list[tuple[float, list[BlockHash], list[BlockHash]]]:
-        """Schedule the folded steps that started before ``t`` and return, in order, the KV
-        events of the steps that ended at or before ``t`` and were not returned yet."""
-        due: list[tuple[float, list[BlockHash], list[BlockHash]]] = []
+    def catch_up(self, t: float) -> list[tuple[float, bool, list[BlockHash], list[BlockHash]]]:
+        """Schedule the folded steps that started before ``t`` and return the KV events due:
+        those of the steps that ended at or before ``t`` and were not returned yet, and the host
+        tier's of the steps that started (``True``: publish with `publish_host`), each with its
+        time."""
+        due: list[tuple[float, bool, list[BlockHash], list[BlockHash]]] = []
         first = self.first
         if not self._first_published and first.end <= t:
             self._first_published = True
-            due.append((first.end, first.stored, first.removed))
+            due.append((first.end, False, first.stored, first.removed))
         boundaries = self._boundaries
+        copy_steps = self._copy_steps
         ends = self.ends
         foldable = self._foldable
-        while self._applied < len(boundaries):
-            index = boundaries[self._applied].index
+        while True:
+            index = boundaries[self._applied].index if self._applied < len(boundaries) else self.steps + 1
+            if self._copied < len(copy_steps) and copy_steps[self._copied] <= index:
+                index = copy_steps[self._copied]  # its copies complete before its slots are taken
+                if index > self.steps or ends[index - 2] >= t:
+                    break
+                due += self._complete_copies(index)
+                continue
             if index > self.steps or ends[index - 2] >= t:
                 break
             assert foldable is not None  # it planned the boundaries
@@ -107,9 +131,31 @@ class StepRun:
             if end > t:
                 break
             stored, removed = self._events[self._published]
-            due.append((end, stored, removed))
+            due.append((end, False, stored, removed))
             self._published += 1
         return due
+
+    def start_copies(self, now: float) -> list[tuple[float, bool, list[BlockHash], list[BlockHash]]]:
+        """The host KV events of a step that completes copies and starts exactly at ``now``, as
+        another worker's step is about to start then: steps start in worker order, so the
+        simulation calls this for the runs of the workers before it."""
+        copy_steps = self._copy_steps
+        if self._copied < len(copy_steps):
+            index = copy_steps[self._copied]
+            if index <= self.steps and self.ends[index - 2] == now:
+                return self._complete_copies(index)
+        return []
+
+    def publish_host(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+        assert self._foldable is not None  # only a planned run completes copies
+        self._foldable.publish_host_kv(stored, removed, now)
+
+    def _complete_copies(self, index: int) -> list[tuple[float, bool, list[BlockHash], list[BlockHash]]]:
+        assert self._foldable is not None  # it planned the copy steps
+        start = self.ends[index - 2]
+        stored, removed = self._foldable.complete_copies(start)
+        self._copied += 1
+        return [(start, True, stored, removed)] if stored or removed else []
 
     def cut(self, t: float) -> bool:
         """Keep only the steps started before ``t`` (call after `catch_up(t)`); returns whether
@@ -143,3 +189,4 @@ class StepRun:
         self.steps = plan.steps
         self.ends = plan.ends
         self._boundaries = plan.boundaries
+        self._copy_steps = plan.copy_steps

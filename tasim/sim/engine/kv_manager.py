@@ -510,12 +510,25 @@ class KVCacheManager:
         self.next_transfer_done = earliest
         return loaded
 
+    def transfers_done(self) -> tuple[float, list[float]]:
+        """When the earliest load in flight is copied (inf: none), and when each store is."""
+        load_done = float("inf")
+        store_dones: list[float] = []
+        for job in self._in_flight:
+            if not job.load:
+                store_dones.append(job.done)
+            elif job.done < load_done:
+                load_done = job.done
+        return load_done, store_dones
+
     @property
     def stores_in_flight(self) -> bool:
-        """Whether taking a block may wait for a store of the block it evicts."""
+        """Whether taking a block may wait for a store of the block it evicts: only a store of a
+        request that holds no blocks (finished or preempted) may copy an evictable block; a
+        running request references its blocks."""
         if self.hicache is not None:
             return self.hicache.evictions_wait
-        return bool(self._store_done)
+        return bool(self._store_done) and any(not job.load and job.request.phys == 0 for job in self._in_flight)
 
     def take_host_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Host blocks stored (store completed) and removed (evicted) since the last call."""

@@ -212,19 +212,28 @@ class Step:
 class RunPlan:
     """The run of steps that a step starts, as a `FoldableEngine` plans it: ``steps`` in all,
     the first one ``first`` (scheduled as usual), each later one repeating its shape; when each
-    step ends; the later steps that touch the KV cache (`BlockBoundary`), in order; and the
-    run's prefilling request with its chunk per step, if it folds one besides the decodes."""
+    step ends; the later steps that touch the KV cache (`BlockBoundary`), in order; the run's
+    prefilling request with its chunk per step, if it folds one besides the decodes; and the
+    later steps at whose start host stores in flight complete (`FoldableEngine.complete_copies`),
+    in order."""
 
-    __slots__ = ("first", "steps", "ends", "boundaries", "prefill")
+    __slots__ = ("first", "steps", "ends", "boundaries", "prefill", "copy_steps")
 
     def __init__(
-        self, first: Step, steps: int, ends: list[float], boundaries: list[BlockBoundary], prefill: tuple[EngineRequest, int] | None
+        self,
+        first: Step,
+        steps: int,
+        ends: list[float],
+        boundaries: list[BlockBoundary],
+        prefill: tuple[EngineRequest, int] | None,
+        copy_steps: list[int] | None = None,
     ) -> None:
         self.first = first
         self.steps = steps
         self.ends = ends  # step k + 1 (1-based) starts at ends[k]
         self.boundaries = boundaries
         self.prefill = prefill
+        self.copy_steps: list[int] = [] if copy_steps is None else copy_steps
 
 
 class FoldableEngine(ABC):
@@ -246,6 +255,16 @@ class FoldableEngine(ABC):
     def complete_run(self, plan: RunPlan, steps: int, now: float) -> None:
         """The run's first ``steps`` steps (fewer than planned if it was cut) have run, their
         boundaries applied: advance the requests through them and apply the last one's outcome."""
+
+    def complete_copies(self, now: float) -> tuple[list[BlockHash], list[BlockHash]]:
+        """A folded step that starts at ``now`` is one of the run's ``copy_steps``: complete the
+        host stores copied by then, as its `Engine.begin_step` would; returns the host tier's KV
+        events to publish (`publish_host_kv`) at ``now``, after the step ends at that instant."""
+        raise NotImplementedError("this engine plans no host copies into its runs")
+
+    def publish_host_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
+        """Report blocks stored to and evicted from the host tier."""
+        raise NotImplementedError("this engine has no host tier")
 
 
 class Engine(FoldableEngine):
@@ -368,7 +387,7 @@ class Engine(FoldableEngine):
             self._offer_stores(step, now)
         step.stored, step.removed = self.kv_cache.take_events()
         if self._sglang:
-            self._publish_host_kv(now)
+            self.publish_host_kv(*self.kv_cache.take_host_events(), now)
         fence = self._mocker_fence(step.removed) if self._mocker_tier else 0.0
         if self._tiered and not self._mocker_tier:
             # vLLM's worker waits before the forward for the stores of the requests preempted
@@ -670,10 +689,14 @@ class Engine(FoldableEngine):
             if generated + 1 >= req.target or n > 1 or not generated:
                 self.kv_cache.insert(req, computed // bs, now)
 
-    def _publish_host_kv(self, now: float) -> None:
-        stored, removed = self.kv_cache.take_host_events()
+    def publish_host_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
         if stored or removed:
             self.listener.on_host_kv(self.worker, stored, removed, now)
+
+    def complete_copies(self, now: float) -> tuple[list[BlockHash], list[BlockHash]]:
+        self._complete_transfers(now)
+        assert not self.loaded, "a folded step completed a host load"  # `_host_cut` ends runs before loads complete
+        return self.kv_cache.take_host_events()
 
     def _offer_stores(self, step: Step, now: float) -> None:
         """vLLM's store jobs of a step: every scheduled request offers its full prompt blocks
@@ -692,9 +715,7 @@ class Engine(FoldableEngine):
                 kv_cache.offer_stores(req, req.prompt // bs)
                 kv_cache.request_finished(req)
             self._finished_since = []
-        stored, removed = kv_cache.take_host_events()
-        if stored or removed:
-            self.listener.on_host_kv(self.worker, stored, removed, now)
+        self.publish_host_kv(*kv_cache.take_host_events(), now)
 
     def _mocker_fence(self, removed: list[BlockHash]) -> float:
         """When Dynamo's mocker lets the step compute (AISimulate engine/scheduler/vllm/core.rs,
@@ -817,24 +838,43 @@ class Engine(FoldableEngine):
             ends = [first.end, *self.perf.decode_step_ends(first.end, count, context + count, last - 1, capacity)]
         else:
             ends = self._mixed_step_ends(first.end, last, len(decoders), context, prefill, capacity)
+        copy_steps: list[int] = []
         if self._tiered:
-            last = self._host_cut(last, ends, boundaries)
+            last, copy_steps = self._host_cut(last, ends, boundaries)
             if last < 2:
                 return None
             del ends[last:]
             boundaries = [b for b in boundaries if b.index <= last]
-        return RunPlan(first, last, ends, boundaries, prefill)
+        return RunPlan(first, last, ends, boundaries, prefill, copy_steps)
 
-    def _host_cut(self, last: int, ends: list[float], boundaries: list[BlockBoundary]) -> int:
-        """The last step of a planned run that the host tier lets fold: none may start at or
-        after a copy's completion (the step that does completes it), and while stores are in
-        flight none may take a block (evicting a block being stored waits for its store)."""
+    def _host_cut(self, last: int, ends: list[float], boundaries: list[BlockBoundary]) -> tuple[int, list[int]]:
+        """The last step of a planned run that the host tier lets fold, and the steps in it that
+        complete host stores (`FoldableEngine.complete_copies`). The step that starts first at or
+        after a copy's completion completes it. With vLLM's tier and nobody waiting a store may
+        complete inside the run: it changes nothing a decode step reads (a waiting request's
+        lookup could find the blocks it readies). Otherwise no step may start at or after a
+        copy's completion. While stores are in flight no step may take a block (evicting a
+        block being stored waits for its store)."""
+        copy_steps: list[int] = []
         done = self.kv_cache.next_transfer_done
         if done < float("inf"):
-            last = min(last, 1 + bisect.bisect_left(ends, done))  # step k starts at ends[k - 2]
+            if self._sglang or self._mocker_tier or self.waiting or self.parked:
+                last = min(last, 1 + bisect.bisect_left(ends, done))  # step k starts at ends[k - 2]
+            else:
+                load_done, store_dones = self.kv_cache.transfers_done()
+                if load_done < float("inf"):
+                    last = min(last, 1 + bisect.bisect_left(ends, load_done))
+                for store_done in sorted(store_dones):
+                    step = 2 + bisect.bisect_left(ends, store_done)
+                    if step > last:
+                        break
+                    if not copy_steps or copy_steps[-1] != step:
+                        copy_steps.append(step)
         if self.kv_cache.stores_in_flight and boundaries:
             last = min(last, boundaries[0].index - 1)
-        return last
+            while copy_steps and copy_steps[-1] > last:
+                copy_steps.pop()
+        return last, copy_steps
 
     def apply_boundary(self, boundary: BlockBoundary) -> tuple[list[BlockHash], list[BlockHash]]:
         kv_cache = self.kv_cache

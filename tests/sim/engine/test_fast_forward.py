@@ -17,14 +17,17 @@ from tasim.sim.runner import Simulation
 PRESETS = REPO / "scenarios"
 
 
-def _log(scenario: Scenario, fast_forward: bool, mixed: list[int] | None = None) -> tuple[list[ev.Event], int]:
+def _log(scenario: Scenario, fast_forward: bool, mixed: list[int] | None = None, copies: list[int] | None = None) -> tuple[list[ev.Event], int]:
     """The event log, and how many steps the simulation folded into runs (``mixed`` gets the
-    number folded into decode-plus-prefill runs appended)."""
+    number folded into decode-plus-prefill runs appended, ``copies`` those that completed host
+    stores)."""
     log: list[ev.Event] = []
     simulation = Simulation(scenario, log.append, fast_forward=fast_forward)
     simulation.run()
     if mixed is not None:
         mixed.append(simulation.folded_prefill_steps)
+    if copies is not None:
+        copies.append(simulation.folded_copy_steps)
     return log, simulation.folded_steps
 
 
@@ -73,6 +76,8 @@ CASES = {
     "long prompts, no prefix caching": _agents("round_robin", task_prompt_high=5000, kv_blocks=1600, enable_prefix_caching=False),
     # a host tier of a third of the pool, copies slow enough to cut runs and to park requests for steps
     "host tier": _agents("round_robin", host_tier={"blocks": 200, "kv_bytes_per_token": 131072, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
+    # the KV router credits host blocks, so it hears the stores that folded steps complete
+    "host tier, kv_router": _agents("kv_router", host_tier={"ratio": 0.5, "d2h_gbps": 2.0, "h2d_gbps": 2.0}),
     "host tier, mocker": _agents("kv_router", flavour="mocker", host_tier={"ratio": 0.5, "d2h_gbps": 0.5, "h2d_gbps": 0.5}),
     # SGLang's tier: writes that hold their blocks and cut runs, loads that stretch their step,
     # write-backs that hold the evicting step; decodes folded with chunked prefills
@@ -92,7 +97,8 @@ CASES = {
 def test_fast_forward_leaves_the_event_log_unchanged(case: str) -> None:
     scenario = CASES[case]
     mixed: list[int] = []
-    fast, folded = _log(scenario, fast_forward=True, mixed=mixed)
+    copies: list[int] = []
+    fast, folded = _log(scenario, fast_forward=True, mixed=mixed, copies=copies)
     slow, not_folded = _log(scenario, fast_forward=False)
     assert not_folded == 0
     assert folded > 100  # the fast run really skipped steps
@@ -103,6 +109,8 @@ def test_fast_forward_leaves_the_event_log_unchanged(case: str) -> None:
     if scenario.cluster.engine.host_tier is not None:
         assert any(isinstance(e, ev.PrefillStarted) and e.host_tokens for e in slow)  # host hits were loaded
         assert any(isinstance(e, ev.KvRemoved) and e.tier == "host" for e in slow)  # the host tier was full
+        if scenario.cluster.engine.host_tier.semantics == "vllm":
+            assert copies[0] > 0, copies  # stores completed inside folded runs
     assert fast == slow
 
 
@@ -112,6 +120,17 @@ def test_fast_forward_on_presets(preset: str) -> None:
     fast, folded = _log(scenario, fast_forward=True)
     slow, _ = _log(scenario, fast_forward=False)
     assert folded > 0
+    assert fast == slow
+
+
+def test_preset_with_a_host_tier() -> None:
+    # a vLLM tier twice the pool on the calibrated preset: stores complete inside most runs
+    scenario = _kv_logged(load_scenario(PRESETS / "swe-agent.yaml", ["cluster.engine.host_tier.ratio=2", "duration_s=400", "metrics.warmup_s=0"]))
+    copies: list[int] = []
+    fast, folded = _log(scenario, fast_forward=True, copies=copies)
+    slow, _ = _log(scenario, fast_forward=False)
+    assert folded > 0 and copies[0] > 100
+    assert any(isinstance(e, ev.KvStored) and e.tier == "host" for e in slow)
     assert fast == slow
 
 

@@ -148,9 +148,10 @@ def test_an_idle_engine_wakes_for_a_load() -> None:
     assert not engine.parked
 
 
-def test_a_folded_run_ends_before_the_step_that_sees_a_copy_done() -> None:
+def test_a_folded_run_completes_a_store_at_the_step_that_sees_it_done() -> None:
     # A's 4-block store takes 2.5 s from the end of its prefill step (t = 1): done at 3.5. Steps
-    # start at 1, 2, 3: the step at 4 must complete it, so a run from t = 1 folds 3 steps (of 9).
+    # start at 1, 2, 3, 4, ...: the step at 4 completes it. Nobody waits, so the run from t = 1
+    # folds to A's last token (9 steps) and completes the store inside it, at step 4.
     recorder = TierRecorder()
     engine = _engine(recorder, d2h_gbps=4 * BLOCK_BYTES / 2.5 / 1e9)
     engine.submit(spec("A", 64, 10, A, BS))
@@ -159,15 +160,20 @@ def test_a_folded_run_ends_before_the_step_that_sees_a_copy_done() -> None:
     assert engine.next_transfer_done == 3.5
     step = engine.begin_step(1.0)
     plan = engine.plan_run(step, 1024)
-    assert plan is not None and plan.steps == 3 and plan.ends == [2.0, 3.0, 4.0]
-    # no copy in flight: the run folds to A's last token
-    quiet = _engine(TierRecorder(), d2h_gbps=0.0)
-    quiet.submit(spec("A", 64, 10, A, BS))
-    step = quiet.begin_step(0.0)
-    quiet.end_step(step, step.end)
-    step = quiet.begin_step(1.0)
-    plan = quiet.plan_run(step, 1024)
-    assert plan is not None and plan.steps == 9
+    assert plan is not None and (plan.steps, plan.copy_steps) == (9, [4]) and plan.ends[:4] == [2.0, 3.0, 4.0, 5.0]
+    assert engine.complete_copies(4.0) == (A, [])
+    assert engine.next_transfer_done == float("inf")
+    # with C waiting (7 blocks: it fits only once A is done) the run ends before the step at 4,
+    # as a waiting request's lookup could find what a store readies
+    waited = _engine(TierRecorder(), d2h_gbps=4 * BLOCK_BYTES / 2.5 / 1e9)
+    waited.submit(spec("A", 64, 10, A, BS))
+    step = waited.begin_step(0.0)
+    waited.end_step(step, step.end)
+    waited.submit(spec("C", 112, 2, C, BS))
+    step = waited.begin_step(1.0)
+    assert [r.spec.id for r in waited.waiting] == ["C"]
+    plan = waited.plan_run(step, 1024)
+    assert plan is not None and (plan.steps, plan.copy_steps) == (3, [])
 
 
 def test_a_prefix_cache_reset_empties_the_host_tier_and_drops_its_copies_in_flight() -> None:
