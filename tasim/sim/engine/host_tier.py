@@ -255,9 +255,12 @@ class HostPool:
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """KV events since the last call: keys stored (store completed) and keys removed
         (evicted), each key by its latest event, so applying stored then removed is exact."""
-        stored, removed, batches = self._stored_keys, self._removed_keys, self._batches
+        batches = self._batches
+        if not batches:
+            return [], []
+        stored, removed = self._stored_keys, self._removed_keys
         self._stored_keys, self._removed_keys, self._batches = [], [], []
-        if len(set(stored).union(removed)) == len(stored) + len(removed):
+        if len(batches) == 1 or len(set(stored).union(removed)) == len(stored) + len(removed):
             return stored, removed  # the usual case: no key named twice
         # a key evicted and stored again, or stored again after a reset: its latest event counts,
         # and the keys come in the order of their latest events

@@ -374,8 +374,10 @@ class Engine(FoldableEngine):
         `end_step`. A step with nothing scheduled has duration 0 and changes nothing."""
         step = Step(start=now, duration=0.0)
         if self._tiered:
-            self._complete_transfers(now)
-            self._hit_prefixes = []
+            if self._sglang or self.kv_cache.next_transfer_done <= now:
+                self._complete_transfers(now)
+            if self._hit_prefixes:
+                self._hit_prefixes = []
         budget = self.config.max_num_batched_tokens
         budget, decodes = self._schedule_running(step, budget, now)
         if not step.preempted:
@@ -707,6 +709,8 @@ class Engine(FoldableEngine):
         bs = self.config.block_size
         mocker = self._mocker_tier
         for req, n in step.scheduled:
+            if req.next_store >= req.prompt // bs:
+                continue  # its whole prompt offered: the usual decode
             done = req.computed + n
             if kv_cache.offer_stores(req, (done if done < req.prompt else req.prompt) // bs) and mocker:
                 kv_cache.touch_host_prompt(req, req.prompt // bs)
