@@ -333,13 +333,14 @@ class ExtentHostPool(HostPool):
     is only C-level work: the key-to-extent map (written when keys are stored, and for the
     smaller side of a split) and the KV event lists."""
 
-    __slots__ = ("_where", "_heap", "_rank", "_entries")
+    __slots__ = ("_where", "_heap", "_stale", "_rank", "_entries")
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
         super().__init__(capacity, store_threshold, max_tracker_size)
         self._where: dict[BlockHash, _Extent] = {}  # every resident key -> its extent
         # (low, entry, extent) of every evictable extent, and stale ones (the extent's entry moved on)
         self._heap: list[tuple[int, int, _Extent]] = []
+        self._stale = 0  # entries in the heap whose extent moved on
         self._rank = 0  # the next rank to give
         self._entries = 0  # heap entries numbered so far
 
@@ -370,7 +371,7 @@ class ExtentHostPool(HostPool):
         for piece in pieces:
             if piece.refs == 0:
                 self._evictable -= piece.stop - piece.start
-                piece.entry = 0
+                self._drop_entry(piece)
             piece.refs += 1
         access.observe(hashes, start, stop, [])
         self.hits += stop - start
@@ -486,6 +487,7 @@ class ExtentHostPool(HostPool):
     def reset(self) -> None:
         self._where.clear()
         self._heap.clear()
+        self._stale = 0
         self._pending = 0
         self._evictable = 0
 
@@ -495,6 +497,8 @@ class ExtentHostPool(HostPool):
             return f"{len(where)} host slots in use, capacity {self.capacity}"
         extents = {id(extent): extent for extent in where.values()}
         live = {entry for _, entry, extent in self._heap if extent.entry == entry}
+        if len(self._heap) - len(live) != self._stale:
+            return f"{len(self._heap) - len(live)} stale host heap entries, counted {self._stale}"
         pending = evictable = 0
         for extent in extents.values():
             if not extent.start < extent.stop:
@@ -516,13 +520,21 @@ class ExtentHostPool(HostPool):
 
     def _push(self, extent: _Extent) -> None:
         """Make ``extent`` (evictable) a candidate under its current lowest rank."""
+        self._drop_entry(extent)
         self._entries += 1
         extent.entry = self._entries
-        heap = self._heap
-        heapq.heappush(heap, (extent.low, self._entries, extent))
-        if len(heap) > 2 * self._evictable + 64:  # in place: an eviction in progress holds the list
-            heap[:] = [item for item in heap if item[2].entry == item[1]]
-            heapq.heapify(heap)
+        heapq.heappush(self._heap, (extent.low, self._entries, extent))
+
+    def _drop_entry(self, extent: _Extent) -> None:
+        """Its entry in the heap, if any, goes stale; the heap sheds them once they are half."""
+        if extent.entry:
+            extent.entry = 0
+            self._stale += 1
+            heap = self._heap
+            if 2 * self._stale > len(heap) + 64:  # in place: an eviction in progress holds the list
+                heap[:] = [item for item in heap if item[2].entry == item[1]]
+                heapq.heapify(heap)
+                self._stale = 0
 
     def _split(self, extent: _Extent, at: int) -> tuple[_Extent, _Extent]:
         """Cut ``extent`` before depth ``at``: the piece above (``[start, at)``) and the one below.
@@ -561,7 +573,7 @@ class ExtentHostPool(HostPool):
             if piece is not keeper:
                 for key in hashes[piece.start : piece.stop]:
                     where[key] = keeper
-                piece.entry = 0
+                self._drop_entry(piece)
         keeper.hashes = hashes
         keeper.start = pieces[0].start
         keeper.stop = pieces[-1].stop
@@ -618,7 +630,9 @@ class ExtentHostPool(HostPool):
         while evicted < count:
             _, entry, extent = heapq.heappop(heap)
             if extent.entry != entry:
+                self._stale -= 1
                 continue  # stale: pinned, re-ranked, split or evicted since it was pushed
+            extent.entry = 0  # out of the heap
             top = max(extent.start, start)
             bottom = min(extent.stop, stop)
             if top < bottom and extent.hashes[top] == hashes[top]:
@@ -628,7 +642,7 @@ class ExtentHostPool(HostPool):
                     extent = self._split(extent, top)[1]
                 if end < extent.stop:
                     extent = self._split(extent, end)[0]
-                extent.entry = 0
+                self._drop_entry(extent)  # a split pushed it
                 aside.append(extent)
                 continue
             take = min(extent.stop - extent.start, count - evicted)
@@ -648,8 +662,6 @@ class ExtentHostPool(HostPool):
             evicted += take
             if extent.start < extent.stop:
                 self._push(extent)
-            else:
-                extent.entry = 0
         for extent in aside:
             self._push(extent)
         self._evictable -= count
