@@ -151,7 +151,7 @@ class TransferTap:
         for job in in_flight:
             if id(job) not in self._seen:
                 depth = {block: index for index, block in enumerate(job.request.block_hashes)}
-                blocks = tuple(sorted(depth[block] for block in job.keys))
+                blocks = tuple(sorted(depth[block] for block in job.copy.keys))
                 self._on_transfer(engine.worker, job.request.request_id, "load" if job.load else "store", blocks, now, job.done)
         self._seen = {id(job): job for job in in_flight}
         return step

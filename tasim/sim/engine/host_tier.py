@@ -107,6 +107,8 @@ class HostAccess:
 
     def tail_first(self) -> list[tuple[int, int]]:
         """The spans merged into disjoint ranges, deepest first."""
+        if len(self.spans) == 1:  # the usual request: its prompt offered from one block on
+            return self.spans
         merged: list[tuple[int, int]] = []
         for start, stop in sorted(self.spans):
             if merged and start <= merged[-1][1]:
@@ -124,16 +126,21 @@ class HostAccess:
 
 
 class HostCopy:
-    """One copy job's blocks: depth ranges ``runs`` of the chain ``hashes``, and their keys in
-    that order (a load's are one range). ``load``: H2D, else a store (D2H)."""
+    """One copy job's blocks: depth ranges ``runs`` of the chain ``hashes`` (a load's are one
+    range), ``blocks`` in all. ``load``: H2D, else a store (D2H)."""
 
-    __slots__ = ("load", "hashes", "runs", "keys")
+    __slots__ = ("load", "hashes", "runs", "blocks")
 
     def __init__(self, load: bool, hashes: Sequence[BlockHash], runs: list[tuple[int, int]]) -> None:
         self.load = load
         self.hashes = hashes
         self.runs = runs
-        self.keys: list[BlockHash] = [key for start, stop in runs for key in hashes[start:stop]]
+        self.blocks = sum(stop - start for start, stop in runs)
+
+    @property
+    def keys(self) -> list[BlockHash]:
+        """Its blocks' keys, in order (built on each call: the engine's pool never needs them)."""
+        return [key for start, stop in self.runs for key in self.hashes[start:stop]]
 
 
 class HostPool:

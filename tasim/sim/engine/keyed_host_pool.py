@@ -100,12 +100,12 @@ class KeyedHostPool(HostPool):
                 skipped.append(depth)  # another request's store: not observed by this one
         access.observe(hashes, start, stop, skipped)
         store = HostCopy(False, hashes, runs)
-        need = len(store.keys) - self.free
+        need = store.blocks - self.free
         if need > 0 and (need > self._evictable or not self._evict(need, set(keys))):
             return None
         for key in store.keys:
             slots[key] = HostSlot()
-        self._pending += len(store.keys)
+        self._pending += store.blocks
         return store
 
     def complete_store(self, store: HostCopy) -> None:

@@ -133,12 +133,11 @@ class HostTierSetup:
 class _Transfer:
     """One copy job of a request: a load (H2D) of its host hit, or a store (D2H) of its blocks."""
 
-    __slots__ = ("copy", "load", "keys", "request", "done")
+    __slots__ = ("copy", "load", "request", "done")
 
     def __init__(self, copy: HostCopy, request: RequestBlocks) -> None:
         self.copy = copy
         self.load = copy.load
-        self.keys = copy.keys
         self.request = request
         self.done = 0.0  # when it is copied, once submitted
 
@@ -198,7 +197,6 @@ class KVCacheManager:
         self.d2h = self.h2d = TransferLane(0.0)
         self._unsubmitted: list[_Transfer] = []  # made by the step being scheduled
         self._in_flight: list[_Transfer] = []  # submitted, not yet seen done
-        self._store_done: dict[BlockHash, float] = {}  # block -> when its store is copied (a flush waits for it)
         self.next_transfer_done = float("inf")  # the earliest done of those in flight
 
     def add_host_tier(self, setup: HostTierSetup) -> None:
@@ -358,7 +356,7 @@ class KVCacheManager:
         if enter_at is None:
             self._unsubmitted.append(job)
             return
-        job.done = self.h2d.submit(enter_at, len(job.keys) * self._host_block_bytes)
+        job.done = self.h2d.submit(enter_at, load.blocks * self._host_block_bytes)
         if job.done < self.next_transfer_done:
             self.next_transfer_done = job.done
         self._in_flight.append(job)
@@ -380,7 +378,7 @@ class KVCacheManager:
         if store is None:
             return False
         request.next_store = stop
-        if not store.keys:
+        if not store.blocks:
             return False
         request.host_jobs += 1
         self._unsubmitted.append(_Transfer(store, request))
@@ -424,13 +422,13 @@ class KVCacheManager:
         write-back waits for its writes of them."""
         if self.hicache is not None:
             return self.hicache.flush_until(removed)
-        store_done = self._store_done
         until = 0.0
-        if store_done:
-            for key in removed:
-                done = store_done.get(key)
-                if done is not None and done > until:
-                    until = done
+        stores = [job for job in self._in_flight if not job.load]
+        if stores and removed:
+            wanted = set(removed)
+            for job in stores:
+                if job.done > until and not wanted.isdisjoint(job.copy.keys):
+                    until = job.done
         return until
 
     def flush_request(self, request: RequestBlocks) -> float:
@@ -451,7 +449,7 @@ class KVCacheManager:
         prefix hit as much as a new block (connector/scheduler.py:1796-1808, the blocks of every
         request admitted in the step)."""
         until = 0.0
-        if prefixes and self._store_done:
+        if prefixes and self._in_flight:
             for job in self._in_flight:
                 if not job.load and job.done > until and job.request.phys == 0 and _copies_any(job.copy, prefixes):
                     until = job.done
@@ -460,12 +458,8 @@ class KVCacheManager:
     def submit_transfers(self, at: float) -> None:
         """The step that made the pending loads and stores ends at ``at``: each enters its lane then."""
         bytes_per_block = self._host_block_bytes
-        store_done = self._store_done
         for job in self._unsubmitted:
-            job.done = (self.h2d if job.load else self.d2h).submit(at, len(job.keys) * bytes_per_block)
-            if not job.load:
-                for key in job.keys:
-                    store_done[key] = job.done
+            job.done = (self.h2d if job.load else self.d2h).submit(at, job.copy.blocks * bytes_per_block)
             if job.done < self.next_transfer_done:
                 self.next_transfer_done = job.done
             self._in_flight.append(job)
@@ -483,7 +477,6 @@ class KVCacheManager:
             return loaded
         host = self.host
         assert host is not None, "no host tier"
-        store_done = self._store_done
         still: list[_Transfer] = []
         earliest = float("inf")
         in_flight = self._in_flight
@@ -503,9 +496,6 @@ class KVCacheManager:
                 loaded.append(job.request)
             else:
                 host.complete_store(job.copy)
-                for key in job.keys:
-                    if store_done.get(key) == job.done:
-                        del store_done[key]
         self._in_flight = still
         self.next_transfer_done = earliest
         return loaded
@@ -528,7 +518,7 @@ class KVCacheManager:
         running request references its blocks."""
         if self.hicache is not None:
             return self.hicache.evictions_wait
-        return bool(self._store_done) and any(not job.load and job.request.phys == 0 for job in self._in_flight)
+        return any(not job.load and job.request.phys == 0 for job in self._in_flight)
 
     def take_host_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Host blocks stored (store completed) and removed (evicted) since the last call."""
@@ -571,7 +561,6 @@ class KVCacheManager:
             job.request.host_jobs -= 1
         self._in_flight = []
         self._unsubmitted = []
-        self._store_done.clear()
         self.next_transfer_done = float("inf")
 
     # --- pins --------------------------------------------------------------------------------

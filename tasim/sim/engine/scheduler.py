@@ -868,7 +868,7 @@ class Engine(FoldableEngine):
                 load_done, store_dones = self.kv_cache.transfers_done()
                 if load_done < float("inf"):
                     last = min(last, 1 + bisect.bisect_left(ends, load_done))
-                for store_done in sorted(store_dones):
+                for store_done in store_dones:  # one FIFO lane: in order
                     step = 2 + bisect.bisect_left(ends, store_done)
                     if step > last:
                         break
