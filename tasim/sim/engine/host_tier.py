@@ -582,41 +582,18 @@ class ExtentHostPool(HostPool):
     def _rerank_one_by_one(self, hashes: Sequence[BlockHash], depths: list[int]) -> None:
         """Give the resident blocks at ``depths`` of the chain ``hashes`` the newest ranks, one
         by one in that order: each becomes an extent of its own."""
-        where = self._where
-        wanted = set(depths)
-        single: dict[int, _Extent] = {}  # depth -> its block's own extent
-        for depth in sorted(wanted):
-            if depth in single:
-                continue
-            extent = where.get(hashes[depth])
+        for depth in depths:
+            extent = self._where.get(hashes[depth])
             if extent is None:
                 continue
-            # cut the extent into single blocks once: the depths wanted are mostly one run
-            end = depth + 1
-            while end < extent.stop and end in wanted and extent.hashes[end] == hashes[end]:
-                end += 1
             if depth > extent.start:
                 extent = self._split(extent, depth)[1]
-            if end < extent.stop:
-                extent = self._split(extent, end)[0]
-            self._drop_entry(extent)  # a split pushed it
-            for at in range(depth + 1, end):
-                block = _Extent(extent.hashes, at, at + 1, extent.refs, 0, True)
-                where[extent.hashes[at]] = block
-                single[at] = block
-            if end > depth + 1:
-                single[end - 1].fork = extent.fork
-                extent.stop = depth + 1
-                extent.fork = False
-            single[depth] = extent
-        for depth in depths:
-            found = single.get(depth)
-            if found is None:
-                continue
-            found.low = self._rank
+            if depth + 1 < extent.stop:
+                extent = self._split(extent, depth + 1)[0]
+            extent.low = self._rank
             self._rank += 1
-            if found.refs == 0:
-                self._push(found)
+            if extent.refs == 0:
+                self._push(extent)
 
     def _joined(self, hashes: Sequence[BlockHash], pieces: list[_Extent]) -> _Extent:
         """``pieces``, neighbours on the chain ``hashes`` in depth order and in one state, as one
