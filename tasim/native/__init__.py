@@ -41,6 +41,7 @@ MODULES = (
     "sim/engine/scheduler.py",
     "sim/engine/kv_manager.py",
     "sim/engine/host_tier.py",
+    "sim/engine/keyed_host_pool.py",
     "sim/engine/hicache.py",
     "sim/engine/mocker_host_tier.py",
     "sim/engine/block_pool.py",

@@ -30,8 +30,8 @@ key it observed (loaded, newly stored, or re-offered while ready), tail first so
 prefix ends newest. Lookups do not touch. Eviction takes the lowest rank among the evictable
 slots, never one the current store offers.
 
-`HostPool` states the interface, `ExtentHostPool` keeps it as runs of blocks; the tests hold it to
-a reference model that keeps one record per slot.
+`ExtentHostPool` is the engine's pool; `tasim.sim.engine.keyed_host_pool.KeyedHostPool` keeps the
+same rules one record per slot (Dynamo's mocker builds on it, and the tests hold the two alike).
 """
 
 from __future__ import annotations
@@ -465,19 +465,31 @@ class ExtentHostPool(HostPool):
     def on_request_finished(self, access: HostAccess) -> None:
         hashes = access.hashes
         unseen = access.unseen
+        rank = self._rank
         for start, stop in access.tail_first():
             pieces = self._cover(hashes, start, stop)
-            self._rerank_tail_first(hashes, self._without(pieces, unseen) if unseen else pieces)
+            if unseen:
+                pieces = self._without(pieces, unseen)
+            # deepest first; neighbours in one state become one extent (their new ranks are
+            # consecutive), so a program's prefix stays a few extents however many turns it has;
+            # not across a fork, where the next chain to pass would only cut it again
+            last = len(pieces)
+            while last:
+                first = last - 1
+                while first:
+                    above = pieces[first - 1]
+                    if above.fork or above.stop != pieces[first].start or above.refs != pieces[first].refs:
+                        break
+                    first -= 1
+                extent = self._joined(hashes, pieces[first:last])
+                extent.low = rank
+                extent.down = True
+                rank += extent.stop - extent.start
+                if extent.refs == 0:
+                    self._push(extent)
+                last = first
+        self._rank = rank
         access.clear()
-
-    def recency(self) -> list[BlockHash]:
-        """Every resident key, lowest rank first (for tests and debugging)."""
-        ranked: list[tuple[int, BlockHash]] = []
-        for extent in {id(extent): extent for extent in self._where.values()}.values():
-            for depth in range(extent.start, extent.stop):
-                offset = extent.stop - 1 - depth if extent.down else depth - extent.start
-                ranked.append((extent.low + offset, extent.hashes[depth]))
-        return [key for _, key in sorted(ranked)]
 
     def reset(self) -> None:
         self._where.clear()
@@ -555,45 +567,6 @@ class ExtentHostPool(HostPool):
             self._push(upper)
             self._push(lower)
         return upper, lower
-
-    def _rerank_tail_first(self, hashes: Sequence[BlockHash], pieces: list[_Extent]) -> None:
-        """Give ``pieces`` (of the chain ``hashes``, in depth order) the newest ranks, deepest
-        block first. Neighbours in one state become one extent (their new ranks are
-        consecutive), so a program's prefix stays a few extents however many turns it has; not
-        across a fork, where the next chain to pass would only cut it again."""
-        rank = self._rank
-        last = len(pieces)
-        while last:
-            first = last - 1
-            while first:
-                above = pieces[first - 1]
-                if above.fork or above.stop != pieces[first].start or above.refs != pieces[first].refs:
-                    break
-                first -= 1
-            extent = self._joined(hashes, pieces[first:last])
-            extent.low = rank
-            extent.down = True
-            rank += extent.stop - extent.start
-            if extent.refs == 0:
-                self._push(extent)
-            last = first
-        self._rank = rank
-
-    def _rerank_one_by_one(self, hashes: Sequence[BlockHash], depths: list[int]) -> None:
-        """Give the resident blocks at ``depths`` of the chain ``hashes`` the newest ranks, one
-        by one in that order: each becomes an extent of its own."""
-        for depth in depths:
-            extent = self._where.get(hashes[depth])
-            if extent is None:
-                continue
-            if depth > extent.start:
-                extent = self._split(extent, depth)[1]
-            if depth + 1 < extent.stop:
-                extent = self._split(extent, depth + 1)[0]
-            extent.low = self._rank
-            self._rank += 1
-            if extent.refs == 0:
-                self._push(extent)
 
     def _joined(self, hashes: Sequence[BlockHash], pieces: list[_Extent]) -> _Extent:
         """``pieces``, neighbours on the chain ``hashes`` in depth order and in one state, as one

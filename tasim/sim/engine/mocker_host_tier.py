@@ -5,7 +5,7 @@ Dynamo's replay like with like (``validate dynamo``).
 Paths cited are AISimulate's: ``tier.rs`` is ``engine/host_offload/tier.rs``, ``adapter.rs``
 ``engine/scheduler/vllm/host_offload.rs``, ``core.rs`` ``engine/scheduler/vllm/core.rs``.
 
-Residency, pending stores, load pins, eviction and the copy lanes are vLLM's (`ExtentHostPool`);
+Residency, pending stores, load pins, eviction and the copy lanes are vLLM's (`KeyedHostPool`);
 recency is the mocker's own. Its LRU holds only ready, unpinned blocks and moves one to the
 newest end on each *touch* (``tier.rs``, ``Lru``):
 
@@ -27,11 +27,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tasim.core.model import BlockHash
-from tasim.sim.engine.host_tier import ExtentHostPool, HostCopy
+from tasim.sim.engine.host_tier import HostCopy
+from tasim.sim.engine.keyed_host_pool import KeyedHostPool
 
 
-class MockerHostPool(ExtentHostPool):
-    """`ExtentHostPool` with the recency of Dynamo's mocker (see the module docstring)."""
+class MockerHostPool(KeyedHostPool):
+    """`KeyedHostPool` with the recency of Dynamo's mocker (see the module docstring)."""
 
     __slots__ = ("cohort_order",)
 
@@ -44,35 +45,32 @@ class MockerHostPool(ExtentHostPool):
     def touch_prompt(self, hashes: Sequence[BlockHash], prompt_blocks: int) -> None:
         """Touch the ready, unpinned blocks among the first ``prompt_blocks`` of ``hashes``, tail
         first (``adapter.rs``: ``for key in prompt_keys.iter().rev() { tier.touch(key) }``)."""
-        pieces = self._cover(hashes, 0, min(prompt_blocks, len(hashes)))
-        self._rerank_tail_first(hashes, [piece for piece in pieces if piece.refs == 0])
+        slots = self._slots
+        for depth in range(min(prompt_blocks, len(hashes)) - 1, -1, -1):
+            key = hashes[depth]
+            slot = slots.get(key)
+            if slot is not None and slot.refs == 0:
+                slots.move_to_end(key)
 
     def complete_store(self, store: HostCopy) -> None:
         """Ready, and touched as one cohort (``tier.rs``: ``tick``, ``touch_cohort``)."""
         super().complete_store(store)
-        self._touch_cohort(store, False)
+        self._touch_cohort(store.keys)
 
     def complete_load(self, load: HostCopy) -> None:
         """Unpinned; those no other load holds are touched as one cohort (``tier.rs``:
         ``release_load_pins``)."""
         super().complete_load(load)
-        self._touch_cohort(load, True)
+        slots = self._slots
+        self._touch_cohort([key for key in load.keys if slots[key].refs == 0])
 
-    def _touch_cohort(self, copy: HostCopy, unpinned_only: bool) -> None:
-        """The copy's resident blocks (``unpinned_only``: those no load holds) touched one by
-        one, in the mocker's order: by sequence hash where known, else by tasim's hash."""
-        hashes = copy.hashes
-        depths = [depth for start, stop in copy.runs for depth in range(start, stop) if self._touchable(hashes[depth], unpinned_only)]
+    def _touch_cohort(self, keys: Sequence[BlockHash]) -> None:
+        slots = self._slots
         order = self.cohort_order
-        if order is None:
-            depths.sort(key=hashes.__getitem__)
-        else:
-            depths.sort(key=lambda depth: order.get(hashes[depth], hashes[depth]))
-        self._rerank_one_by_one(hashes, depths)
-
-    def _touchable(self, key: BlockHash, unpinned_only: bool) -> bool:
-        refs = self.refs(key)
-        return refs is not None and (refs == 0 or not unpinned_only)
+        ranked = sorted(keys) if order is None else sorted(keys, key=lambda key: order.get(key, key))
+        for key in ranked:
+            if key in slots:
+                slots.move_to_end(key)
 
 
 def mocker_host_hit(gpu_tokens: int, host_blocks: int, num_tokens: int, block_size: int) -> tuple[int, int]:

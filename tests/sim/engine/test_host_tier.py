@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from reference_host_pools import KeyedHostPool
 
 from tasim.sim.engine.host_tier import ExtentHostPool, HostAccess, HostCopy, HostPool, TransferLane, host_hit
+from tasim.sim.engine.keyed_host_pool import KeyedHostPool
 
 BS = 16
 A = [1, 2, 3, 4]
@@ -29,7 +29,7 @@ class Pool:
     prepared by naming its blocks)."""
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
-        self.inner: HostPool | KeyedHostPool = POOL_CLASS[0](capacity, store_threshold, max_tracker_size)
+        self.inner: HostPool = POOL_CLASS[0](capacity, store_threshold, max_tracker_size)
         self._copies: dict[tuple[int, ...], HostCopy] = {}
 
     def __getattr__(self, name: str) -> Any:
@@ -54,7 +54,7 @@ class Pool:
         self.inner.complete_load(self._copies.pop(tuple(keys)))
 
 
-POOL_CLASS: list[type[ExtentHostPool] | type[KeyedHostPool]] = [ExtentHostPool]
+POOL_CLASS: list[type[HostPool]] = [ExtentHostPool]
 
 
 @pytest.fixture(autouse=True, params=[ExtentHostPool, KeyedHostPool], ids=["extents", "keyed"])

@@ -1,11 +1,9 @@
-"""The extent-based host pools against the slot-per-key reference models, on random histories.
+"""The extent-based host pool against the slot-per-key one, on random histories.
 
 `KeyedHostPool` states vLLM 0.31's rules one slot at a time (an ordered map that is the LRU order
-itself), `KeyedMockerPool` Dynamo mocker's recency; `ExtentHostPool` and `MockerHostPool` must
-agree with them on every lookup, every store taken or refused, every KV event and count, and the
-whole recency order, whatever the mix of shared prefixes, divergent branches, loads,
-overlapping stores, finishes (or the mocker's prompt touches and cohorts), store thresholds and
-resets."""
+itself); `ExtentHostPool` must agree with it on every lookup, every store it takes or refuses,
+every KV event and count, and so on every eviction, whatever the mix of shared prefixes,
+divergent branches, loads, overlapping stores, finishes, store thresholds and resets."""
 
 from __future__ import annotations
 
@@ -13,10 +11,9 @@ import random
 from itertools import count
 
 import pytest
-from reference_host_pools import KeyedHostPool, KeyedMockerPool
 
-from tasim.sim.engine.host_tier import ExtentHostPool, HostAccess, HostCopy
-from tasim.sim.engine.mocker_host_tier import MockerHostPool
+from tasim.sim.engine.host_tier import ExtentHostPool, HostAccess, HostCopy, HostPool
+from tasim.sim.engine.keyed_host_pool import KeyedHostPool
 
 
 def _chains(rng: random.Random, fresh: count[int]) -> list[list[int]]:
@@ -29,7 +26,7 @@ def _chains(rng: random.Random, fresh: count[int]) -> list[list[int]]:
     return chains
 
 
-def _state(pool: ExtentHostPool | KeyedHostPool, chains: list[list[int]]) -> tuple[object, ...]:
+def _state(pool: HostPool, chains: list[list[int]]) -> tuple[object, ...]:
     every = sorted({key for chain in chains for key in chain})
     return (
         pool.resident,
@@ -39,24 +36,18 @@ def _state(pool: ExtentHostPool | KeyedHostPool, chains: list[list[int]]) -> tup
         pool.stored,
         pool.evicted,
         [pool.refs(key) for key in every],
-        pool.recency(),
     )
 
 
-def _history(seed: int, mocker: bool = False) -> int:
+def _history(seed: int) -> int:
     """One random history run on both pools in lockstep; returns the evictions it made."""
     rng = random.Random(seed)
     fresh = count(1000)
     chains = _chains(rng, fresh)
     capacity = rng.choice([4, 8, 16, 40])
-    pools: tuple[ExtentHostPool, KeyedHostPool]
-    if mocker:  # the mocker's sequence hashes order a cohort: any order of the keys will do
-        order = {key: rng.randrange(10**6) for key in range(1000, 1400)} if rng.random() < 0.5 else None
-        pools = (MockerHostPool(capacity, cohort_order=order), KeyedMockerPool(capacity, order))
-    else:
-        threshold = rng.choice([0, 0, 0, 2, 3])
-        tracker = rng.choice([6, 64_000])
-        pools = (ExtentHostPool(capacity, threshold, tracker), KeyedHostPool(capacity, threshold, tracker))
+    threshold = rng.choice([0, 0, 0, 2, 3])
+    tracker = rng.choice([6, 64_000])
+    pools: tuple[HostPool, HostPool] = (ExtentHostPool(capacity, threshold, tracker), KeyedHostPool(capacity, threshold, tracker))
     jobs: list[tuple[HostCopy, HostCopy]] = []
     requests: list[tuple[list[int], HostAccess, HostAccess]] = []  # running: its chain, what it observed in each pool
     for _ in range(rng.randrange(50, 300)):
@@ -97,14 +88,9 @@ def _history(seed: int, mocker: bool = False) -> int:
                 else:
                     pool.complete_store(job)
         elif action < 0.99 and requests:
-            chain, *accesses = requests.pop(rng.randrange(len(requests)))
-            if isinstance(pools[0], MockerHostPool) and isinstance(pools[1], KeyedMockerPool):  # it touches prompts instead
-                blocks = rng.randrange(len(chain) + 1)
-                pools[0].touch_prompt(chain, blocks)
-                pools[1].touch_prompt(chain, blocks)
-            else:
-                for pool, access in zip(pools, accesses, strict=True):
-                    pool.on_request_finished(access)
+            _, *accesses = requests.pop(rng.randrange(len(requests)))
+            for pool, access in zip(pools, accesses, strict=True):
+                pool.on_request_finished(access)
         elif not any(job.load for job, _ in jobs):  # vLLM refuses a reset under a load
             for pool in pools:
                 pool.reset()
@@ -119,9 +105,3 @@ def _history(seed: int, mocker: bool = False) -> int:
 def test_extents_agree_with_a_slot_per_key(block: int) -> None:
     evicted = sum(_history(seed) for seed in range(block * 60, block * 60 + 60))
     assert evicted > 0  # the histories do fill the pools
-
-
-@pytest.mark.parametrize("block", range(5))
-def test_mocker_extents_agree_with_a_slot_per_key(block: int) -> None:
-    evicted = sum(_history(seed, mocker=True) for seed in range(block * 60, block * 60 + 60))
-    assert evicted > 0

@@ -105,21 +105,21 @@ def _resident(pool: MockerHostPool, keys: list[int]) -> None:
 
 def _eviction_order(pool: MockerHostPool, count: int) -> list[int]:
     """The ``count`` slots the next store of new blocks evicts, oldest first."""
-    before = pool.recency()
+    before = set(pool._slots)
     new = [1000 + i for i in range(count)]
     stored = pool.prepare_store(new, 0, count, HostAccess())
     assert stored is not None and stored.keys == new
-    return [key for key in before if pool.refs(key) is None]
+    return sorted(before - set(pool._slots), key=lambda key: list(before).index(key))
 
 
 def test_a_completed_store_is_one_cohort_in_sequence_hash_order() -> None:
     # the mocker's sequence hashes put block 3 first, then 1, then 2
     pool = MockerHostPool(3, cohort_order={1: 20, 2: 30, 3: 10})
     _resident(pool, [1, 2, 3])
-    assert pool.recency() == [3, 1, 2]
+    assert list(pool._slots) == [3, 1, 2]
     plain = MockerHostPool(3)
     _resident(plain, [3, 1, 2])
-    assert plain.recency() == [1, 2, 3]  # without them, by tasim's own hash
+    assert list(plain._slots) == [1, 2, 3]  # without them, by tasim's own hash
 
 
 def test_lookups_and_stores_touch_the_whole_prompt_tail_first() -> None:
@@ -127,19 +127,18 @@ def test_lookups_and_stores_touch_the_whole_prompt_tail_first() -> None:
     _resident(pool, [1, 2, 3])
     _resident(pool, [4, 5, 6])
     pool.touch_prompt([1, 2, 3, 99], 4)  # 99 is not resident: ignored
-    assert pool.recency() == [4, 5, 6, 3, 2, 1]
+    assert list(pool._slots) == [4, 5, 6, 3, 2, 1]
     assert _eviction_order(pool, 2) == [4, 5]
 
 
 def test_a_completed_load_touches_what_it_unpins() -> None:
-    # chains as chained hashes make them: 1, 2 and 3, 4 (3 and 4 are another prompt's)
     pool = MockerHostPool(4)
     _resident(pool, [1, 2])
     _resident(pool, [3, 4])
     load = pool.prepare_load([1, 2], 0, 2, HostAccess())
-    other = pool.prepare_load([1], 0, 1, HostAccess())
-    pool.touch_prompt([3, 4], 2)  # pinned blocks are outside the recency order
+    other = pool.prepare_load([2], 0, 1, HostAccess())
+    pool.touch_prompt([3, 4, 1, 2], 4)  # pinned blocks are outside the recency order
     pool.complete_load(load)
-    assert pool.recency()[-1] == 2  # 1 is still held by the other load
+    assert list(pool._slots)[-1] == 1  # 2 is still held by the other load
     pool.complete_load(other)
-    assert pool.recency()[-2:] == [2, 1]
+    assert list(pool._slots)[-2:] == [1, 2]

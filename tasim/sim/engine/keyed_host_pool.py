@@ -1,15 +1,18 @@
-"""Reference models of the host KV pools, one record per slot: vLLM 0.31's rules
-(`tasim.sim.engine.host_tier`) and Dynamo mocker's recency (`tasim.sim.engine.mocker_host_tier`)
-stated block by block, in an ordered map that is the LRU order itself. The engine's extent
-pools must agree with them (`test_host_tier_model`, and the scenario tests run on both)."""
+"""vLLM 0.31's host KV pool (`tasim.sim.engine.host_tier`) kept one record per slot, in one
+ordered map from key to slot that is the LRU order itself.
+
+It is the plain statement of the rules: Dynamo's mocker, whose recency moves single blocks in an
+order of its own, builds on it (`tasim.sim.engine.mocker_host_tier`), and the tests hold the
+engine's `ExtentHostPool` to it. A walk of a prompt costs a dictionary operation per block, so
+the engine does not use it for vLLM's own semantics."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from tasim.core.model import BlockHash
-from tasim.sim.engine.host_tier import PENDING, HostAccess, HostCopy
+from tasim.sim.engine.host_tier import PENDING, HostAccess, HostCopy, HostPool
 
 
 class HostSlot:
@@ -22,39 +25,16 @@ class HostSlot:
         self.refs = PENDING
 
 
-class KeyedHostPool:
-    """vLLM's host pool (`tasim.sim.engine.host_tier.HostPool`) with a slot per key, in LRU rank
-    order, oldest first: a rank is given by moving a key to the end (vLLM's ranks only grow,
-    cpu/policies/lru.py), so eviction walks from the front."""
+class KeyedHostPool(HostPool):
+    """`HostPool` with a slot per key, in LRU rank order, oldest first: a rank is given by moving
+    a key to the end (vLLM's ranks only grow, cpu/policies/lru.py), so eviction walks from the
+    front."""
+
+    __slots__ = ("_slots",)
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
-        if capacity <= 0:
-            raise ValueError("host capacity must be positive")
-        self.capacity = capacity
-        self.store_threshold = store_threshold
-        self.max_tracker_size = max_tracker_size
-        self.hits = self.stored = self.evicted = 0
-        self._pending = self._evictable = 0
-        self._offers: OrderedDict[BlockHash, int] | None = OrderedDict() if store_threshold >= 2 else None
-        self._stored_keys: list[BlockHash] = []
-        self._removed_keys: list[BlockHash] = []
-        self._batches: list[tuple[bool, int]] = []
+        super().__init__(capacity, store_threshold, max_tracker_size)
         self._slots: OrderedDict[BlockHash, HostSlot] = OrderedDict()
-
-    @property
-    def pending(self) -> int:
-        return self._pending
-
-    @property
-    def evictable(self) -> int:
-        return self._evictable
-
-    @property
-    def free(self) -> int:
-        return self.capacity - self.resident
-
-    def recency(self) -> list[BlockHash]:
-        return list(self._slots)
 
     @property
     def resident(self) -> int:
@@ -165,52 +145,6 @@ class KeyedHostPool:
             return f"counted {pending} pending, {evictable} evictable host slots; the pool says {self._pending}, {self._evictable}"
         return None
 
-    def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
-        """KV events since the last call: keys stored (store completed) and keys removed
-        (evicted), each key by its latest event, so applying stored then removed is exact."""
-        batches = self._batches
-        if not batches:
-            return [], []
-        stored, removed = self._stored_keys, self._removed_keys
-        self._stored_keys, self._removed_keys, self._batches = [], [], []
-        if len(batches) == 1 or len(set(stored).union(removed)) == len(stored) + len(removed):
-            return stored, removed  # the usual case: no key named twice
-        # a key evicted and stored again, or stored again after a reset: its latest event counts,
-        # and the keys come in the order of their latest events
-        latest: dict[BlockHash, bool] = {}
-        begin = {True: 0, False: 0}
-        for was_stored, end in batches:
-            for key in (stored if was_stored else removed)[begin[was_stored] : end]:
-                latest.pop(key, None)
-                latest[key] = was_stored
-            begin[was_stored] = end
-        return [key for key, was_stored in latest.items() if was_stored], [key for key, was_stored in latest.items() if not was_stored]
-
-    def _note_events(self, keys: Sequence[BlockHash], stored: bool) -> None:
-        log = self._stored_keys if stored else self._removed_keys
-        log.extend(keys)
-        self._batches.append((stored, len(log)))
-
-    def _count_offers(self, offers: OrderedDict[BlockHash, int], keys: Sequence[BlockHash]) -> None:
-        """One more offer of each key; a full table forgets its least recently offered key, never
-        one offered now (cpu/manager.py, ``_record_accesses``)."""
-        offered_again = 0
-        for key in keys:
-            if key in offers:
-                offers.move_to_end(key)
-                offers[key] += 1
-                offered_again += 1
-        forgettable = len(offers) - offered_again
-        for key in keys:
-            if key in offers:
-                continue
-            if len(offers) >= self.max_tracker_size:
-                if forgettable == 0:
-                    continue
-                offers.popitem(last=False)
-                forgettable -= 1
-            offers[key] = 1
-
     def _evict(self, count: int, offered: set[BlockHash]) -> bool:
         """Evict ``count`` evictable slots, lowest rank first, none of ``offered``; all or nothing
         (cpu/policies/lru.py:115-159). False when there are too few."""
@@ -228,34 +162,3 @@ class KeyedHostPool:
         self._evictable -= count
         self.evicted += count
         return True
-
-
-class KeyedMockerPool(KeyedHostPool):
-    """`tasim.sim.engine.mocker_host_tier.MockerHostPool` one slot per key: the mocker's
-    recency as its own words say it, touch by touch."""
-
-    def __init__(self, capacity: int, cohort_order: Mapping[BlockHash, int] | None = None) -> None:
-        super().__init__(capacity)
-        self.cohort_order = cohort_order
-
-    def touch_prompt(self, hashes: Sequence[BlockHash], prompt_blocks: int) -> None:
-        slots = self._slots
-        for depth in range(min(prompt_blocks, len(hashes)) - 1, -1, -1):
-            slot = slots.get(hashes[depth])
-            if slot is not None and slot.refs == 0:
-                slots.move_to_end(hashes[depth])
-
-    def complete_store(self, store: HostCopy) -> None:
-        super().complete_store(store)
-        self._touch_cohort(store.keys)
-
-    def complete_load(self, load: HostCopy) -> None:
-        super().complete_load(load)
-        self._touch_cohort([key for key in load.keys if self._slots[key].refs == 0])
-
-    def _touch_cohort(self, keys: Sequence[BlockHash]) -> None:
-        order = self.cohort_order
-        ranked = sorted(keys) if order is None else sorted(keys, key=lambda key: order.get(key, key))
-        for key in ranked:
-            if key in self._slots:
-                self._slots.move_to_end(key)
