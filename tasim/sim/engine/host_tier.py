@@ -257,6 +257,10 @@ class HostPool:
         """The first broken invariant of the bookkeeping, or None."""
         raise NotImplementedError
 
+    def recency(self) -> list[BlockHash]:
+        """Every resident key, lowest rank first (for tests and debugging)."""
+        raise NotImplementedError
+
     # --- shared bookkeeping ----------------------------------------------------------------
 
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
@@ -490,6 +494,15 @@ class ExtentHostPool(HostPool):
                 last = first
         self._rank = rank
         access.clear()
+
+    def recency(self) -> list[BlockHash]:
+        """Every resident key, lowest rank first (for tests and debugging)."""
+        ranked: list[tuple[int, BlockHash]] = []
+        for extent in {id(extent): extent for extent in self._where.values()}.values():
+            for depth in range(extent.start, extent.stop):
+                offset = extent.stop - 1 - depth if extent.down else depth - extent.start
+                ranked.append((extent.low + offset, extent.hashes[depth]))
+        return [key for _, key in sorted(ranked)]
 
     def reset(self) -> None:
         self._where.clear()

@@ -131,6 +131,10 @@ class KeyedHostPool(HostPool):
                     slots.move_to_end(key)
         access.clear()
 
+    def recency(self) -> list[BlockHash]:
+        """Every resident key, lowest rank first (for tests and debugging)."""
+        return list(self._slots)
+
     def reset(self) -> None:
         self._slots.clear()
         self._pending = 0

@@ -2,7 +2,7 @@
 
 `KeyedHostPool` states vLLM 0.31's rules one slot at a time (an ordered map that is the LRU order
 itself); `ExtentHostPool` must agree with it on every lookup, every store it takes or refuses,
-every KV event and count, and so on every eviction, whatever the mix of shared prefixes,
+every KV event and count, and the whole recency order, whatever the mix of shared prefixes,
 divergent branches, loads, overlapping stores, finishes, store thresholds and resets."""
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def _state(pool: HostPool, chains: list[list[int]]) -> tuple[object, ...]:
         pool.stored,
         pool.evicted,
         [pool.refs(key) for key in every],
+        pool.recency(),
     )
 
 
