@@ -202,6 +202,18 @@ def _load(path: str, overrides: Sequence[str | Override], blame: str) -> Scenari
         raise UsageError(f"{blame}: {exc}") from None
 
 
+def _unswept(path: str, overrides: Sequence[str | Override], sweep: Sweep | None) -> Scenario:
+    """The scenario with the --set overrides alone; with a sweep, a --set that is complete only
+    with the swept field (``cluster.engine.host_tier.semantics`` with a swept ``ratio``) is
+    loaded with the sweep's first value (an error then names its culprit among them)."""
+    try:
+        return load_scenario(path, overrides)
+    except ScenarioError:
+        if sweep is None:
+            raise
+    return load_scenario(path, [*overrides, Override.parse(f"{sweep.key}={sweep.texts[0]}", f"--sweep {sweep.key}={sweep.texts[0]}")])
+
+
 def _sweep_run(path: str, overrides: Sequence[str | Override], spec: PolicySpec, sweep: Sweep, text: str, value: Any) -> Run:
     point = f"{sweep.key}={text}"
     # with params of its own, the spec may be what the swept value does not fit
@@ -244,13 +256,12 @@ def plan_runs(
     if seeds > 1 and sweep is not None and sweep.key == "seed":
         raise UsageError("--sweep seed: --seeds already runs every cell at several seeds")
     chosen = _baseline(specs, baseline)
-    first = load_scenario(path, overrides)  # alone first, so an error here is the file's or --set's
-    # each policy without the sweep next, so an error here is the spec's
-    base = [
-        Run(spec, {}, spec.label, spec.dirname, _load(path, [*overrides, *spec.overrides()], f"--policies {shown(spec.label)}")) for spec in specs
-    ]
+    first = _unswept(path, overrides, sweep)  # alone first, so an error here is the file's or --set's
     if sweep is None:
-        runs = tuple(base)
+        # each policy next, so an error here is the spec's
+        runs = tuple(
+            Run(spec, {}, spec.label, spec.dirname, _load(path, [*overrides, *spec.overrides()], f"--policies {shown(spec.label)}")) for spec in specs
+        )
     else:
         _check_sweep(specs, sweep)
         runs = tuple(_sweep_run(path, overrides, spec, sweep, text, value) for text, value in zip(sweep.texts, sweep.values) for spec in specs)

@@ -117,6 +117,29 @@ def test_categorical_sweep_keeps_the_given_order(tmp_path: Path) -> None:
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
 
+def test_a_set_complete_only_with_the_swept_field(tmp_path: Path) -> None:
+    """A host tier's semantics set while its size is swept: the --set alone names no size, so it
+    is checked with the sweep's first value; a --set wrong either way is still blamed."""
+    tier = ("--set", "cluster.engine.host_tier.semantics=sglang", "--sweep", "cluster.engine.host_tier.ratio=1,2")
+    entries = compare(tmp_path / "ok", "--policies", "round_robin", *tier)
+    assert [e["overrides"]["cluster.engine.host_tier.ratio"] for e in entries] == [1, 2]
+    assert all(e["summary"]["host_tier"]["host_blocks_per_worker"] > 0 for e in entries)
+    result = tasim(
+        "compare",
+        TINY,
+        *SHORT,
+        "--out",
+        str(tmp_path / "bad"),
+        "--policies",
+        "round_robin",
+        "--set",
+        "cluster.engine.host_tier.semantics=hicache",
+        "--sweep",
+        "cluster.engine.host_tier.ratio=1,2",
+    )
+    assert_usage_error(result, "--set cluster.engine.host_tier.semantics=hicache", "'vllm', 'sglang' or 'dynamo_mocker'")
+
+
 def test_one_policy_twice_with_different_params(tmp_path: Path) -> None:
     """Each spec's params merge over the scenario's defaults for that policy, a policy param can
     still be swept, and runs, records, table and progress lines are told apart by spec."""
