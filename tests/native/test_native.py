@@ -34,7 +34,8 @@ def _rewrite(path: Path, **changes: object) -> None:
 def test_a_build_of_the_current_sources_goes_first_on_the_search_path(manifest: Path) -> None:
     assert native.state() == (
         "compiled modules (hosting/policy_host.py, sim/runner.py, sim/clock.py, sim/engine/scheduler.py, sim/engine/kv_manager.py, "
-        "sim/engine/host_tier.py, sim/engine/hicache.py, sim/engine/mocker_host_tier.py, sim/engine/block_pool.py, sim/engine/fast_forward.py, "
+        "sim/engine/host_tier.py, sim/engine/keyed_host_pool.py, sim/engine/hicache.py, sim/engine/mocker_host_tier.py, "
+        "sim/engine/block_pool.py, sim/engine/fast_forward.py, "
         "sim/perf/perf_model.py, sim/perf/fixed.py, sim/perf/polynomial.py, sim/perf/roofline.py, "
         "policies/prefix_index.py, policies/booked_blocks.py, policies/worker_cost.py) "
         f"from {manifest.parent}"
