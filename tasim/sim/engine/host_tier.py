@@ -337,12 +337,12 @@ class ExtentHostPool(HostPool):
     A request observes its whole prompt (most of it a GPU hit already on the host) and re-ranks
     it when it finishes, so a slot-per-key pool spends its time walking prompts of thousands of
     blocks. Here a walk costs one step per extent: a store's new keys are one extent (ranked
-    head first), and a finish re-ranks the extents it covers, each as a whole, deepest first (and
-    joins neighbours in one state), so each extent's ranks stay consecutive. Ranks come from one counter and are never reused, so
-    the lowest evictable rank is always at the evictable end of some extent (its deepest block
-    when ``down``, else its shallowest), which an eviction heap of extents finds. Per key there
-    is only C-level work: the key-to-extent map (written when keys are stored, and for the
-    smaller side of a split) and the KV event lists."""
+    head first), and a finish re-ranks the extents it covers, each as a whole, deepest first,
+    joining neighbours in one state, so each extent's ranks stay consecutive. Ranks come from
+    one counter and are never reused, so the lowest evictable rank is always at the evictable
+    end of some extent (its deepest block when ``down``, else its shallowest), which an eviction
+    heap of extents finds. Per key there is only C-level work: the key-to-extent map (written
+    when keys are stored, and for the smaller side of a split or a join) and the KV event lists."""
 
     __slots__ = ("_where", "_heap", "_stale", "_rank", "_entries")
 
