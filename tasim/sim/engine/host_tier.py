@@ -600,6 +600,14 @@ class ExtentHostPool(HostPool):
         keeper.fork = pieces[-1].fork
         return keeper
 
+    def _isolate(self, extent: _Extent, start: int, stop: int) -> _Extent:
+        """The piece of ``extent`` holding depths ``start`` to ``stop``, split from the rest."""
+        if start > extent.start:
+            extent = self._split(extent, start)[1]
+        if stop < extent.stop:
+            extent = self._split(extent, stop)[0]
+        return extent
+
     def _cover(self, hashes: Sequence[BlockHash], start: int, stop: int) -> list[_Extent]:
         """The extents holding the resident blocks ``start`` to ``stop`` of ``hashes``, in depth
         order, split so that each lies inside the range and on the chain."""
@@ -613,12 +621,9 @@ class ExtentHostPool(HostPool):
                 continue
             limit = min(extent.stop, stop)
             end = _agree_until(extent.hashes, hashes, depth, limit)
-            if depth > extent.start:
-                extent = self._split(extent, depth)[1]
-            if end < extent.stop:
-                extent = self._split(extent, end)[0]
-                if end < limit:
-                    extent.fork = True
+            extent = self._isolate(extent, depth, end)
+            if end < limit:
+                extent.fork = True
             pieces.append(extent)
             depth = end
         return pieces
@@ -657,11 +662,7 @@ class ExtentHostPool(HostPool):
             bottom = min(extent.stop, stop)
             if top < bottom and extent.hashes[top] == hashes[top]:
                 # chained hashes: the blocks both hold are one depth range
-                end = _agree_until(extent.hashes, hashes, top, bottom)
-                if top > extent.start:
-                    extent = self._split(extent, top)[1]
-                if end < extent.stop:
-                    extent = self._split(extent, end)[0]
+                extent = self._isolate(extent, top, _agree_until(extent.hashes, hashes, top, bottom))
                 self._drop_entry(extent)  # a split pushed it
                 aside.append(extent)
                 continue

@@ -133,13 +133,16 @@ class HostTierSetup:
 class _Transfer:
     """One copy job of a request: a load (H2D) of its host hit, or a store (D2H) of its blocks."""
 
-    __slots__ = ("copy", "load", "request", "done")
+    __slots__ = ("copy", "request", "done")
 
     def __init__(self, copy: HostCopy, request: RequestBlocks) -> None:
         self.copy = copy
-        self.load = copy.load
         self.request = request
         self.done = 0.0  # when it is copied, once submitted
+
+    @property
+    def load(self) -> bool:
+        return self.copy.load
 
 
 class BlockBoundary:
