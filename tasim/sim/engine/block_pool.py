@@ -203,6 +203,47 @@ class BlockPool:
             resident = end
         return resident, active
 
+    def evictable_sparing(self, hashes: Sequence[BlockHash], limit: int, cap: int) -> int:
+        """How many inactive blocks go, in eviction order, before the first cached block of
+        ``hashes[:limit]`` that is inactive; at most ``cap`` (also when none is). Allocations may
+        take that many blocks beyond the free ones and leave every cached block of the chain
+        cached. Walks the candidate heap as a tree, smallest tick first, without popping it.
+        Exact for lru; lineage order answers 0 when the chain has an inactive block."""
+        heads = self._heads
+        spared = -1  # the lowest tick among the chain's inactive blocks
+        depth = 0
+        while depth < limit:
+            extent = heads.get(hashes[depth])
+            if extent is None:
+                depth += 1
+                continue
+            end = shared_prefix_end(extent.hashes, hashes, depth, min(extent.stop, limit))
+            if not extent.refs:
+                tick = extent.tick + extent.stop - end  # the chain's deepest block in it goes first
+                if spared < 0 or tick < spared:
+                    spared = tick
+            depth = end
+        if spared < 0:
+            return cap
+        if self._lineage:
+            return 0  # leaves go first: a tick alone does not place a block in the order
+        candidates = self._candidates
+        frontier = [(candidates[0][0], 0)] if candidates else []
+        seen: set[int] = set()
+        count = 0
+        while frontier and count < cap:
+            tick, at = heapq.heappop(frontier)
+            if tick >= spared:
+                break  # every entry below it in the heap has a tick at least as high
+            _, serial, extent = candidates[at]
+            if not extent.refs and extent.tick == tick and extent.start < extent.stop and serial not in seen:
+                seen.add(serial)
+                count += min(extent.stop - extent.start, spared - tick)  # ticks of distinct extents never interleave
+            for child in (2 * at + 1, 2 * at + 2):
+                if child < len(candidates):
+                    heapq.heappush(frontier, (candidates[child][0], child))
+        return min(count, cap)
+
     def audit(self, claims: Sequence[Claim], private: int, every_block: bool = False) -> str | None:
         """The first broken invariant of the bookkeeping, or None (``tasim simulate --check``).
         ``holds``: every holder's references; ``private``: blocks the holders' requests occupy

@@ -254,6 +254,13 @@ class HiCache:
             if node is not None and not node.on_gpu:
                 node.on_gpu = True
                 node.readopted = True
+        self.on_gpu_evicted(removed)
+
+    def on_gpu_evicted(self, removed: Sequence[BlockHash]) -> None:
+        """The GPU pool just evicted ``removed``: told at once, as SGLang's tree changes when it
+        evicts, so that a lookup later in the same step finds their host copies (a block told
+        twice is ignored the second time)."""
+        nodes = self._nodes
         for key in removed:
             node = nodes.get(key)
             if node is None or not node.on_gpu:

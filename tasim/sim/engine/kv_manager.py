@@ -301,8 +301,12 @@ class KVCacheManager:
         phys = request.phys
         if num_tokens > phys * bs:  # a block to take
             need = _blocks_for(num_tokens, bs) - phys
-            if not self.block_pool.allocate(need):
+            pool = self.block_pool
+            removed = len(pool.removed)
+            if not pool.allocate(need):
                 return False
+            if self.hicache is not None and len(pool.removed) > removed:
+                self.hicache.on_gpu_evicted(pool.removed[removed:])
             request.phys = phys + need
         full = num_tokens // bs
         if full > request.full_done and not delay_caching:  # a block to fill
@@ -634,7 +638,8 @@ class KVCacheManager:
         them ``chunk`` more tokens of ``prefill`` (request, chunk), which reserves every step.
         The run stops before a step whose blocks cannot be had (it would preempt), and after one
         that completes a block of ``head_blocks``, a chain prefix the queue's head waits for
-        (chained hashes: a block is in it only at its own depth)."""
+        (chained hashes: a block is in it only at its own depth). With SGLang's tier it also
+        stops before a step that evicts a cached block of ``head_blocks``."""
         bs = self.block_size
         head_depth = len(head_blocks)
         # (step, running position, 0 = take a block | 1 = complete one | 2 = a prefill chunk,
@@ -662,6 +667,14 @@ class KVCacheManager:
                     k += bs
         touches.sort(key=_TOUCH_ORDER)
         available = self.block_pool.available
+        if self.hicache is not None and head_depth:
+            # SGLang's lookup of the blocked head, redone each step, stamps the host-only run
+            # after its GPU prefix: the run must stop before a step that evicts a cached block
+            # of the head's chain, which could change that run (a folded run looks it up once).
+            wanted = sum(1 for touch in touches if touch[2] == 0)  # blocks the run takes (no prefill: none waits otherwise)
+            free = self.block_pool.free
+            spare = free + self.block_pool.evictable_sparing(head_blocks, head_depth, max(0, wanted - free))
+            available = min(available, spare)
         boundaries: list[BlockBoundary] = []
         for k, _, kind, req, upto in touches:
             if k > last:
@@ -676,7 +689,7 @@ class KVCacheManager:
             else:  # takes blocks: one, or the chunk's
                 need = 1 if kind == 0 else max(0, _blocks_for(upto, bs) - prefill_phys)
                 available -= need
-                if available < 0:  # step k would preempt: it is scheduled on its own
+                if available < 0:  # step k would preempt (or evict a block of the head's): it is scheduled on its own
                     boundaries.pop()
                     last = k - 1
                     break

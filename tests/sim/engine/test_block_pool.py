@@ -119,3 +119,23 @@ def test_allocate_is_all_or_nothing() -> None:
     pool.release(claim)
     assert pool.allocate(3)
     assert pool.drain_events()[1] == [2, 1]
+
+
+def test_evictable_sparing_counts_the_blocks_evicted_before_a_chain_block() -> None:
+    pool = BlockPool(8, "lru")
+    a = _store_chain(pool, [10, 11, 12])
+    b = _store_chain(pool, [20, 21, 22])
+    pool.release(a)
+    pool.release(b)  # eviction order: 12, 11, 10, 22, 21, 20
+    assert pool.evictable_sparing([20, 21, 22], 3, 10) == 3
+    assert pool.evictable_sparing([20, 21, 22], 1, 10) == 5  # only block 20 is watched
+    assert pool.evictable_sparing([10, 11, 99], 3, 10) == 1  # 11 goes second
+    assert pool.evictable_sparing([20, 21, 22], 3, 2) == 2  # capped
+    assert pool.evictable_sparing([7, 8], 2, 4) == 4  # none of its blocks cached
+    pool.acquire([20, 21, 22], 3)
+    assert pool.evictable_sparing([20, 21, 22], 3, 10) == 10  # referenced blocks are never evicted
+    assert pool.evictable_sparing([10, 11, 12], 3, 10) == 0
+    lineage = BlockPool(8, "lineage")
+    lineage.release(_store_chain(lineage, [10, 11, 12]))
+    lineage.release(_store_chain(lineage, [20, 21, 22]))
+    assert lineage.evictable_sparing([20, 21, 22], 3, 10) == 0  # no tick order to count on

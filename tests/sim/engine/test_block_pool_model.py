@@ -124,6 +124,16 @@ class ReferencePool:
             copy.refs, copy.children, copy.tick = state[id(copy)]
         return order
 
+    def evictable_sparing(self, hashes: list[int], limit: int, cap: int) -> int:
+        """Inactive copies older than the oldest inactive primary of ``hashes[:limit]`` (lru;
+        lineage: 0 when there is one)."""
+        ticks = [self.blocks[block][0].tick for block in hashes[:limit] if block in self.blocks and not self.blocks[block][0].refs]
+        if not ticks:
+            return cap
+        if self.lineage:
+            return 0
+        return min(cap, sum(1 for copy in self._all() if copy.refs == 0 and copy.tick < min(ticks)))
+
     def clear(self) -> None:
         while self.inactive:
             self.evict_one()
@@ -172,6 +182,8 @@ def _check(pool: BlockPool, ref: ReferencePool, chains: list[list[int]], rng: ra
     for chain in rng.sample(chains, 3):
         limit = rng.randint(0, len(chain))
         assert pool.prefix_hits(chain, limit) == ref.prefix_hits(chain, limit)
+        cap = rng.randint(0, ref.inactive + 1)
+        assert pool.evictable_sparing(chain, limit, cap) == ref.evictable_sparing(chain, limit, cap)
 
 
 # Small pools evict constantly; large ones rarely fill, so stale heap entries pile up and get

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tasim.sim.engine.kv_manager import ComputedBlocks, KVCacheManager, RequestBlocks
+from tasim.sim.engine.kv_manager import ComputedBlocks, HostTierSetup, KVCacheManager, RequestBlocks
 
 
 def _counts(computed: ComputedBlocks) -> tuple[int, int, int]:
@@ -149,6 +149,48 @@ def test_a_folded_prefill_reserves_its_chunk_every_step() -> None:
         for request, upto in boundary.reserves:
             assert kv.allocate_slots(request, upto)
     assert (p.phys, p.full_done, kv.take_events()) == (5, 5, ([100, 101, 102, 103, 104], []))
+
+
+def _with_hicache(num_blocks: int) -> tuple[KVCacheManager, RequestBlocks]:
+    """A pool of ``num_blocks`` blocks of 4 tokens behind SGLang's host tier (instant copies),
+    where request a ran (1, 2, 3, 4), was written to the host and freed: its blocks are
+    cached, inactive, evicted 4 first."""
+    kv = KVCacheManager(num_blocks, 4, cache_duplicates=True)
+    kv.add_host_tier(HostTierSetup(16, 4096, 0.0, 0.0, semantics="sglang", load_back_threshold=1))
+    assert kv.hicache is not None
+    a = RequestBlocks("a", (1, 2, 3, 4))
+    _admit(kv, a, 16)
+    kv.take_events()
+    kv.insert(a, 4, 0.0)  # write-through: the 4 blocks are written at once
+    kv.hicache.complete(0.0)
+    kv.free(a)
+    return kv, a
+
+
+def test_sglang_sees_a_gpu_eviction_before_the_next_lookup_of_the_same_step() -> None:
+    kv, _ = _with_hicache(8)
+    assert kv.hicache is not None
+    c = RequestBlocks("c", (21, 22, 23, 24, 25))
+    _admit(kv, c, 20)  # 4 free blocks and a's deepest, evicted (not yet drained as an event)
+    assert kv.hicache.node_state(4) == (1, False, "ready")
+    d = RequestBlocks("d", (1, 2, 3, 4, 5))
+    assert _counts(kv.get_computed_blocks(d, 20)) == (3, 0, 1)  # block 4 is found on the host
+    assert kv.take_events() == ([21, 22, 23, 24, 25], [4])
+    assert kv.hicache.node_state(4) == (1, False, "ready")  # told twice: no change
+
+
+def test_with_sglang_a_decode_run_stops_before_evicting_a_block_the_blocked_head_looks_up() -> None:
+    kv, _ = _with_hicache(8)
+    r = RequestBlocks("r", (31, 32, 33, 34, 35, 36))
+    _admit(kv, r, 6)  # 2 blocks: 2 free left, then a's 4, 3, 2, 1 go
+    r.computed = 5
+    # Step k computes token 5 + k: it takes a block at steps 4, 8, 12 and 16, and completes
+    # one at steps 3, 7, 11 and 15. The head looks up blocks 1 to 3: steps 4 and 8 take the
+    # free blocks, step 12 would evict 4 (not looked up) and step 16 block 3.
+    last, boundaries = kv.plan_boundaries([(r, 1)], None, 20, (1, 2, 3)) or (0, [])
+    assert (last, [b.index for b in boundaries]) == (15, [3, 4, 7, 8, 11, 12, 15])
+    last, boundaries = kv.plan_boundaries([(r, 1)], None, 20, ()) or (0, [])
+    assert (last, [b.index for b in boundaries]) == (20, [3, 4, 7, 8, 11, 12, 15, 16, 19, 20])
 
 
 @pytest.mark.parametrize(("eviction", "duplicates"), [("lru", False), ("lineage", False), ("lru", True)])
