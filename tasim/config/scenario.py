@@ -630,13 +630,14 @@ class Scenario(_Strict):
 
     @model_validator(mode="after")
     def _host_tier_survives_weight_updates(self) -> Scenario:
-        # A weight update empties the GPU caches and vLLM's host tier (verl resets both); the other
-        # semantics' tiers are not emptied yet, and their KV would then be stale.
+        # A weight update empties the GPU caches and the host tier (verl resets vLLM's connector
+        # with its prefix cache; SGLang's flush clears HiCache's host pool); Dynamo mocker's tier,
+        # there to compare with Dynamo's replay, has no such reset, and its KV would then be stale.
         tier = self.cluster.engine.host_tier
-        if tier is not None and tier.semantics != "vllm" and isinstance(self.workload, RolloutWorkload) and self.workload.reset_prefix_cache:
+        if tier is not None and tier.semantics == "dynamo_mocker" and isinstance(self.workload, RolloutWorkload) and self.workload.reset_prefix_cache:
             raise ValueError(
                 f"cluster.engine.host_tier.semantics {tier.semantics} with workload.reset_prefix_cache: a weight update does not "
-                "empty that tier yet (allowed with RL rollouts: semantics vllm)"
+                "empty that tier (allowed with RL rollouts: semantics vllm or sglang)"
             )
         return self
 

@@ -311,6 +311,28 @@ class HiCache:
         self._copies = still
         self.next_done = earliest
 
+    def reset(self, now: float) -> None:
+        """Empty the tier at ``now``, as SGLang's cache flush before a weight update does
+        (hiradix ``reset``: the controller's queues cleared, the host pool cleared, the tree
+        rebuilt; verl-recipe's SGLang engine flushes before every update): writes still in
+        flight are dropped and their GPU blocks released, every host copy is reported removed.
+        SGLang flushes only with nothing running, so no load may be in flight (refused)."""
+        self.complete(now)
+        if any(copy.load for copy in self._copies):
+            raise RuntimeError("the prefix cache cannot be reset while a host load is in flight")
+        for copy in self._copies:
+            if copy.lock is not None:
+                self.block_pool.release(copy.lock)
+        for key, node in self._nodes.items():
+            if node.host == _READY:
+                self._event(key, False)
+        self._nodes = {}
+        self._candidates = []
+        self._copies = []
+        self._write_back_done = {}
+        self.used = 0
+        self.next_done = float("inf")
+
     def take_events(self) -> tuple[list[BlockHash], list[BlockHash]]:
         """Host KV events since the last call: keys stored (written) and removed (evicted)."""
         events = self._events

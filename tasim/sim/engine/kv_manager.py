@@ -550,12 +550,16 @@ class KVCacheManager:
         self.next_transfer_done = self.hicache.next_done
         return done
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self, now: float) -> None:
         """Evict every unreferenced cached block (its removals come with the next events), and
         empty the host tier as vLLM does when its connector is reset too (verl 0.9.1 resets
         both after a weight update: ``reset_prefix_cache(reset_connector=True)``): its copies in
         flight are stale, their completions ignored (connector/scheduler.py ``reset_cache``:
-        ``_stale_job_threshold``), and nothing waits for them any more."""
+        ``_stale_job_threshold``), and nothing waits for them any more. SGLang's tier is
+        emptied first (`HiCache.reset`), so the blocks its writes held are cleared too."""
+        if self.hicache is not None:
+            self.hicache.reset(now)
+            self.next_transfer_done = self.hicache.next_done
         self.block_pool.clear()
         host = self.host
         if host is None:

@@ -455,11 +455,13 @@ class Engine(FoldableEngine):
             for req in self._finished_since:
                 self.kv_cache.request_finished(req)
             self._finished_since = []
-        self.kv_cache.reset_prefix_cache()
+        self.kv_cache.reset_prefix_cache(now)
         if self._tiered:
             for req in (*self.running, *self.waiting, *self.parked, *self.loaded):
                 req.next_store = 0
         self.publish_kv(*self.kv_cache.take_events(), now)
+        if self._sglang:
+            self.publish_host_kv(*self.kv_cache.take_host_events(), now)
 
     def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
         """Report blocks stored and evicted. Blocks are allocated (and evicted) when a step is

@@ -185,3 +185,16 @@ def test_a_recomputed_host_only_block_is_readopted_without_a_hit() -> None:
     pool.release_private(8)
     _ran(pool, tier, A + [105], 3.0)  # recomputed (a hit under the threshold would be): no hit for A
     assert tier.node_state(A[0]) == (1, True, "ready") and tier.node_state(105) == (1, True, "writing")
+
+
+def test_a_reset_is_refused_while_a_load_is_in_flight() -> None:
+    pool = BlockPool(16)
+    tier = _tier(pool)
+    _ran(pool, tier, A, 1.0)
+    tier.complete(2.0)
+    _evict_gpu(pool, tier, 16)
+    tier.load_back(A, 0, 4, 5.0)
+    with pytest.raises(RuntimeError, match="while a host load is in flight"):
+        tier.reset(5.0 + 2 * COPY)
+    tier.reset(5.0 + 4 * COPY)  # the load is done by then: completed first, then emptied
+    assert (tier.used, tier.node_state(A[0]), tier.take_events()) == (0, None, ([], A))  # each key by its latest event

@@ -103,3 +103,27 @@ def test_an_idle_engine_wakes_to_see_its_writes_done() -> None:
     assert engine.kv_cache.active == 4  # held by the write
     step = engine.begin_step(engine.next_transfer_done)
     assert not step.scheduled and engine.kv_cache.active == 0 and recorder.host_stored == A
+
+
+def test_a_weight_update_empties_the_tier_and_drops_writes_in_flight() -> None:
+    recorder = TierRecorder()
+    engine = _engine(recorder)
+    hicache = engine.kv_cache.hicache
+    assert hicache is not None
+    engine.submit(spec("A", 64, 2, A, BS))
+    now = _run(engine, 0.0)  # A written (4 blocks) and done at 2 s: its finish inserts no new block
+    assert recorder.host_stored == A and hicache.used == 4
+    engine.submit(spec("C", 112, 1, C, BS))  # finishes in its prefill step: one insert, one write
+    step = engine.begin_step(now)
+    engine.end_step(step, step.end)
+    assert engine.next_transfer_done == step.end + 7 * COPY and engine.kv_cache.active == 7  # held by the write
+    engine.clear_prefix_cache(step.end)  # before C's write is done
+    # A's four host copies are reported removed; C's write is dropped and its blocks released,
+    # then cleared from the GPU with A's leftovers
+    assert recorder.host_removed == A and recorder.host_stored == A
+    assert (hicache.used, hicache.node_state(A[0]), hicache.node_state(C[0])) == (0, None, None)
+    assert (engine.kv_cache.active, engine.kv_cache.cached_blocks, engine.next_transfer_done) == (0, 0, float("inf"))
+    assert engine.audit(every_block=True) is None
+    engine.submit(spec("E", 64, 1, A, BS))
+    _run(engine, step.end)
+    assert _admitted(recorder, "E")[0] == 0 and recorder.host_tokens["E"] == 0  # nothing left to load
