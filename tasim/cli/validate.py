@@ -89,7 +89,7 @@ def add_parser(commands: Commands) -> None:
 
 
 def run_dynamo(args: argparse.Namespace) -> int:
-    from tasim.validation.against_dynamo import VALIDATION_FILE, unheld_note, validate, validation_record, validation_table
+    from tasim.validation.against_dynamo import VALIDATION_FILE, validate, validation_record, validation_table
     from tasim.validation.dynamo_replay import ROUTERS
     from tasim.validation.tasim_replay import lost_in_replay
 
@@ -107,9 +107,6 @@ def run_dynamo(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / VALIDATION_FILE, validation_record(scenario, trace, results))
     print_unsquashed(validation_table(results))
-    note = unheld_note(results)
-    if note:
-        print(note)
     if trace.excluded:
         print(f"left out {trace.excluded} requests whose prompt + output need more KV blocks than a worker has")
     Console().print(f"wrote {out}/{VALIDATION_FILE}", markup=False, highlight=False)

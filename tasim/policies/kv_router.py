@@ -144,8 +144,11 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
         return {w: (n, *lower.get(w, (0, 0))) for w, n in overlaps.items()}
 
     def cached_tokens(self, request: RequestSpec, now: float) -> dict[str, int]:
-        """Dynamo's ``cached_tokens`` estimate per worker (its ``reported_overlap_tokens`` for
-        the worker it picks): the tier-weighted overlap in tokens, rounded."""
+        """Dynamo's ``cached_tokens`` estimate per worker, which its booking of the request's
+        prefill subtracts: the tier-weighted overlap in tokens, rounded. (The replay's
+        per-request ``reported_overlap_tokens`` rounds to whole blocks first: 341.75 weighted
+        blocks of 16 tokens report 5,472 where the booking takes 5,468, as the logits Dynamo's
+        router logs for later decisions show.)"""
         return {w: self._cached_tokens(*tiers) for w, tiers in self.tier_overlaps(request, now).items()}
 
     def _device_overlaps(self, hashes: tuple[int, ...], now: float) -> dict[str, int]:

@@ -23,15 +23,6 @@ VALIDATION_FILE = "validation.json"
 # from run to run (prefix reuse by up to 5 pp on 8 workers); round-robin is deterministic.
 RANDOMIZED_ROUTERS = frozenset({"kv_router"})
 
-# Routers compared with a host tier but not held to the tolerances. tasim's kv_router credits a
-# worker's host-only blocks after its GPU prefix as Dynamo's does (host_cache_hit_weight 0.75:
-# lib/kv-router/src/scheduling/selector/default.rs, indexer/lower_tier_indexers.rs), and on
-# 8 workers it agrees within them, but on 2 workers (agents, block 16, pool 2,048, host 4,096)
-# its prefix reuse stays 2.5 pp below Dynamo's (0.594 vs 0.618, the same at every repeat), a
-# difference not yet traced. Remove the router once it is: its tiered rows and
-# tests/validation/test_against_dynamo.py then hold it to the tolerances.
-HOST_TIER_UNJUDGED: frozenset[Router] = frozenset({"kv_router"})
-
 
 @dataclass(frozen=True, slots=True)
 class RouterResult:
@@ -51,16 +42,9 @@ class RouterResult:
     def tasim(self) -> dict[str, float]:
         return _mean(self.tasim_runs)
 
-    host_tier: bool = False  # both sides ran a host tier
-
     @property
     def differences(self) -> list[Difference]:
         return differences(self.dynamo, self.tasim, self.dynamo_runs, self.tasim_runs)
-
-    @property
-    def held_to_tolerances(self) -> bool:
-        """False for a router not yet judged with a host tier (`HOST_TIER_UNJUDGED`)."""
-        return not (self.host_tier and self.router in HOST_TIER_UNJUDGED)
 
 
 def _mean(runs: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -82,8 +66,7 @@ def validate(scenario: Scenario, out: Path, routers: Sequence[Router], repeats: 
             seeded = scenario.model_copy(update={"seed": scenario.seed + i})
             records, tasim_incomplete, wall = run_tasim(seeded, trace, router)
             tasim_runs.append(summarize(records, wall))
-        tiered = scenario.cluster.engine.host_tier is not None
-        results.append(RouterResult(router, dynamo_runs, tasim_runs, dynamo_incomplete, tasim_incomplete, tiered))
+        results.append(RouterResult(router, dynamo_runs, tasim_runs, dynamo_incomplete, tasim_incomplete))
     return trace, results
 
 
@@ -126,7 +109,6 @@ def _router_record(result: RouterResult) -> dict[str, Any]:
         "incomplete": {"dynamo": result.dynamo_incomplete, "tasim": result.tasim_incomplete},
         "difference": {d.metric.key: d.value for d in diffs},
         "within_tolerance": all_within(diffs),
-        "held_to_tolerances": result.held_to_tolerances,
     }
 
 
@@ -138,12 +120,12 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
         table.add_column(f"{r.router}{runs}\nDynamo", justify="right")
         table.add_column(f"{r.router}\ntasim", justify="right")
         table.add_column(f"{r.router}\ndifference", justify="right")
-    per_router = [(r.differences, r.held_to_tolerances) for r in results]
+    per_router = [r.differences for r in results]
     for i, metric in enumerate(METRICS):
         cells = [f"{metric.label} ({metric.unit})"]
-        for diffs, held in per_router:
+        for diffs in per_router:
             diff = diffs[i]
-            mark = {True: " ✓", False: " ✗", None: ""}[diff.within] if held else ""
+            mark = {True: " ✓", False: " ✗", None: ""}[diff.within]
             cells += [_number(diff.dynamo, metric), _number(diff.tasim, metric), diff.shown() + mark]
         table.add_row(*cells)
     table.add_row(
@@ -159,17 +141,6 @@ def validation_table(results: Sequence[RouterResult]) -> Table:
         ],
     )
     return table
-
-
-def unheld_note(results: Sequence[RouterResult]) -> str | None:
-    """Why some routers' differences are shown but not judged, or None."""
-    unheld = [r.router for r in results if not r.held_to_tolerances]
-    if not unheld:
-        return None
-    return (
-        f"{', '.join(unheld)}: not held to the tolerances with a host tier (both routers credit host blocks at 0.75, "
-        "but on 2 workers tasim's reuses 2.5 pp less, not yet traced)"
-    )
 
 
 def _number(value: float, metric: Metric) -> str:

@@ -101,14 +101,16 @@ class StepRun:
 
     def catch_up(self, t: float) -> list[tuple[float, bool, list[BlockHash], list[BlockHash]]]:
         """Schedule the folded steps that started before ``t`` and return the KV events due:
-        those of the steps that ended at or before ``t`` and were not returned yet, and the host
-        tier's of the steps that started (``True``: publish with `publish_host`), each with its
-        time."""
+        those of the steps that ended at or before ``t`` and were not returned yet (with the host
+        evictions of the first step, `Step.host_removed`), and the host tier's of the steps that
+        started (``True``: publish with `publish_host`), each with its time."""
         due: list[tuple[float, bool, list[BlockHash], list[BlockHash]]] = []
         first = self.first
         if not self._first_published and first.end <= t:
             self._first_published = True
             due.append((first.end, False, first.stored, first.removed))
+            if first.host_removed:
+                due.append((first.end, True, [], first.host_removed))
         boundaries = self._boundaries
         copy_steps = self._copy_steps
         ends = self.ends
@@ -147,8 +149,9 @@ class StepRun:
         return []
 
     def publish_host(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
-        assert self._foldable is not None  # only a planned run completes copies
-        self._foldable.publish_host_kv(stored, removed, now)
+        foldable = self.engine.foldable
+        assert foldable is not None  # only such an engine has host KV events to hand a run
+        foldable.publish_host_kv(stored, removed, now)
 
     def _complete_copies(self, index: int) -> list[tuple[float, bool, list[BlockHash], list[BlockHash]]]:
         assert self._foldable is not None  # it planned the copy steps

@@ -192,7 +192,7 @@ def _priority_order(req: EngineRequest) -> tuple[int, int]:
 class Step:
     """One scheduled engine iteration (a plain class: see `StepShape` for why)."""
 
-    __slots__ = ("start", "duration", "scheduled", "shape", "preempted", "stored", "removed")
+    __slots__ = ("start", "duration", "scheduled", "shape", "preempted", "stored", "removed", "host_removed")
 
     def __init__(self, start: float, duration: float) -> None:
         self.start = start
@@ -203,6 +203,9 @@ class Step:
         # KV blocks stored and evicted by this step's scheduling, published when the step completes
         self.stored: list[BlockHash] = []
         self.removed: list[BlockHash] = []
+        # host blocks evicted by the step's store preparations, published at its end too (only
+        # under the ``dynamo_mocker`` host tier: `Engine._offer_stores`)
+        self.host_removed: list[BlockHash] = []
 
     @property
     def end(self) -> float:
@@ -413,13 +416,15 @@ class Engine(FoldableEngine):
                 step.duration = max(step.duration, self._load_done - now)
         else:
             self.publish_kv(step.stored, step.removed, now)
+            self.publish_host_kv([], step.host_removed, now)
         if self._tiered:
             self.kv_cache.submit_transfers(step.end)
         return step
 
     def end_step(self, step: Step, now: float) -> None:
-        """`publish_kv` then `complete_step`: the step has run."""
+        """`publish_kv` (and the step's host evictions) then `complete_step`: the step has run."""
         self.publish_kv(step.stored, step.removed, now)
+        self.publish_host_kv([], step.host_removed, now)
         self.complete_step(step, now)
 
     def complete_step(self, step: Step, now: float) -> None:
@@ -706,10 +711,18 @@ class Engine(FoldableEngine):
         """vLLM's store jobs of a step: every scheduled request offers its full prompt blocks
         computed by the step's end, every request finished since the last step its whole prompt
         (then the host re-ranks what it observed). Host KV events are published at once.
-        Dynamo's mocker touches a request's prompt when it stores, and nothing at its finish."""
+        Dynamo's mocker touches a request's prompt when it stores, and nothing at its finish; and
+        its replay hands the router the host blocks a step's store preparations evict with the
+        step's other KV events, at the step's end (AISimulate engine/host_offload/tier.rs
+        ``reserve_store`` evicts them as a store cohort is prepared, during the pass;
+        engine/scheduler/vllm/host_offload.rs publishes them there as ``HostPinned``
+        ``Removed``, into the pass's events), while the stores completed at the boundary the step
+        starts from are published then, as now (``complete_engine_boundary``)."""
         kv_cache = self.kv_cache
         bs = self.config.block_size
         mocker = self._mocker_tier
+        if mocker:
+            self.publish_host_kv(*kv_cache.take_host_events(), now)  # the stores completed as the step starts
         for req, n in step.scheduled:
             if req.next_store >= req.prompt // bs:
                 continue  # its whole prompt offered: the usual decode
@@ -721,7 +734,11 @@ class Engine(FoldableEngine):
                 kv_cache.offer_stores(req, req.prompt // bs)
                 kv_cache.request_finished(req)
             self._finished_since = []
-        self.publish_host_kv(*kv_cache.take_host_events(), now)
+        stored, removed = kv_cache.take_host_events()
+        if mocker:
+            step.host_removed = removed
+            removed = []
+        self.publish_host_kv(stored, removed, now)
 
     def _mocker_fence(self, removed: list[BlockHash]) -> float:
         """When Dynamo's mocker lets the step compute (AISimulate engine/scheduler/vllm/core.rs,

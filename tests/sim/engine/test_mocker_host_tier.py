@@ -37,8 +37,8 @@ class TierRecorder(Recorder):
         pass
 
 
-def _engine(recorder: Recorder) -> Engine:
-    tier = HostTierSetup(64, BLOCK_BYTES, semantics="dynamo_mocker")
+def _engine(recorder: Recorder, host_blocks: int = 64) -> Engine:
+    tier = HostTierSetup(host_blocks, BLOCK_BYTES, semantics="dynamo_mocker")
     setup = EngineSetup(block_size=BS, num_blocks=8, max_num_seqs=8, max_num_batched_tokens=256, eviction="lineage", host_tier=tier)
     return Engine("w0", setup, FixedStep(1000.0), recorder)
 
@@ -86,6 +86,34 @@ def test_the_measured_replay_scenario() -> None:
     _run(engine, now)
     assert _admitted(recorder, "E") == (48, before)
     assert recorder.host_tokens["E"] == 0 and engine.kv_cache.h2d.bytes_moved == loaded
+
+
+@dataclass
+class HostEventRecorder(TierRecorder):
+    host_events: list[tuple[list[int], list[int], float]] = field(default_factory=list)
+
+    def on_host_kv(self, worker, stored, removed, now):  # type: ignore[no-untyped-def]
+        self.host_events.append((list(stored), list(removed), now))
+
+
+def test_host_evictions_reach_the_router_when_the_step_that_made_them_ends() -> None:
+    """Dynamo's replay hands the router a pass's KV events at its end, the host blocks its store
+    preparations evicted among them; a store completed at the boundary a step starts from is
+    published then."""
+    recorder = HostEventRecorder()
+    engine = _engine(recorder, host_blocks=8)
+    engine.submit(spec("A", 64, 2, A, BS))
+    now = _run(engine, 0.0)
+    ((stored, removed, _),) = recorder.host_events
+    assert len(stored) == 4 and not removed  # A's blocks, once their store completed
+    recorder.host_events.clear()
+    engine.submit(spec("C", 112, 2, C, BS))  # 7 blocks to store where 4 slots are free
+    step = engine.begin_step(now)
+    assert step.scheduled and len(step.host_removed) == 3
+    assert recorder.host_events == []
+    engine.end_step(step, step.end)
+    assert recorder.host_events == [([], step.host_removed, step.end)]
+    assert set(step.host_removed) <= set(stored)
 
 
 def test_a_prompt_loaded_whole_recomputes_its_last_block() -> None:
