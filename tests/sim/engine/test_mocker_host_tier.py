@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from conftest import Recorder, spec
+from test_host_tier_engine import TierRecorder, _admitted, _run
 
 from tasim.sim.engine.host_tier import HostAccess, host_hit
 from tasim.sim.engine.kv_manager import HostTierSetup
@@ -25,40 +26,10 @@ C = [301, 302, 303, 304, 305, 306, 307]
 D = A + [105]
 
 
-@dataclass
-class TierRecorder(Recorder):
-    host_tokens: dict[str, int] = field(default_factory=dict)
-
-    def on_admitted(self, worker, request, cached_tokens, recompute_tokens, first, now, host_tokens=0):  # type: ignore[no-untyped-def]
-        super().on_admitted(worker, request, cached_tokens, recompute_tokens, first, now)
-        self.host_tokens[request.id] = host_tokens
-
-    def on_host_kv(self, worker, stored, removed, now):  # type: ignore[no-untyped-def]
-        pass
-
-
 def _engine(recorder: Recorder, host_blocks: int = 64) -> Engine:
     tier = HostTierSetup(host_blocks, BLOCK_BYTES, semantics="dynamo_mocker")
     setup = EngineSetup(block_size=BS, num_blocks=8, max_num_seqs=8, max_num_batched_tokens=256, eviction="lineage", host_tier=tier)
     return Engine("w0", setup, FixedStep(1000.0), recorder)
-
-
-def _run(engine: Engine, now: float) -> float:
-    for _ in range(100):
-        step = engine.begin_step(now)
-        if step.scheduled:
-            now = step.end
-            engine.end_step(step, now)
-            assert engine.audit(every_block=True) is None
-            continue
-        if engine.next_transfer_done == float("inf") and not engine.has_work:
-            return now
-        now = max(now, engine.next_transfer_done)
-    raise AssertionError("engine did not go idle")
-
-
-def _admitted(recorder: Recorder, rid: str) -> tuple[int, float]:
-    return next((cached, t) for kind, r, cached, t in recorder.log if kind == "admitted" and r == rid)
 
 
 def test_the_measured_replay_scenario() -> None:
