@@ -18,7 +18,7 @@ import signal
 import socket
 import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -26,6 +26,8 @@ from tasim.core.lifecycle import TERMINATION_SIGNALS, terminate_with
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
+
+_WAKE_S = 0.2  # how often a local pool's launcher wakes to run a signal handler
 
 
 class BackendUnavailable(RuntimeError):
@@ -52,11 +54,17 @@ def map_in_processes(
     pool = ProcessPoolExecutor(max_workers=min(jobs, len(items)), initializer=_pool_worker, initargs=(os.getpid(),))
     try:
         futures: dict[Future[Result], int] = {pool.submit(fn, item): i for i, item in enumerate(items)}
-        for future in as_completed(futures):
-            index = futures[future]
-            done[index] = future.result()
-            if on_done:
-                on_done(items[index], done[index])
+        pending = set(futures)
+        while pending:
+            # A wait that wakes up: the kernel may hand Ctrl-C or SIGTERM to one of the pool's
+            # threads, which does not interrupt the main thread's wait, and Python runs the handler
+            # only once the main thread runs again (a run can take minutes).
+            finished, pending = wait(pending, timeout=_WAKE_S, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=futures.__getitem__):
+                index = futures[future]
+                done[index] = future.result()
+                if on_done:
+                    on_done(items[index], done[index])
     except BaseException:  # a failed run, Ctrl-C, or SIGTERM unwinding (tasim.core.lifecycle)
         # shutdown() waits for the running items, which may take minutes: end them now.
         _end_processes(set(multiprocessing.active_children()) - others)

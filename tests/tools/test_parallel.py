@@ -90,3 +90,30 @@ def test_a_running_cluster_joined_by_address_gives_the_pools_runs(tmp_path: Path
 def test_an_unreachable_ray_address_is_one_line_and_exit_2(tmp_path: Path, address: str, fragment: str) -> None:
     assert_usage_error(tasim("compare", TINY, "--policies", "round_robin", "--ray", address, "--out", str(tmp_path / "out")), fragment)
     assert not (tmp_path / "out" / "runs").exists()
+
+
+# Ctrl-C handed by the kernel to one of the pool's threads, not the main one (which of a
+# process's threads gets a signal is the kernel's choice): the launcher must still stop at once.
+_SIGNAL_TO_A_POOL_THREAD = """
+import signal, sys, threading, time
+from tasim.tools.parallel import map_in_processes
+
+def interrupt_a_pool_thread():
+    time.sleep(1.0)
+    pool_thread = next(t for t in threading.enumerate() if t is not threading.main_thread() and t is not threading.current_thread())
+    signal.pthread_kill(pool_thread.ident, signal.SIGINT)
+    print(time.monotonic(), flush=True)
+
+threading.Thread(target=interrupt_a_pool_thread, daemon=True).start()
+try:
+    map_in_processes(time.sleep, [60, 60], 2)
+except KeyboardInterrupt:
+    print(time.monotonic(), flush=True)
+"""
+
+
+def test_ctrl_c_received_by_a_pool_thread_stops_the_launcher_at_once() -> None:
+    done = subprocess.run([sys.executable, "-c", _SIGNAL_TO_A_POOL_THREAD], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    sent, interrupted = (float(line) for line in done.stdout.split())
+    assert interrupted - sent < 2.0  # not when a run ends (60 s)
