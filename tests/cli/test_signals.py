@@ -22,10 +22,24 @@ pytestmark = [pytest.mark.processes, pytest.mark.slow]
 COMPARE = ("compare", "swe-agent-2x", "--policies", "round_robin,thunderagent", "--seeds", "2", "--set", "workload.concurrency=96")
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """A foreground command at a terminal has SIGINT at its default; tests started in the
+    background by a shell without job control inherit it ignored, and so would the command."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(mark: ProcessMark, out: Path, *more: str) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "tasim", *COMPARE, "--out", str(out), *more]
     # its own process group, so a SIGINT sent to the group reaches it and its workers, as a terminal's Ctrl-C does
-    return subprocess.Popen(command, env=mark.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(
+        command,
+        env=mark.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_ctrl_c_as_in_a_terminal,
+    )
 
 
 def _wait_for(mark: ProcessMark, count: int, within_s: float = 120) -> None:

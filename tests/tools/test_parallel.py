@@ -98,6 +98,8 @@ _SIGNAL_TO_A_POOL_THREAD = """
 import signal, sys, threading, time
 from tasim.tools.parallel import map_in_processes
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal, even if the tests run in the background
+
 def interrupt_a_pool_thread():
     time.sleep(1.0)
     pool_thread = next(t for t in threading.enumerate() if t is not threading.main_thread() and t is not threading.current_thread())
