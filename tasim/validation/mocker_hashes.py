@@ -1,6 +1,6 @@
-"""The sequence hash Dynamo's replay gives each prompt block of a trace, by tasim's hash of the
-same block: what the ``dynamo_mocker`` host tier needs to order a cohort of blocks as the mocker
-does (`tasim.sim.engine.mocker_host_tier`).
+"""The sequence hashes Dynamo's replay gives the prompt blocks of a trace, prompt by prompt: what
+the ``dynamo_mocker`` host tier needs to order a cohort of blocks as the mocker does
+(`tasim.sim.engine.mocker_host_tier`, ``cohort_ranks``).
 
 Paths cited are AISimulate's (aisimulate-core 0.13.0). The replay interns the trace's
 ``hash_ids`` to 0, 1, 2, ... in order of first appearance, row by row
@@ -25,6 +25,23 @@ import xxhash
 from tasim.workloads.trace_formats.reading import engine_block_hashes
 
 XXH3_SEED = 1337
+
+
+def mocker_cohort_ranks(path: Path, trace_block_size: int, block_size: int) -> dict[int, tuple[int, ...]]:
+    """tasim's hash of each full prompt block of the trace at ``path`` -> the replay's sequence
+    hashes (`mocker_sequence_hashes`) of a prompt's full blocks by depth, from its first to at
+    least that block. Chained hashes make any prompt holding the block agree on the blocks up to
+    it, so the prompts share a few tuples: one look-up gives the ranks of a whole store."""
+    order = mocker_sequence_hashes(path, trace_block_size, block_size)
+    ranks: dict[int, tuple[int, ...]] = {}
+    for record in _lines(path):
+        keys = engine_block_hashes(record["hash_ids"], record["input_length"], block_size, trace_block_size)
+        if all(key in ranks for key in keys):
+            continue
+        prompt = tuple(order[key] for key in keys)
+        for key in keys:
+            ranks.setdefault(key, prompt)
+    return ranks
 
 
 def mocker_sequence_hashes(path: Path, trace_block_size: int, block_size: int) -> dict[int, int]:

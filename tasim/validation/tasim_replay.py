@@ -143,14 +143,14 @@ def _mocker_tier_engines(scenario: Scenario, trace: ReplayTrace) -> EngineFactor
         return None
     from tasim.sim.engine.kv_manager import HostTierSetup
     from tasim.sim.engine.scheduler import Engine
-    from tasim.validation.mocker_hashes import mocker_sequence_hashes
+    from tasim.validation.mocker_hashes import mocker_cohort_ranks
 
-    order = mocker_sequence_hashes(trace.path, trace.trace_block_size, scenario.cluster.engine.block_size)
+    ranks = mocker_cohort_ranks(trace.path, trace.trace_block_size, scenario.cluster.engine.block_size)
 
     def build(worker: str, config: EngineSetup, perf: PerfModel, listener: EngineListener) -> Engine:
         tier = config.host_tier
         assert tier is not None
-        ordered = HostTierSetup(tier.blocks, tier.block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold, tier.semantics, cohort_order=order)
+        ordered = HostTierSetup(tier.blocks, tier.block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold, tier.semantics, cohort_ranks=ranks)
         return Engine(worker, replace(config, host_tier=ordered), perf, listener)
 
     return build

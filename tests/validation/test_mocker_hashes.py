@@ -10,7 +10,7 @@ from pathlib import Path
 
 import xxhash
 
-from tasim.validation.mocker_hashes import XXH3_SEED, mocker_sequence_hashes
+from tasim.validation.mocker_hashes import XXH3_SEED, mocker_cohort_ranks, mocker_sequence_hashes
 from tasim.workloads.trace_formats.reading import engine_block_hashes
 
 
@@ -36,6 +36,10 @@ def test_ids_are_interned_in_file_order_and_blocks_chained(tmp_path: Path) -> No
     head = _block(0, 16)
     assert order == {first[0]: head, first[1]: _chain(head, _block(1, 16)), second[1]: _chain(head, _block(3, 16))}
     assert first[0] == second[0]
+    # for the host tier's cohorts: each block gives the ranks of the first prompt naming it
+    ranks = mocker_cohort_ranks(path, 16, 16)
+    first_ranks, second_ranks = (order[first[0]], order[first[1]]), (order[second[0]], order[second[1]])
+    assert ranks == {first[0]: first_ranks, first[1]: first_ranks, second[1]: second_ranks}
 
 
 def test_engine_blocks_larger_than_trace_blocks_hash_their_tokens(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ step would.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from operator import itemgetter
 from typing import Final, TypeVar
 
@@ -104,7 +104,7 @@ class HostTierSetup:
         "semantics",
         "write_policy",
         "load_back_threshold",
-        "cohort_order",
+        "cohort_ranks",
     )
 
     def __init__(
@@ -117,7 +117,7 @@ class HostTierSetup:
         semantics: str = "vllm",
         write_policy: WritePolicy = "write_through",
         load_back_threshold: int = 10,
-        cohort_order: Mapping[BlockHash, int] | None = None,
+        cohort_ranks: dict[BlockHash, tuple[int, ...]] | None = None,
     ) -> None:
         self.blocks: Final = blocks
         self.block_bytes: Final = block_bytes
@@ -127,7 +127,7 @@ class HostTierSetup:
         self.semantics: Final = semantics
         self.write_policy: Final = write_policy
         self.load_back_threshold: Final = load_back_threshold
-        self.cohort_order: Final = cohort_order  # dynamo_mocker: see `MockerHostPool`
+        self.cohort_ranks: Final = cohort_ranks  # dynamo_mocker: see `MockerHostPool`
 
 
 class _Transfer:
@@ -220,7 +220,7 @@ class KVCacheManager:
             self.d2h, self.h2d = self.hicache.d2h, self.hicache.h2d
             return
         if setup.semantics == "dynamo_mocker":
-            self.host = self.mocker_host = MockerHostPool(setup.blocks, setup.store_threshold, cohort_order=setup.cohort_order)
+            self.host = self.mocker_host = MockerHostPool(setup.blocks, setup.store_threshold, cohort_ranks=setup.cohort_ranks)
         else:
             self.host = ExtentHostPool(setup.blocks, setup.store_threshold)
         self._host_block_bytes = setup.block_bytes

@@ -5,9 +5,10 @@ Dynamo's replay like with like (``validate dynamo``).
 Paths cited are AISimulate's: ``tier.rs`` is ``engine/host_offload/tier.rs``, ``adapter.rs``
 ``engine/scheduler/vllm/host_offload.rs``, ``core.rs`` ``engine/scheduler/vllm/core.rs``.
 
-Residency, pending stores, load pins, eviction and the copy lanes are vLLM's (`KeyedHostPool`);
-recency is the mocker's own. Its LRU holds only ready, unpinned blocks and moves one to the
-newest end on each *touch* (``tier.rs``, ``Lru``):
+Residency, pending stores, load pins, eviction (all or nothing, never a block the store offers)
+and the copy lanes are vLLM's (`tasim.sim.engine.host_tier`); recency is the mocker's own. Its
+LRU holds only ready, unpinned blocks and moves one to the newest end on each *touch*
+(``tier.rs``, ``Lru``):
 
 * a completed store touches its blocks, and a completed load those it unpinned, as one cohort
   (``touch_cohort``: one epoch for all, ordered by key inside it);
@@ -18,59 +19,309 @@ newest end on each *touch* (``tier.rs``, ``Lru``):
 
 Inside a cohort the mocker orders blocks by its sequence hash (a stand-in for vLLM's unordered
 Python sets), so which blocks of a cohort are evicted first depends on hash values: given the
-mocker's sequence hash of each block (``cohort_order``; `tasim.validation.mocker_hashes`
-computes them for a replayed trace) tasim orders them alike, else by its own block hash.
+mocker's sequence hashes (``cohort_ranks``: for each block, those of a prompt's blocks by depth
+up to it; `tasim.validation.mocker_hashes` computes them for a replayed trace) tasim orders them
+alike, else by its own block hash. A slot takes its rank when its store is prepared, from one
+look-up of the store's last block: a look-up per block, in a map of every block of a
+12,000-request trace, cost a cache miss per block stored (1.2 s of a 5.4 s replay).
+
+The LRU is a doubly linked list through the slots themselves, as the mocker's is, because the
+replay touches far more than it stores: on the Mooncake conversation trace (4 workers, 8,192
+host blocks each) 12.8 million prompt blocks are visited by touches against 2.2 million stored.
+A prompt touched again with nothing moved in between is already in place and costs a comparison
+per block, not a move; eviction pops from the oldest end without passing pinned or pending
+slots. tests/sim/engine/test_mocker_host_tier_model.py holds it to the plain statement of these
+rules, an ordered map from key to slot, on random histories.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from tasim.core.model import BlockHash
-from tasim.sim.engine.host_tier import HostCopy
-from tasim.sim.engine.keyed_host_pool import KeyedHostPool
+from tasim.sim.engine.host_tier import PENDING, HostAccess, HostCopy, HostPool
 
 
-class MockerHostPool(KeyedHostPool):
-    """`KeyedHostPool` with the recency of Dynamo's mocker (see the module docstring)."""
+class _Slot:
+    """One host slot; linked into the LRU (between ``older`` and ``newer``) exactly while it is
+    ready and no load pins it (``refs == 0``)."""
 
-    __slots__ = ("cohort_order",)
+    __slots__ = ("key", "refs", "rank", "offered", "older", "newer")
+
+    def __init__(self, key: BlockHash, rank: int) -> None:
+        self.key = key
+        self.refs = PENDING  # -1 while its store is in flight, else the loads holding it
+        self.rank = rank  # its place inside a cohort: the mocker's sequence hash, or the key
+        self.offered = 0  # the last store preparation that offered it (never evicted by that one)
+        self.older = self
+        self.newer = self
+
+
+class MockerHostPool(HostPool):
+    """`HostPool` with the recency of Dynamo's mocker (see the module docstring)."""
+
+    __slots__ = ("cohort_ranks", "_slots", "_lru", "_offer", "_spare")
 
     def __init__(
-        self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000, cohort_order: Mapping[BlockHash, int] | None = None
+        self,
+        capacity: int,
+        store_threshold: int = 0,
+        max_tracker_size: int = 64_000,
+        cohort_ranks: dict[BlockHash, tuple[int, ...]] | None = None,
     ) -> None:
         super().__init__(capacity, store_threshold, max_tracker_size)
-        self.cohort_order = cohort_order  # the mocker's sequence hash of each block, where known
+        self.cohort_ranks = cohort_ranks  # block -> the mocker's sequence hashes of a prompt by depth, up to it
+        self._slots: dict[BlockHash, _Slot] = {}
+        self._lru = _Slot(0, 0)  # the list's sentinel: its ``newer`` is the oldest slot, its ``older`` the newest
+        self._offer = 0  # numbers store preparations, for `_Slot.offered`
+        self._spare: list[_Slot] = []  # evicted slots, for the next stores to reuse (a replay evicts millions)
+
+    @property
+    def resident(self) -> int:
+        return len(self._slots)
+
+    def refs(self, key: BlockHash) -> int | None:
+        slot = self._slots.get(key)
+        return None if slot is None else slot.refs
+
+    def lookup(self, hashes: Sequence[BlockHash], start_block: int, limit_blocks: int) -> tuple[int, bool]:
+        slots = self._slots
+        hit = 0
+        for key in hashes[start_block:limit_blocks]:
+            slot = slots.get(key)
+            if slot is None:
+                break
+            if slot.refs:  # its store in flight, or being loaded: deferred either way
+                return 0, True
+            hit += 1
+        return hit, False
 
     def touch_prompt(self, hashes: Sequence[BlockHash], prompt_blocks: int) -> None:
         """Touch the ready, unpinned blocks among the first ``prompt_blocks`` of ``hashes``, tail
-        first (``adapter.rs``: ``for key in prompt_keys.iter().rev() { tier.touch(key) }``)."""
-        slots = self._slots
-        for depth in range(min(prompt_blocks, len(hashes)) - 1, -1, -1):
-            key = hashes[depth]
-            slot = slots.get(key)
-            if slot is not None and slot.refs == 0:
-                slots.move_to_end(key)
+        first (``adapter.rs``: ``for key in prompt_keys.iter().rev() { tier.touch(key) }``).
 
-    def complete_store(self, store: HostCopy) -> None:
-        """Ready, and touched as one cohort (``tier.rs``: ``tick``, ``touch_cohort``)."""
-        super().complete_store(store)
-        self._touch_cohort(store.keys)
+        The same order is built head first: the prompt's blocks end as the newest run of the
+        list, head newest, so each block goes just older than the one before it, where it often
+        already is."""
+        slots = self._slots
+        lru = self._lru
+        place = lru  # the next block goes just older than this
+        left = prompt_blocks
+        for key in hashes:
+            if left == 0:
+                break
+            left -= 1
+            slot = place.older
+            if slot is not lru and slot.key == key:
+                place = slot  # in place already
+                continue
+            found = slots.get(key)
+            if found is None or found.refs != 0:
+                continue
+            _unlink(found)
+            _link_older_than(place, found)
+            place = found
+
+    def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy:
+        """Pin the blocks, taking them out of the LRU until their loads complete (the mocker
+        records no access: a request's finish re-ranks nothing)."""
+        slots = self._slots
+        pinned = [slots[key] for key in hashes[start:stop]]
+        if any(slot.refs < 0 for slot in pinned):
+            raise ValueError("a host block is not ready to load")
+        for slot in pinned:
+            if slot.refs == 0:
+                _unlink(slot)
+                self._evictable -= 1
+            slot.refs += 1
+        self.hits += len(pinned)
+        return HostCopy(True, hashes, [(start, stop)])
 
     def complete_load(self, load: HostCopy) -> None:
         """Unpinned; those no other load holds are touched as one cohort (``tier.rs``:
         ``release_load_pins``)."""
-        super().complete_load(load)
         slots = self._slots
-        self._touch_cohort([key for key in load.keys if slots[key].refs == 0])
+        cohort: list[_Slot] = []
+        for key in load.keys:
+            slot = slots[key]
+            if slot.refs <= 0:
+                raise ValueError("a host block is not being loaded")
+            slot.refs -= 1
+            if slot.refs == 0:
+                self._evictable += 1
+                cohort.append(slot)
+        self._touch_cohort(cohort)
 
-    def _touch_cohort(self, keys: Sequence[BlockHash]) -> None:
+    def prepare_store(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy | None:
+        keys = hashes[start:stop]
+        offers = self._offers
+        if offers is not None:
+            self._count_offers(offers, keys)
         slots = self._slots
-        order = self.cohort_order
-        ranked = sorted(keys) if order is None else sorted(keys, key=lambda key: order.get(key, key))
-        for key in ranked:
-            if key in slots:
-                slots.move_to_end(key)
+        self._offer = offer = self._offer + 1
+        runs: list[tuple[int, int]] = []
+        run_start = run_stop = start
+        depth = start
+        for key in keys:
+            slot = slots.get(key)
+            if slot is not None:
+                slot.offered = offer
+            elif offers is None or offers.get(key, 0) >= self.store_threshold:
+                if depth != run_stop:
+                    if run_stop > run_start:
+                        runs.append((run_start, run_stop))
+                    run_start = depth
+                run_stop = depth + 1
+            depth += 1
+        if run_stop > run_start:
+            runs.append((run_start, run_stop))
+        store = HostCopy(False, hashes, runs)
+        need = store.blocks - self.free
+        if need > 0 and (need > self._evictable or not self._evict(need, offer)):
+            return None
+        ranks = self._ranks(hashes, runs[-1][1]) if runs else None
+        spare = self._spare
+        for run_start, run_stop in runs:
+            for depth in range(run_start, run_stop):
+                key = hashes[depth]
+                rank = key if ranks is None else ranks[depth]
+                if spare:
+                    slot = spare.pop()
+                    slot.key = key
+                    slot.refs = PENDING
+                    slot.rank = rank
+                else:
+                    slot = _Slot(key, rank)
+                slots[key] = slot
+        self._pending += store.blocks
+        return store
+
+    def complete_store(self, store: HostCopy) -> None:
+        """Ready, and touched as one cohort (``tier.rs``: ``tick``, ``touch_cohort``) with the
+        store's blocks already ready and unpinned."""
+        slots = self._slots
+        cohort: list[_Slot] = []
+        ready: list[BlockHash] = []
+        for key in store.keys:
+            slot = slots.get(key)
+            if slot is None:
+                continue
+            if slot.refs == PENDING:
+                slot.refs = 0
+                ready.append(key)
+                cohort.append(slot)
+            elif slot.refs == 0:
+                _unlink(slot)
+                cohort.append(slot)
+        if ready:
+            self._pending -= len(ready)
+            self._evictable += len(ready)
+            self.stored += len(ready)
+            self._note_events(ready, True)
+        self._touch_cohort(cohort)
+
+    def on_request_finished(self, access: HostAccess) -> None:
+        """The mocker re-ranks nothing when a request finishes."""
+        access.clear()
+
+    def recency(self) -> list[BlockHash]:
+        """The LRU, oldest first: every ready, unpinned key (pinned and pending slots have no
+        place in it until they are touched)."""
+        keys: list[BlockHash] = []
+        slot = self._lru.newer
+        while slot is not self._lru:
+            keys.append(slot.key)
+            slot = slot.newer
+        return keys
+
+    def reset(self) -> None:
+        self._slots.clear()
+        self._spare.clear()
+        self._lru.older = self._lru.newer = self._lru
+        self._pending = 0
+        self._evictable = 0
+
+    def audit(self) -> str | None:
+        slots = self._slots
+        if len(slots) > self.capacity:
+            return f"{len(slots)} host slots in use, capacity {self.capacity}"
+        pending = sum(1 for slot in slots.values() if slot.refs == PENDING)
+        evictable = sum(1 for slot in slots.values() if slot.refs == 0)
+        if (pending, evictable) != (self._pending, self._evictable):
+            return f"counted {pending} pending, {evictable} evictable host slots; the pool says {self._pending}, {self._evictable}"
+        linked = 0
+        slot = self._lru
+        while slot.newer is not self._lru:
+            if slot.newer.older is not slot:
+                return f"the host LRU's links disagree at key {slot.newer.key}"
+            slot = slot.newer
+            if slot.refs != 0 or slots.get(slot.key) is not slot:
+                return f"host key {slot.key} is in the LRU but not a ready, unpinned slot"
+            linked += 1
+        if linked != evictable:
+            return f"{linked} slots in the host LRU, {evictable} ready and unpinned"
+        return None
+
+    def _ranks(self, hashes: Sequence[BlockHash], stop: int) -> tuple[int, ...] | None:
+        """The mocker's sequence hashes of the first ``stop`` blocks of ``hashes`` (and maybe
+        more), where known."""
+        known = self.cohort_ranks
+        if known is None:
+            return None
+        ranks = known.get(hashes[stop - 1])
+        return ranks if ranks is not None and len(ranks) >= stop else None
+
+    def _touch_cohort(self, cohort: list[_Slot]) -> None:
+        """Link the (unlinked) slots at the newest end, in rank order."""
+        if len(cohort) > 1:
+            cohort.sort(key=_rank)
+        lru = self._lru
+        for slot in cohort:
+            _link_older_than(lru, slot)
+
+    def _evict(self, count: int, offer: int) -> bool:
+        """Evict the ``count`` oldest slots of the LRU that store preparation ``offer`` did not
+        offer; all or nothing (vLLM's cpu/policies/lru.py:115-159). False when there are too few."""
+        lru = self._lru
+        chosen: list[_Slot] = []
+        slot = lru.newer
+        while slot is not lru:
+            if slot.offered != offer:
+                chosen.append(slot)
+                if len(chosen) == count:
+                    break
+            slot = slot.newer
+        if len(chosen) < count:
+            return False
+        slots = self._slots
+        keys: list[BlockHash] = []
+        for slot in chosen:
+            _unlink(slot)
+            del slots[slot.key]
+            keys.append(slot.key)
+        self._spare.extend(chosen)
+        self._note_events(keys, False)
+        self._evictable -= count
+        self.evicted += count
+        return True
+
+
+def _rank(slot: _Slot) -> int:
+    return slot.rank
+
+
+def _unlink(slot: _Slot) -> None:
+    slot.older.newer = slot.newer
+    slot.newer.older = slot.older
+
+
+def _link_older_than(place: _Slot, slot: _Slot) -> None:
+    """Link ``slot`` in just older than ``place`` (the newest end when ``place`` is the sentinel)."""
+    older = place.older
+    slot.older = older
+    slot.newer = place
+    older.newer = slot
+    place.older = slot
 
 
 def mocker_host_hit(gpu_tokens: int, host_blocks: int, num_tokens: int, block_size: int) -> tuple[int, int]:

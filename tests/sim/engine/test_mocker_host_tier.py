@@ -104,21 +104,22 @@ def _resident(pool: MockerHostPool, keys: list[int]) -> None:
 
 def _eviction_order(pool: MockerHostPool, count: int) -> list[int]:
     """The ``count`` slots the next store of new blocks evicts, oldest first."""
-    before = set(pool._slots)
+    before = pool.recency()
     new = [1000 + i for i in range(count)]
     stored = pool.prepare_store(new, 0, count, HostAccess())
     assert stored is not None and stored.keys == new
-    return sorted(before - set(pool._slots), key=lambda key: list(before).index(key))
+    return [key for key in before if pool.refs(key) is None]
 
 
 def test_a_completed_store_is_one_cohort_in_sequence_hash_order() -> None:
-    # the mocker's sequence hashes put block 3 first, then 1, then 2
-    pool = MockerHostPool(3, cohort_order={1: 20, 2: 30, 3: 10})
+    # the mocker's sequence hashes put block 3 first, then 1, then 2 (by depth, up to each block)
+    ranks = (20, 30, 10)
+    pool = MockerHostPool(3, cohort_ranks={1: ranks, 2: ranks, 3: ranks})
     _resident(pool, [1, 2, 3])
-    assert list(pool._slots) == [3, 1, 2]
+    assert pool.recency() == [3, 1, 2]
     plain = MockerHostPool(3)
     _resident(plain, [3, 1, 2])
-    assert list(plain._slots) == [1, 2, 3]  # without them, by tasim's own hash
+    assert plain.recency() == [1, 2, 3]  # without them, by tasim's own hash
 
 
 def test_lookups_and_stores_touch_the_whole_prompt_tail_first() -> None:
@@ -126,7 +127,7 @@ def test_lookups_and_stores_touch_the_whole_prompt_tail_first() -> None:
     _resident(pool, [1, 2, 3])
     _resident(pool, [4, 5, 6])
     pool.touch_prompt([1, 2, 3, 99], 4)  # 99 is not resident: ignored
-    assert list(pool._slots) == [4, 5, 6, 3, 2, 1]
+    assert pool.recency() == [4, 5, 6, 3, 2, 1]
     assert _eviction_order(pool, 2) == [4, 5]
 
 
@@ -138,6 +139,6 @@ def test_a_completed_load_touches_what_it_unpins() -> None:
     other = pool.prepare_load([2], 0, 1, HostAccess())
     pool.touch_prompt([3, 4, 1, 2], 4)  # pinned blocks are outside the recency order
     pool.complete_load(load)
-    assert list(pool._slots)[-1] == 1  # 2 is still held by the other load
+    assert pool.recency()[-1] == 1  # 2 is still held by the other load
     pool.complete_load(other)
-    assert list(pool._slots)[-2:] == [1, 2]
+    assert pool.recency()[-2:] == [1, 2]
