@@ -60,7 +60,7 @@ class _Slot:
 class MockerHostPool(HostPool):
     """`HostPool` with the recency of Dynamo's mocker (see the module docstring)."""
 
-    __slots__ = ("cohort_ranks", "_slots", "_lru", "_offer", "_spare")
+    __slots__ = ("cohort_ranks", "_slots", "_lru", "_offer", "_spare", "_made")
 
     def __init__(
         self,
@@ -75,6 +75,7 @@ class MockerHostPool(HostPool):
         self._lru = _Slot(0, 0)  # the list's sentinel: its ``newer`` is the oldest slot, its ``older`` the newest
         self._offer = 0  # numbers store preparations, for `_Slot.offered`
         self._spare: list[_Slot] = []  # evicted slots, for the next stores to reuse (a replay evicts millions)
+        self._made: dict[HostCopy, list[_Slot]] = {}  # each store in flight -> the slots it made pending
 
     @property
     def resident(self) -> int:
@@ -103,23 +104,24 @@ class MockerHostPool(HostPool):
         The same order is built head first: the prompt's blocks end as the newest run of the
         list, head newest, so each block goes just older than the one before it, where it often
         already is."""
-        slots = self._slots
         lru = self._lru
         place = lru  # the next block goes just older than this
-        left = prompt_blocks
-        for key in hashes:
-            if left == 0:
-                break
-            left -= 1
+        count = min(prompt_blocks, len(hashes))
+        depth = 0
+        while depth < count:  # the head already in place, found by following the list alone
             slot = place.older
-            if slot is not lru and slot.key == key:
-                place = slot  # in place already
-                continue
+            if slot is lru or slot.key != hashes[depth]:
+                break
+            place = slot
+            depth += 1
+        slots = self._slots
+        for key in hashes[depth:count]:
             found = slots.get(key)
             if found is None or found.refs != 0:
                 continue
-            _unlink(found)
-            _link_older_than(place, found)
+            if found is not place.older:
+                _unlink(found)
+                _link_older_than(place, found)
             place = found
 
     def prepare_load(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy:
@@ -162,10 +164,13 @@ class MockerHostPool(HostPool):
         runs: list[tuple[int, int]] = []
         run_start = run_stop = start
         depth = start
+        offered_evictable = 0
         for key in keys:
             slot = slots.get(key)
             if slot is not None:
                 slot.offered = offer
+                if slot.refs == 0:
+                    offered_evictable += 1
             elif offers is None or offers.get(key, 0) >= self.store_threshold:
                 if depth != run_stop:
                     if run_stop > run_start:
@@ -177,10 +182,13 @@ class MockerHostPool(HostPool):
             runs.append((run_start, run_stop))
         store = HostCopy(False, hashes, runs)
         need = store.blocks - self.free
-        if need > 0 and (need > self._evictable or not self._evict(need, offer)):
-            return None
+        if need > 0:
+            if need > self._evictable - offered_evictable:
+                return None
+            self._evict(need, offer)
         ranks = self._ranks(hashes, runs[-1][1]) if runs else None
         spare = self._spare
+        made: list[_Slot] = []
         for run_start, run_stop in runs:
             for depth in range(run_start, run_stop):
                 key = hashes[depth]
@@ -193,32 +201,27 @@ class MockerHostPool(HostPool):
                 else:
                     slot = _Slot(key, rank)
                 slots[key] = slot
+                made.append(slot)
+        if made:
+            self._made[store] = made
         self._pending += store.blocks
         return store
 
     def complete_store(self, store: HostCopy) -> None:
-        """Ready, and touched as one cohort (``tier.rs``: ``tick``, ``touch_cohort``) with the
-        store's blocks already ready and unpinned."""
-        slots = self._slots
-        cohort: list[_Slot] = []
+        """Ready, and touched as one cohort (``tier.rs``: ``tick``, ``touch_cohort``). A store
+        dropped by `reset` is ignored."""
+        made = self._made.pop(store, None)
+        if made is None:
+            return
         ready: list[BlockHash] = []
-        for key in store.keys:
-            slot = slots.get(key)
-            if slot is None:
-                continue
-            if slot.refs == PENDING:
-                slot.refs = 0
-                ready.append(key)
-                cohort.append(slot)
-            elif slot.refs == 0:
-                _unlink(slot)
-                cohort.append(slot)
-        if ready:
-            self._pending -= len(ready)
-            self._evictable += len(ready)
-            self.stored += len(ready)
-            self._note_events(ready, True)
-        self._touch_cohort(cohort)
+        for slot in made:
+            slot.refs = 0  # pending until now: nothing evicts or loads a pending slot
+            ready.append(slot.key)
+        self._pending -= len(made)
+        self._evictable += len(made)
+        self.stored += len(made)
+        self._note_events(ready, True)
+        self._touch_cohort(made)
 
     def on_request_finished(self, access: HostAccess) -> None:
         """The mocker re-ranks nothing when a request finishes."""
@@ -237,6 +240,7 @@ class MockerHostPool(HostPool):
     def reset(self) -> None:
         self._slots.clear()
         self._spare.clear()
+        self._made.clear()
         self._lru.older = self._lru.newer = self._lru
         self._pending = 0
         self._evictable = 0
@@ -279,31 +283,25 @@ class MockerHostPool(HostPool):
         for slot in cohort:
             _link_older_than(lru, slot)
 
-    def _evict(self, count: int, offer: int) -> bool:
+    def _evict(self, count: int, offer: int) -> None:
         """Evict the ``count`` oldest slots of the LRU that store preparation ``offer`` did not
-        offer; all or nothing (vLLM's cpu/policies/lru.py:115-159). False when there are too few."""
+        offer (vLLM's cpu/policies/lru.py:115-159; the caller made sure there are so many)."""
         lru = self._lru
-        chosen: list[_Slot] = []
-        slot = lru.newer
-        while slot is not lru:
-            if slot.offered != offer:
-                chosen.append(slot)
-                if len(chosen) == count:
-                    break
-            slot = slot.newer
-        if len(chosen) < count:
-            return False
         slots = self._slots
+        spare = self._spare
         keys: list[BlockHash] = []
-        for slot in chosen:
-            _unlink(slot)
-            del slots[slot.key]
-            keys.append(slot.key)
-        self._spare.extend(chosen)
+        slot = lru.newer
+        while len(keys) < count:
+            following = slot.newer
+            if slot.offered != offer:
+                _unlink(slot)
+                del slots[slot.key]
+                keys.append(slot.key)
+                spare.append(slot)
+            slot = following
         self._note_events(keys, False)
         self._evictable -= count
         self.evicted += count
-        return True
 
 
 def _rank(slot: _Slot) -> int:
