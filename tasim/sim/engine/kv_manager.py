@@ -38,7 +38,7 @@ from typing import Final, TypeVar
 from tasim.core.model import BlockHash
 from tasim.sim.engine.block_pool import BlockPool, Claim, Eviction
 from tasim.sim.engine.hicache import HiCache, WritePolicy
-from tasim.sim.engine.host_tier import PENDING, ExtentHostPool, HostAccess, HostCopy, HostPool, TransferLane
+from tasim.sim.engine.host_tier import ExtentHostPool, HostAccess, HostCopy, HostPool, TransferLane
 from tasim.sim.engine.mocker_host_tier import MockerHostPool
 
 # touches of the pool in a folded run: step, running position, then taking a block (0) before
@@ -430,14 +430,11 @@ class KVCacheManager:
         if self.hicache is not None:
             return self.hicache.flush_until(removed)
         until = 0.0
-        host = self.host
-        if host is None or not removed:
-            return until
-        # a block's store is in flight exactly while its host slot is pending
-        wanted = {key for key in removed if host.refs(key) == PENDING}
-        if wanted:
-            for job in self._in_flight:
-                if not job.load and job.done > until and not wanted.isdisjoint(job.copy.keys):
+        stores = [job for job in self._in_flight if not job.load]
+        if stores and removed:
+            wanted = set(removed)
+            for job in stores:
+                if job.done > until and not wanted.isdisjoint(job.copy.keys):
                     until = job.done
         return until
 
