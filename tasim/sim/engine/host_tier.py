@@ -31,7 +31,7 @@ prefix ends newest. Lookups do not touch. Eviction takes the lowest rank among t
 slots, never one the current store offers.
 
 `ExtentHostPool` is the engine's pool; `tasim.sim.engine.keyed_host_pool.KeyedHostPool` keeps the
-same rules one record per slot (Dynamo's mocker builds on it, and the tests hold the two alike).
+same rules one record per slot (the tests hold the two alike).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """vLLM 0.31's host KV pool (`tasim.sim.engine.host_tier`) kept one record per slot, in one
 ordered map from key to slot that is the LRU order itself.
 
-It is the plain statement of the rules: Dynamo's mocker, whose recency moves single blocks in an
-order of its own, builds on it (`tasim.sim.engine.mocker_host_tier`), and the tests hold the
-engine's `ExtentHostPool` to it. A walk of a prompt costs a dictionary operation per block, so
-the engine does not use it for vLLM's own semantics."""
+It is the plain statement of the rules: the tests hold the engine's `ExtentHostPool` to it, and
+Dynamo mocker's linked LRU (`tasim.sim.engine.mocker_host_tier`) to the mocker's recency stated
+on it. A walk of a prompt costs a dictionary operation per block, so the engine uses neither it
+nor its one-move-per-key recency."""
 
 from __future__ import annotations
 
