@@ -28,17 +28,23 @@ XXH3_SEED = 1337
 
 
 def mocker_cohort_ranks(path: Path, trace_block_size: int, block_size: int) -> dict[int, tuple[int, ...]]:
-    """tasim's hash of each full prompt block of the trace at ``path`` -> the replay's sequence
-    hashes (`mocker_sequence_hashes`) of a prompt's full blocks by depth, from its first to at
-    least that block. Chained hashes make any prompt holding the block agree on the blocks up to
-    it, so the prompts share a few tuples: one look-up gives the ranks of a whole store."""
+    """tasim's hash of each full prompt block of the trace at ``path`` -> the ranks, by depth, of
+    the replay's sequence hashes (`mocker_sequence_hashes`) of a prompt's full blocks, from its
+    first to at least that block: rank r is the r-th smallest hash of that prompt. Chained hashes
+    make any prompt holding the block agree on the blocks up to it, so the prompts share a few
+    tuples, and one look-up orders the blocks of a whole copy (they are consecutive blocks of one
+    chain) as their hashes order them."""
     order = mocker_sequence_hashes(path, trace_block_size, block_size)
     ranks: dict[int, tuple[int, ...]] = {}
     for record in _lines(path):
         keys = engine_block_hashes(record["hash_ids"], record["input_length"], block_size, trace_block_size)
         if all(key in ranks for key in keys):
             continue
-        prompt = tuple(order[key] for key in keys)
+        hashes = [order[key] for key in keys]
+        by_depth = [0] * len(keys)
+        for rank, depth in enumerate(sorted(range(len(keys)), key=hashes.__getitem__)):
+            by_depth[depth] = rank
+        prompt = tuple(by_depth)
         for key in keys:
             ranks.setdefault(key, prompt)
     return ranks

@@ -38,7 +38,8 @@ def test_ids_are_interned_in_file_order_and_blocks_chained(tmp_path: Path) -> No
     assert first[0] == second[0]
     # for the host tier's cohorts: each block gives the ranks of the first prompt naming it
     ranks = mocker_cohort_ranks(path, 16, 16)
-    first_ranks, second_ranks = (order[first[0]], order[first[1]]), (order[second[0]], order[second[1]])
+    first_ranks = (0, 1) if order[first[0]] < order[first[1]] else (1, 0)  # by hash, within the prompt
+    second_ranks = (0, 1) if order[second[0]] < order[second[1]] else (1, 0)
     assert ranks == {first[0]: first_ranks, first[1]: first_ranks, second[1]: second_ranks}
 
 

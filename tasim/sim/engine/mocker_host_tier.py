@@ -19,11 +19,12 @@ LRU holds only ready, unpinned blocks and moves one to the newest end on each *t
 
 Inside a cohort the mocker orders blocks by its sequence hash (a stand-in for vLLM's unordered
 Python sets), so which blocks of a cohort are evicted first depends on hash values: given the
-mocker's sequence hashes (``cohort_ranks``: for each block, those of a prompt's blocks by depth
-up to it; `tasim.validation.mocker_hashes` computes them for a replayed trace) tasim orders them
-alike, else by its own block hash. A slot takes its rank when its store is prepared, from one
-look-up of the store's last block: a look-up per block, in a map of every block of a
-12,000-request trace, cost a cache miss per block stored (1.2 s of a 5.4 s replay).
+order of the mocker's sequence hashes (``cohort_ranks``: for each block, a prompt's blocks'
+ranks by depth up to it; `tasim.validation.mocker_hashes` computes them for a replayed trace)
+tasim orders them alike, else by its own block hash. A cohort's blocks are consecutive blocks of
+one chain, so one look-up of its last block gives all their ranks: a look-up per block, in a map
+of every block of a 12,000-request trace, cost a cache miss per block stored (1.2 s of a 5.4 s
+replay); and ranks within a prompt are small ints, which a sort compares fast.
 
 The LRU is a doubly linked list through the slots themselves, as the mocker's is, because the
 replay touches far more than it stores: on the Mooncake conversation trace (4 workers, 8,192
@@ -46,12 +47,11 @@ class _Slot:
     """One host slot; linked into the LRU (between ``older`` and ``newer``) exactly while it is
     ready and no load pins it (``refs == 0``)."""
 
-    __slots__ = ("key", "refs", "rank", "offered", "older", "newer")
+    __slots__ = ("key", "refs", "offered", "older", "newer")
 
-    def __init__(self, key: BlockHash, rank: int) -> None:
+    def __init__(self, key: BlockHash) -> None:
         self.key = key
         self.refs = PENDING  # -1 while its store is in flight, else the loads holding it
-        self.rank = rank  # its place inside a cohort: the mocker's sequence hash, or the key
         self.offered = 0  # the last store preparation that offered it (never evicted by that one)
         self.older = self
         self.newer = self
@@ -70,12 +70,12 @@ class MockerHostPool(HostPool):
         cohort_ranks: dict[BlockHash, tuple[int, ...]] | None = None,
     ) -> None:
         super().__init__(capacity, store_threshold, max_tracker_size)
-        self.cohort_ranks = cohort_ranks  # block -> the mocker's sequence hashes of a prompt by depth, up to it
+        self.cohort_ranks = cohort_ranks  # block -> ranks of a prompt's blocks by depth, up to it
         self._slots: dict[BlockHash, _Slot] = {}
-        self._lru = _Slot(0, 0)  # the list's sentinel: its ``newer`` is the oldest slot, its ``older`` the newest
+        self._lru = _Slot(0)  # the list's sentinel: its ``newer`` is the oldest slot, its ``older`` the newest
         self._offer = 0  # numbers store preparations, for `_Slot.offered`
         self._spare: list[_Slot] = []  # evicted slots, for the next stores to reuse (a replay evicts millions)
-        self._made: dict[HostCopy, list[_Slot]] = {}  # each store in flight -> the slots it made pending
+        self._made: dict[HostCopy, list[_Slot]] = {}  # each store in flight -> the slots it made, in cohort order
 
     @property
     def resident(self) -> int:
@@ -144,15 +144,20 @@ class MockerHostPool(HostPool):
         ``release_load_pins``)."""
         slots = self._slots
         cohort: list[_Slot] = []
-        for key in load.keys:
-            slot = slots[key]
+        depths: list[int] = []
+        ((start, stop),) = load.runs
+        for depth in range(start, stop):
+            slot = slots[load.hashes[depth]]
             if slot.refs <= 0:
                 raise ValueError("a host block is not being loaded")
             slot.refs -= 1
             if slot.refs == 0:
                 self._evictable += 1
                 cohort.append(slot)
-        self._touch_cohort(cohort)
+                depths.append(depth)
+        lru = self._lru
+        for slot in self._in_cohort_order(cohort, depths, load.hashes):
+            _link_older_than(lru, slot)
 
     def prepare_store(self, hashes: Sequence[BlockHash], start: int, stop: int, access: HostAccess) -> HostCopy | None:
         keys = hashes[start:stop]
@@ -186,24 +191,23 @@ class MockerHostPool(HostPool):
             if need > self._evictable - offered_evictable:
                 return None
             self._evict(need, offer)
-        ranks = self._ranks(hashes, runs[-1][1]) if runs else None
         spare = self._spare
         made: list[_Slot] = []
+        depths: list[int] = []
         for run_start, run_stop in runs:
             for depth in range(run_start, run_stop):
                 key = hashes[depth]
-                rank = key if ranks is None else ranks[depth]
                 if spare:
                     slot = spare.pop()
                     slot.key = key
                     slot.refs = PENDING
-                    slot.rank = rank
                 else:
-                    slot = _Slot(key, rank)
+                    slot = _Slot(key)
                 slots[key] = slot
                 made.append(slot)
+                depths.append(depth)
         if made:
-            self._made[store] = made
+            self._made[store] = self._in_cohort_order(made, depths, hashes)
         self._pending += store.blocks
         return store
 
@@ -213,15 +217,15 @@ class MockerHostPool(HostPool):
         made = self._made.pop(store, None)
         if made is None:
             return
-        ready: list[BlockHash] = []
         for slot in made:
             slot.refs = 0  # pending until now: nothing evicts or loads a pending slot
-            ready.append(slot.key)
         self._pending -= len(made)
         self._evictable += len(made)
         self.stored += len(made)
-        self._note_events(ready, True)
-        self._touch_cohort(made)
+        self._note_events(store.keys, True)  # in the order of the chain
+        lru = self._lru
+        for slot in made:
+            _link_older_than(lru, slot)
 
     def on_request_finished(self, access: HostAccess) -> None:
         """The mocker re-ranks nothing when a request finishes."""
@@ -266,22 +270,20 @@ class MockerHostPool(HostPool):
             return f"{linked} slots in the host LRU, {evictable} ready and unpinned"
         return None
 
-    def _ranks(self, hashes: Sequence[BlockHash], stop: int) -> tuple[int, ...] | None:
-        """The mocker's sequence hashes of the first ``stop`` blocks of ``hashes`` (and maybe
-        more), where known."""
+    def _in_cohort_order(self, cohort: list[_Slot], depths: list[int], hashes: Sequence[BlockHash]) -> list[_Slot]:
+        """The slots of a cohort (those of blocks ``depths`` of the chain ``hashes``, ascending)
+        in the order the mocker touches them: by the ranks of the blocks' sequence hashes where
+        known, else by key."""
+        if len(cohort) < 2:
+            return cohort
         known = self.cohort_ranks
-        if known is None:
-            return None
-        ranks = known.get(hashes[stop - 1])
-        return ranks if ranks is not None and len(ranks) >= stop else None
-
-    def _touch_cohort(self, cohort: list[_Slot]) -> None:
-        """Link the (unlinked) slots at the newest end, in rank order."""
-        if len(cohort) > 1:
-            cohort.sort(key=_rank)
-        lru = self._lru
-        for slot in cohort:
-            _link_older_than(lru, slot)
+        ranks = None if known is None else known.get(hashes[depths[-1]])
+        if ranks is None or len(ranks) <= depths[-1]:
+            return sorted(cohort, key=_key)
+        width = len(cohort)
+        # rank and position in one small int: sorted without a key function, compared in C
+        order = sorted([ranks[depth] * width + position for position, depth in enumerate(depths)])
+        return [cohort[code % width] for code in order]
 
     def _evict(self, count: int, offer: int) -> None:
         """Evict the ``count`` oldest slots of the LRU that store preparation ``offer`` did not
@@ -304,8 +306,8 @@ class MockerHostPool(HostPool):
         self.evicted += count
 
 
-def _rank(slot: _Slot) -> int:
-    return slot.rank
+def _key(slot: _Slot) -> BlockHash:
+    return slot.key
 
 
 def _unlink(slot: _Slot) -> None:
