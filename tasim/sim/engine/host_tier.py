@@ -129,18 +129,23 @@ class HostCopy:
     """One copy job's blocks: depth ranges ``runs`` of the chain ``hashes`` (a load's are one
     range), ``blocks`` in all. ``load``: H2D, else a store (D2H)."""
 
-    __slots__ = ("load", "hashes", "runs", "blocks")
+    __slots__ = ("load", "hashes", "runs", "blocks", "_keys")
 
     def __init__(self, load: bool, hashes: Sequence[BlockHash], runs: list[tuple[int, int]]) -> None:
         self.load = load
         self.hashes = hashes
         self.runs = runs
         self.blocks = sum(stop - start for start, stop in runs)
+        self._keys: list[BlockHash] | None = None
 
     @property
     def keys(self) -> list[BlockHash]:
-        """Its blocks' keys, in order (built on each call: the engine's pool never needs them)."""
-        return [key for start, stop in self.runs for key in self.hashes[start:stop]]
+        """Its blocks' keys, in order (built when first asked: the engine's pool never needs
+        them, but a store in flight is asked at every step that evicts from the GPU)."""
+        keys = self._keys
+        if keys is None:
+            keys = self._keys = [key for start, stop in self.runs for key in self.hashes[start:stop]]
+        return keys
 
 
 class HostPool:
