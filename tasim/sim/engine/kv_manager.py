@@ -393,10 +393,17 @@ class KVCacheManager:
 
     def touch_host_prompt(self, request: RequestBlocks, prompt_blocks: int) -> None:
         """Dynamo's mocker only: touch the request's prompt blocks in the host's recency
-        (`MockerHostPool.touch_prompt`), as it does at each lookup and each store it makes."""
+        (`MockerHostPool.touch_prompt`), as it does at each lookup and each store it makes. The
+        blocks of its own stores in flight are pending, so the touch skips them unread."""
         host = self.mocker_host
         assert host is not None, "no mocker host tier"
-        host.touch_prompt(request.block_hashes, prompt_blocks)
+        pending: list[tuple[int, int]] = []
+        if request.host_jobs:
+            for job in (*self._in_flight, *self._unsubmitted):
+                if job.request is request and not job.load:
+                    pending.extend(job.copy.runs)
+            pending.sort()
+        host.touch_prompt(request.block_hashes, prompt_blocks, pending)
 
     def removed_mark(self) -> int:
         """Where the blocks evicted from the GPU from now on start, for `flush_since`."""

@@ -121,7 +121,9 @@ def _history(seed: int) -> tuple[int, int]:
         elif action < 0.5:
             before = plain.ready_recency()
             prompt = rng.randrange(len(hashes) + 2)
-            ours.touch_prompt(hashes, prompt)
+            # the chain's stores in flight, as a request knows its own: pending, skipped unread
+            pending = sorted(run for job, _ in jobs if not job.load and job.hashes is hashes for run in job.runs)
+            ours.touch_prompt(hashes, prompt, pending)
             plain.touch_prompt(hashes, prompt)
             moved += before != plain.ready_recency()
         elif action < 0.75:
