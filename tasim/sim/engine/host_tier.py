@@ -169,6 +169,7 @@ class HostPool:
         "_stored_keys",
         "_removed_keys",
         "_batches",
+        "_reset_since_drain",
     )
 
     def __init__(self, capacity: int, store_threshold: int = 0, max_tracker_size: int = 64_000) -> None:
@@ -189,6 +190,7 @@ class HostPool:
         self._stored_keys: list[BlockHash] = []
         self._removed_keys: list[BlockHash] = []
         self._batches: list[tuple[bool, int]] = []
+        self._reset_since_drain = False  # a reset drops slots without events: a key may then be stored twice
 
     # --- queries ---------------------------------------------------------------------------
 
@@ -256,6 +258,10 @@ class HostPool:
         """Drop every slot, as vLLM's ``reset_cache`` does when its prefix cache is reset with the
         connector's after a weight update (cpu/manager.py:422-433): no KV event for the slots
         dropped (the manager emits none), events already drained stay, offer counts stay."""
+        self._reset_since_drain = True
+        self._drop_slots()
+
+    def _drop_slots(self) -> None:
         raise NotImplementedError
 
     def audit(self) -> str | None:
@@ -276,8 +282,11 @@ class HostPool:
             return [], []
         stored, removed = self._stored_keys, self._removed_keys
         self._stored_keys, self._removed_keys, self._batches = [], [], []
-        if len(batches) == 1 or len(set(stored).union(removed)) == len(stored) + len(removed):
-            return stored, removed  # the usual case: no key named twice
+        reset, self._reset_since_drain = self._reset_since_drain, False
+        # The usual case: no key named twice. A key is stored again only once removed (evicted,
+        # or dropped by a reset, which has no event), and removed again only once stored again.
+        if len(batches) == 1 or ((not stored or not removed) and not reset) or len(set(stored).union(removed)) == len(stored) + len(removed):
+            return stored, removed
         # a key evicted and stored again, or stored again after a reset: its latest event counts,
         # and the keys come in the order of their latest events
         latest: dict[BlockHash, bool] = {}
@@ -509,7 +518,7 @@ class ExtentHostPool(HostPool):
                 ranked.append((extent.low + offset, extent.hashes[depth]))
         return [key for _, key in sorted(ranked)]
 
-    def reset(self) -> None:
+    def _drop_slots(self) -> None:
         self._where.clear()
         self._heap.clear()
         self._stale = 0

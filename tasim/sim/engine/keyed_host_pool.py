@@ -135,7 +135,7 @@ class KeyedHostPool(HostPool):
         """Every resident key, lowest rank first (for tests and debugging)."""
         return list(self._slots)
 
-    def reset(self) -> None:
+    def _drop_slots(self) -> None:
         self._slots.clear()
         self._pending = 0
         self._evictable = 0

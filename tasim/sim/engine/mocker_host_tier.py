@@ -247,7 +247,7 @@ class MockerHostPool(HostPool):
             slot = slot.newer
         return keys
 
-    def reset(self) -> None:
+    def _drop_slots(self) -> None:
         self._slots.clear()
         self._spare.clear()
         self._made.clear()
