@@ -34,12 +34,9 @@ def mocker_cohort_ranks(path: Path, trace_block_size: int, block_size: int) -> d
     make any prompt holding the block agree on the blocks up to it, so the prompts share a few
     tuples, and one look-up orders the blocks of a whole copy (they are consecutive blocks of one
     chain) as their hashes order them."""
-    order = mocker_sequence_hashes(path, trace_block_size, block_size)
+    order: dict[int, int] = {}
     ranks: dict[int, tuple[int, ...]] = {}
-    for record in _lines(path):
-        keys = engine_block_hashes(record["hash_ids"], record["input_length"], block_size, trace_block_size)
-        if all(key in ranks for key in keys):
-            continue
+    for keys in _hash_new_prompts(path, trace_block_size, block_size, order):
         hashes = [order[key] for key in keys]
         by_depth = [0] * len(keys)
         for rank, depth in enumerate(sorted(range(len(keys)), key=hashes.__getitem__)):
@@ -53,8 +50,16 @@ def mocker_cohort_ranks(path: Path, trace_block_size: int, block_size: int) -> d
 def mocker_sequence_hashes(path: Path, trace_block_size: int, block_size: int) -> dict[int, int]:
     """tasim's hash of each full prompt block of the trace at ``path`` -> the replay's sequence
     hash of that block (the first request to name a block gives it)."""
-    interned: dict[int, int] = {}
     order: dict[int, int] = {}
+    for _ in _hash_new_prompts(path, trace_block_size, block_size, order):
+        pass
+    return order
+
+
+def _hash_new_prompts(path: Path, trace_block_size: int, block_size: int, order: dict[int, int]) -> Iterator[tuple[int, ...]]:
+    """Reads the trace once, adding to ``order`` the sequence hash of each block no earlier row
+    named, and yields tasim's hashes of the full prompt blocks of each row that named one."""
+    interned: dict[int, int] = {}
     block_hash_of: dict[bytes, int] = {}
     for record in _lines(path):
         hash_ids: list[int] = record["hash_ids"]
@@ -73,7 +78,7 @@ def mocker_sequence_hashes(path: Path, trace_block_size: int, block_size: int) -
                 block_hash = block_hash_of[block] = xxhash.xxh3_64_intdigest(block, seed=XXH3_SEED)
             parent = block_hash if j == 0 else xxhash.xxh3_64_intdigest(struct.pack("<QQ", parent, block_hash), seed=XXH3_SEED)
             order.setdefault(key, parent)
-    return order
+        yield keys
 
 
 def _lines(path: Path) -> Iterator[dict[str, Any]]:
