@@ -16,6 +16,7 @@ from itertools import count
 from typing import Any
 
 import pytest
+from test_host_tier_model import _chains
 
 from tasim.core.model import BlockHash
 from tasim.sim.engine.host_tier import HostAccess, HostCopy
@@ -58,16 +59,6 @@ class SlotPerKeyMockerPool:
 
     def ready_recency(self) -> list[BlockHash]:
         return [key for key in self.pool.recency() if self.pool.refs(key) == 0]
-
-
-def _chains(rng: random.Random, fresh: count[int]) -> list[list[int]]:
-    """Chains of block hashes as chained hashing makes them: chains that share a block share
-    every block above it."""
-    chains: list[list[int]] = []
-    for _ in range(rng.randrange(3, 9)):
-        prefix = rng.choice(chains)[: rng.randrange(12)] if chains and rng.random() < 0.75 else []
-        chains.append(prefix + [next(fresh) for _ in range(rng.randrange(1, 14))])
-    return chains
 
 
 def _rank_chain(ranks: dict[int, tuple[int, ...]] | None, order: dict[int, int] | None, chain: list[int]) -> None:
