@@ -55,6 +55,7 @@ class _Strict(BaseModel):
 
 
 EngineFlavour = Literal["vllm", "mocker"]
+RolloutMode = Literal["sync", "one_step_off", "colocate_async", "separate_async"]
 # Where vLLM v1 and Dynamo's mocker differ, what each flavour's engine does by default (an
 # explicit `eviction` or `reuse_output_blocks` still wins). vLLM also keeps one block of its
 # pool as the null block, which holds no KV (`ClusterConfig.cache_blocks_per_worker`).
@@ -457,17 +458,37 @@ class RolloutWorkload(ProgramShape):
     max_concurrency: PositiveInt = Field(128, le=1_000_000, description="most trajectories in flight at once")
     training_s: Distribution = Field(60, validate_default=True, description="duration of each training phase")
     reset_prefix_cache: bool = Field(True, description="drop cached KV after each weight update")
+    mode: RolloutMode = Field(
+        "sync",
+        description="sync: rollout, then training (verl's sync trainer); one_step_off: the next batch generates while "
+        "this one trains, one version stale; colocate_async, separate_async: verl 0.9.1's V1 async trainers",
+    )
+    weight_sync_s: Distribution = Field(0, validate_default=True, description="async modes: pushing the weights; the engines serve nothing meanwhile")
+    warmup_batches: NonNegativeInt = Field(1, le=1000, description="colocate/separate_async: batches submitted ahead at the start")
+    mini_steps: PositiveInt = Field(4, le=10_000, description="separate_async: trainer updates per weight sync (parameter_sync_step)")
+    max_off_policy_span: PositiveInt | None = Field(
+        8, description="colocate/separate_async: a finished group spanning more versions is dropped and replaced; null: no bound"
+    )
+    abort_retry_delay_s: NonNegativeFloat = Field(1.0, description="async modes: a call a weight sync aborted goes again after this")
+
+    @property
+    def batches_submitted(self) -> int:
+        """Batches of prompts submitted over the run, before replacements of dropped groups."""
+        return self.steps + (self.warmup_batches if self.mode in ("colocate_async", "separate_async") else 0)
 
     @model_validator(mode="after")
     def _groups_fit(self) -> RolloutWorkload:
         # Every prompt group and every trajectory owns block-hash keys of its own range
         # (tasim.core.determinism); a rollout that would run out of them is refused here.
-        groups = self.steps * self.prompts_per_step
+        if self.mode == "separate_async" and self.prompts_per_step % self.mini_steps:
+            raise ValueError(f"separate_async: prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_steps ({self.mini_steps})")
+        groups = self.batches_submitted * self.prompts_per_step
         if groups > PROMPT_GROUPS.size:
-            raise ValueError(f"steps x prompts_per_step must be at most {PROMPT_GROUPS.size} (got {groups})")
+            raise ValueError(f"(steps + warmup_batches) x prompts_per_step must be at most {PROMPT_GROUPS.size} (got {groups})")
         if groups * self.samples_per_prompt > PROGRAMS.size:
             raise ValueError(
-                f"steps x prompts_per_step x samples_per_prompt must be at most {PROGRAMS.size} (got {groups * self.samples_per_prompt})"
+                "(steps + warmup_batches) x prompts_per_step x samples_per_prompt must be at most "
+                f"{PROGRAMS.size} (got {groups * self.samples_per_prompt})"
             )
         if self.prompts_per_step * self.samples_per_prompt > MAX_LIVE_PROGRAMS:
             raise ValueError(
@@ -639,6 +660,18 @@ class Scenario(_Strict):
                 f"cluster.engine.host_tier.semantics {tier.semantics} with workload.reset_prefix_cache: a weight update does not "
                 "empty that tier (allowed with RL rollouts: semantics vllm or sglang)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _aborts_modelled(self) -> Scenario:
+        if isinstance(self.workload, RolloutWorkload) and self.workload.mode != "sync":
+            if self.cluster.engine.host_tier is not None:
+                raise ValueError(
+                    f"workload.mode {self.workload.mode} with cluster.engine.host_tier: aborting calls at a weight sync is not "
+                    "modelled with a host tier yet (allowed: mode sync, or no host tier)"
+                )
+            if not self.workload.reset_prefix_cache:
+                raise ValueError(f"workload.mode {self.workload.mode} needs workload.reset_prefix_cache: verl resets the caches at every weight sync")
         return self
 
     @model_validator(mode="after")

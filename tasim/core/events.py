@@ -140,14 +140,16 @@ class RequestDropped(Event):
 
 @record
 class RequestRetried(Event):
-    """The request's worker was lost under it (live mode); the call goes out again as a new
-    request of the same turn, whose prompt holds any output already streamed to the client."""
+    """The request ended before its output did (its worker was lost under it, or a weight sync
+    aborted it); the call goes out again as a new request of the same turn, whose prompt holds
+    the ``output_tokens`` already generated, to be computed again."""
 
     TYPE: ClassVar[str] = "request_retried"
     request: str
     program: str
     worker: str
     reason: str
+    output_tokens: int = 0
 
 
 @record
@@ -278,11 +280,63 @@ class RolloutFinished(Event):
 
 
 @record
+class TrainingStarted(Event):
+    """Asynchronous modes: the trainer has the samples of update ``mini_step`` of ``step`` and
+    trains on them (in sync mode `RolloutFinished` marks it)."""
+
+    TYPE: ClassVar[str] = "training_started"
+    step: int
+    mini_step: int = 0
+
+
+@record
 class TrainingFinished(Event):
-    """The weight update is done (prefix caches were reset if configured)."""
+    """The trainer's update is done; in sync mode, with the weight update (prefix caches were
+    reset if configured)."""
 
     TYPE: ClassVar[str] = "training_finished"
     step: int
+    mini_step: int = 0
+
+
+@record
+class WeightSyncStarted(Event):
+    """The trainer begins pushing the weights of ``version`` (the trainer steps done so far):
+    calls in flight on the engines are aborted and every prefix cache is emptied."""
+
+    TYPE: ClassVar[str] = "weight_sync_started"
+    version: int
+
+
+@record
+class WeightSyncFinished(Event):
+    """The engines serve with the weights of ``version``; calls parked meanwhile go on."""
+
+    TYPE: ClassVar[str] = "weight_sync_finished"
+    version: int
+
+
+@record
+class GroupSampled(Event):
+    """The trainer took GRPO group ``group`` into the batch of ``step``; its turns ran under
+    weight versions ``min_version`` to ``max_version``."""
+
+    TYPE: ClassVar[str] = "group_sampled"
+    step: int
+    group: str
+    min_version: int
+    max_version: int
+
+
+@record
+class GroupEvicted(Event):
+    """A finished group was too stale to train on (its span of versions passed the bound);
+    a new prompt takes its place."""
+
+    TYPE: ClassVar[str] = "group_evicted"
+    step: int
+    group: str
+    span: int
 
 
 @record
@@ -327,7 +381,12 @@ EVENT_TYPES: dict[str, type[Event]] = {
         WorkerJoined,
         RolloutStarted,
         RolloutFinished,
+        TrainingStarted,
         TrainingFinished,
+        WeightSyncStarted,
+        WeightSyncFinished,
+        GroupSampled,
+        GroupEvicted,
         RunEnded,
     )
 }

@@ -27,7 +27,7 @@ from tasim.core.cluster_view import ClusterView
 from tasim.core.determinism import policy_rng
 from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
-from tasim.policies import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd, make_policy
+from tasim.policies import Hold, Pause, Pin, Policy, Release, Resume, Route, TurnEnd, make_policy
 from tasim.policies.interface import ProgramDecision, RequestDecision
 
 logger = logging.getLogger(__name__)
@@ -149,11 +149,12 @@ class HostCore:
         self.emit(ev.RequestDropped(now, spec.id, spec.program, worker, reason))
         self.apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, worker, spec.prompt_tokens, 0, 0, ok=False), now), now)
 
-    def turn_retried(self, spec: RequestSpec, worker: str, reason: str, now: float) -> None:
-        """The call's worker was lost; the host sends it again as a new call (`arrive`)."""
+    def turn_retried(self, spec: RequestSpec, worker: str, reason: str, now: float, output_tokens: int = 0) -> None:
+        """The call ended short (its worker lost, or aborted by a weight sync) after generating
+        ``output_tokens``; the host sends it again as a new call (`arrive`)."""
         self._landed(worker)
-        self.emit(ev.RequestRetried(now, spec.id, spec.program, worker, reason))
-        self.apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, worker, spec.prompt_tokens, 0, 0, ok=False), now), now)
+        self.emit(ev.RequestRetried(now, spec.id, spec.program, worker, reason, output_tokens))
+        self.apply(self.policy.on_turn_end(TurnEnd(spec.program, spec.id, worker, spec.prompt_tokens, output_tokens, 0, ok=False), now), now)
 
     def _landed(self, worker: str) -> None:
         self.in_flight -= 1
@@ -163,6 +164,16 @@ class HostCore:
 
     def tick(self, now: float) -> None:
         self.apply(self.policy.on_tick(now), now)
+
+    def weight_sync_began(self, version: int, now: float) -> None:
+        """The trainer starts pushing ``version``: logged, and the policy told before the
+        engines abort what they run."""
+        self.emit(ev.WeightSyncStarted(now, version))
+        self.policy.on_weight_sync_begin(now)
+
+    def weight_sync_ended(self, version: int, now: float) -> None:
+        self.emit(ev.WeightSyncFinished(now, version))
+        self.apply(self.policy.on_weight_sync_end(now), now)
 
     def apply(self, decisions: Sequence[ProgramDecision], now: float) -> None:
         """Carry out the policy's program decisions, in its order."""
@@ -174,13 +185,15 @@ class HostCore:
                 self.resumes += 1
                 self.emit(ev.ProgramResumed(now, decision.program, decision.worker, decision.forced))
                 self._resume_held(decision.program, decision.worker, now)
+            elif isinstance(decision, Release):
+                self._resume_held(decision.program, decision.worker, now)
             elif isinstance(decision, Pin):
                 if not self._pin(decision, now):
                     if not self.ignored_pins:
                         logger.warning("policy %s asks to pin KV blocks; these workers cannot, so pins are ignored", self.policy.name)
                     self.ignored_pins += 1
             else:
-                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume or Pin")
+                raise TypeError(f"policy {self.policy.name} returned {decision!r}; expected Pause, Resume, Release or Pin")
 
     def kv_stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
         """``blocks`` newly held in ``worker``'s ``tier``: logged, and told to a policy that

@@ -23,7 +23,7 @@ from tasim.policies.autellix import Autellix
 from tasim.policies.baselines import LeastLoaded, RandomRouting
 from tasim.policies.cache_aware import CacheAware
 from tasim.policies.continuum import Continuum
-from tasim.policies.interface import Hold, Pause, Pin, Policy, Resume, Route, TurnEnd
+from tasim.policies.interface import Hold, Pause, Pin, Policy, Release, Resume, Route, TurnEnd
 from tasim.policies.kv_router import KvRouter
 from tasim.policies.round_robin import RoundRobin
 from tasim.policies.thunderagent import ThunderAgent
@@ -50,4 +50,4 @@ def make_policy(name: str, params: Mapping[str, Any], view: ClusterView, rng: np
     return cls(view, validate_params(name, params), rng)
 
 
-__all__ = ["POLICIES", "Hold", "Pause", "Pin", "Policy", "Resume", "Route", "TurnEnd", "make_policy", "policy_class", "validate_params"]
+__all__ = ["POLICIES", "Hold", "Pause", "Pin", "Policy", "Release", "Resume", "Route", "TurnEnd", "make_policy", "policy_class", "validate_params"]

@@ -68,8 +68,17 @@ class Pin:
     ttl_s: float
 
 
+@record
+class Release:
+    """A call the policy held without pausing its program (through a weight sync) goes to
+    ``worker`` now."""
+
+    program: str
+    worker: str
+
+
 RequestDecision = Route | Hold
-ProgramDecision = Pause | Resume | Pin
+ProgramDecision = Pause | Resume | Pin | Release
 
 
 # --- notifications -----------------------------------------------------------------------------
@@ -159,6 +168,17 @@ class Policy(Generic[ParamsT]):
         """Blocks evicted from ``worker``'s ``tier`` (only when ``wants_kv_events``)."""
 
     def on_tick(self, now: float) -> Sequence[ProgramDecision]:
+        return ()
+
+    def on_weight_sync_begin(self, now: float) -> None:
+        """The trainer begins pushing new weights to every worker. Each call in flight is
+        aborted: it ends with ``TurnEnd(ok=False)`` after this and comes back, after the client's
+        retry delay, as a new call of its turn whose prompt holds the output generated so far.
+        Every worker's prefix cache is emptied (its removals reported as KV events); calls routed
+        before the sync ends wait at their worker."""
+
+    def on_weight_sync_end(self, now: float) -> Sequence[ProgramDecision]:
+        """The workers serve the new weights: what the policy held through the sync may go."""
         return ()
 
     def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:

@@ -63,6 +63,9 @@ class SessionBindings:
     def program_ended(self, program: str) -> None:
         self._bindings.pop(program, None)
 
+    def clear(self) -> None:
+        self._bindings.clear()
+
     def worker_lost(self, worker: str) -> None:
         """Its sessions bind afresh, as Dynamo rebinds a session whose worker left."""
         self._bindings = {p: b for p, b in self._bindings.items() if b.worker != worker}
@@ -99,6 +102,12 @@ class SessionAffinityPolicy(Policy[AffinityParamsT]):
         super().on_worker_lost(worker, now)
         self.sessions.worker_lost(worker)
         return ()
+
+    def on_weight_sync_begin(self, now: float) -> None:
+        """A sync empties every worker's cache, so a binding keeps nothing: sessions bind
+        afresh, the aborted calls' retries by the router's choice. (verl's own balancer keeps
+        its sticky map; a retry then finds its worker's cache empty just the same.)"""
+        self.sessions.clear()
 
 
 class ProgramBlindRouter(SessionAffinityPolicy[AffinityParamsT]):

@@ -69,7 +69,7 @@ from tasim.core.cluster_view import ClusterView
 from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
 from tasim.policies.chars_per_token import LearnedCharsPerToken
-from tasim.policies.interface import Hold, Pause, Policy, ProgramDecision, Resume, Route, TurnEnd
+from tasim.policies.interface import Hold, Pause, Policy, ProgramDecision, Release, Resume, Route, TurnEnd
 
 Variant = Literal["upstream", "dynamo"]
 HostCredit = Literal["full", "capped", "none"]
@@ -116,6 +116,7 @@ class ThunderAgentParams(BaseModel):
         None, gt=0, description="ACTING tokens count x 2^(-idle/tau); upstream: resume side, dynamo: forced-resume ranking"
     )
     resume_timeout_s: float = Field(1800.0, gt=0, description="a request held this long is force-resumed")
+    weight_sync_timeout_s: float = Field(300.0, gt=0, description="a weight sync whose end never comes ends after this (upstream's watchdog)")
     idle_ttl_s: float | None = Field(None, gt=0, description="release ACTING programs idle this long (tasim's addition: neither source has one)")
     host_credit: HostCredit = Field(
         "none",
@@ -254,6 +255,9 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self._weight_num, self._weight_den = p.acting_token_weight.as_integer_ratio()
         self._chars_per_token = LearnedCharsPerToken()  # read only with payload_chars_per_token
         self._block_size = view.workers[0].block_size
+        # a weight sync in progress: since when, and the calls that arrived meanwhile, in order
+        self.weight_sync_since: float | None = None
+        self._sync_held: dict[str, RequestSpec] = {}
 
     # --- accounting ------------------------------------------------------------------------
 
@@ -354,6 +358,10 @@ class ThunderAgent(Policy[ThunderAgentParams]):
     # --- requests --------------------------------------------------------------------------
 
     def on_request(self, request: RequestSpec, now: float) -> Route | Hold:
+        if self.weight_sync_since is not None:
+            # upstream holds every new call before any accounting until the sync ends
+            self._sync_held[request.program] = request
+            return Hold()
         q = self.programs.get(request.program)
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
@@ -420,6 +428,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
             self._settle(q, None)
         self.queue.pop(program, None)
         self.soft_demoted_until.pop(program, None)
+        self._sync_held.pop(program, None)
         return ()
 
     def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:
@@ -448,9 +457,38 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         if tier == "device":
             self._cached[worker].difference_update(blocks)
 
+    # --- weight syncs (upstream's begin_weight_sync / end_weight_sync) ------------------------
+
+    def on_weight_sync_begin(self, now: float) -> None:
+        if self.weight_sync_since is None:  # a second begin does not restart the watchdog
+            self.weight_sync_since = now
+
+    def on_weight_sync_end(self, now: float) -> Sequence[ProgramDecision]:
+        """Every call held through the sync goes through admission now, in arrival order: a
+        placed program's call is released to its backend; a new one that finds no room queues
+        (its program paused); a paused one waits for its resume as before."""
+        if self.weight_sync_since is None:
+            return ()
+        self.weight_sync_since = None
+        held, self._sync_held = self._sync_held, {}
+        decisions: list[ProgramDecision] = []
+        for request in held.values():
+            decision = self.on_request(request, now)
+            if isinstance(decision, Route):
+                decisions.append(Release(request.program, decision.worker))
+            elif decision.pause:
+                decisions.append(Pause(request.program))
+        return decisions
+
     # --- the periodic pass -----------------------------------------------------------------
 
     def on_tick(self, now: float) -> Sequence[ProgramDecision]:
+        if self.weight_sync_since is not None:
+            # upstream skips its passes during a sync; its watchdog (checked here, at the tick's
+            # resolution) ends a sync whose end never came
+            if now - self.weight_sync_since < self.params.weight_sync_timeout_s:
+                return ()
+            return self.on_weight_sync_end(now)
         decisions: list[ProgramDecision] = []
         self._expire_idle(now)
         decisions += self._forced_resumes(now)

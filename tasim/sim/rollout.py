@@ -1,25 +1,57 @@
-"""RL rollout steps (GRPO): P prompts x n samples per step under a global concurrency cap.
+"""RL rollout steps (GRPO) as verl 0.9.1's trainers schedule them.
 
-A step's rollout starts every trajectory of the batch, at most ``max_concurrency`` at a time (a
-trajectory takes a slot when it starts and frees it when it ends); it ends when the last one
-finishes. Training follows: engines get no work for ``training_s`` and, as after a weight update,
-their prefix caches are emptied. Trajectory ids are ``s<step>.<prompt>.<sample>``; the samples of
-a prompt share its task prompt blocks.
+A step's batch is P prompts x n samples; the samples of a prompt form a group, which the trainer
+takes whole. Trajectories start at most ``max_concurrency`` at a time (a trajectory takes a
+slot when it starts and frees it when it ends). Trajectory ids are
+``s<step>.<prompt>.<sample>``, ``step`` being the step that submitted the prompt; the samples of
+a prompt share its task prompt blocks. The modes (``workload.mode``):
+
+- ``sync`` (verl's sync trainer, the recipe's #126 runs): a step's rollout ends with its last
+  trajectory; training follows, the engines idle, and (as after a weight update) their prefix
+  caches are emptied.
+- ``one_step_off`` (``experimental/one_step_off_policy``): the trainer waits for batch k, pushes
+  the weights of its previous update (nothing is in flight then), starts batch k+1 and trains on
+  batch k meanwhile; every batch after the first is one version stale.
+- ``colocate_async`` (V1 ``trainer_colocate_async.py``): ``warmup_batches`` extra batches go in at
+  the start and each step adds one; the trainer takes the P oldest finished groups, then the
+  engines abort what they run, empty their caches and sleep through the training and the
+  weight push; aborted calls come back under the new weights.
+- ``separate_async`` (V1 ``trainer_separate_async.py``, no hybrid switching): the rollout never
+  stops but for the weight push; the trainer takes P/``mini_steps`` groups per update and pushes
+  after ``mini_steps`` updates, aborting what runs.
+
+In the V1 modes a finished group that spans more than ``max_off_policy_span`` versions (from
+the step that submitted it to the one sampling it) is dropped and one new prompt submitted in its
+place (``max_off_policy_strategy: drop``). A weight sync aborts every call in flight; its client
+retries it ``abort_retry_delay_s`` later with the output so far in its prompt, computed again
+from an empty cache (`tasim.sim.runner.Simulation.begin_weight_sync`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Generator
+from dataclasses import dataclass
 
 from tasim.config.scenario import RolloutWorkload
 from tasim.core import events as ev
-from tasim.core.determinism import training_rng
+from tasim.core.determinism import PROMPT_GROUPS, training_rng
 from tasim.sim.clock import Event, Slots
 from tasim.sim.program_runner import ProgramRunner
-from tasim.workloads import ProgramPlan, agent_script, rollout_step_plans
+from tasim.workloads import ProgramPlan, agent_script, group_plans, rollout_step_plans
 
 
 def rollout_steps(sim: ProgramRunner, workload: RolloutWorkload) -> Generator[Event, object, None]:
+    if workload.mode == "sync":
+        return _sync_steps(sim, workload)
+    rollout = AsyncRollout(sim, workload)
+    if workload.mode == "one_step_off":
+        return rollout.one_step_off()
+    if workload.mode == "colocate_async":
+        return rollout.colocate_async()
+    return rollout.separate_async()
+
+
+def _sync_steps(sim: ProgramRunner, workload: RolloutWorkload) -> Generator[Event, object, None]:
     env = sim.env
     slots = Slots(env, workload.max_concurrency)
     training = training_rng(sim.scenario.seed)
@@ -39,3 +71,144 @@ def _trajectory(sim: ProgramRunner, slots: Slots, plan: ProgramPlan) -> Generato
     with slots.request() as slot:
         yield slot
         yield sim.env.process(sim.run_program(agent_script(plan, sim.block_size)))
+
+
+@dataclass(slots=True)
+class _Group:
+    """A prompt's samples: submitted at ``step``, done when ``left`` reaches 0; the weight
+    versions its calls generated under; ``finished``: its place in the order groups finished."""
+
+    name: str
+    step: int
+    left: int
+    min_version: int = 1 << 62
+    max_version: int = -1
+    finished: int = -1
+
+
+class AsyncRollout:
+    """The trainers that overlap generation with training: prompt groups submitted, groups
+    finished and waiting to be sampled, and the trainer's loop for each mode."""
+
+    def __init__(self, sim: ProgramRunner, workload: RolloutWorkload) -> None:
+        self.sim = sim
+        self.workload = workload
+        self.env = sim.env
+        self.slots = Slots(sim.env, workload.max_concurrency)
+        self.training = training_rng(sim.scenario.seed)
+        self.groups = 0  # prompt groups submitted so far: the next one's index
+        self.prompts_of_step: dict[int, int] = {}
+        self.finished = 0
+        self.ready: list[_Group] = []  # finished, not yet sampled
+        self._wake: Event | None = None  # the trainer waiting for groups
+
+    # --- the trainers --------------------------------------------------------------------------
+
+    def one_step_off(self) -> Generator[Event, object, None]:
+        w = self.workload
+        self.submit(0, w.prompts_per_step)
+        for step in range(w.steps):
+            yield from self.take(step, w.prompts_per_step, bounded=False)
+            if step:
+                yield from self.push_weights(step)
+            if step + 1 < w.steps:
+                self.submit(step + 1, w.prompts_per_step)
+            yield from self.train(step, 0, w.training_s.sample(self.training))
+
+    def colocate_async(self) -> Generator[Event, object, None]:
+        w = self.workload
+        self.submit(0, (1 + w.warmup_batches) * w.prompts_per_step)
+        for step in range(w.steps):
+            if step:
+                self.submit(step, w.prompts_per_step)
+            yield from self.take(step, w.prompts_per_step)
+            # the engines share the trainer's GPUs: they stop (aborting what runs, emptying their
+            # caches) as it samples, sleep while it trains, and wake with the new weights
+            stopped = self.sim.begin_weight_sync(step + 1, w.abort_retry_delay_s)
+            yield from self.train(step, 0, w.training_s.sample(self.training))
+            yield stopped
+            yield self.env.timeout(w.weight_sync_s.sample(self.training))
+            self.sim.end_weight_sync(step + 1)
+
+    def separate_async(self) -> Generator[Event, object, None]:
+        w = self.workload
+        per_update = w.prompts_per_step // w.mini_steps
+        self.submit(0, (1 + w.warmup_batches) * w.prompts_per_step)
+        for step in range(w.steps):
+            if step:
+                self.submit(step, w.prompts_per_step)
+            update_s = w.training_s.sample(self.training) / w.mini_steps
+            for mini_step in range(w.mini_steps):
+                yield from self.take(step, per_update)
+                yield from self.train(step, mini_step, update_s)
+            yield from self.push_weights(step + 1)
+
+    # --- pieces --------------------------------------------------------------------------------
+
+    def train(self, step: int, mini_step: int, seconds: float) -> Generator[Event, object, None]:
+        self.sim.emit(ev.TrainingStarted(self.env.now, step, mini_step))
+        yield self.env.timeout(seconds)
+        self.sim.emit(ev.TrainingFinished(self.env.now, step, mini_step))
+
+    def push_weights(self, version: int) -> Generator[Event, object, None]:
+        """A weight sync to engines that keep serving otherwise: abort, push, resume."""
+        yield self.sim.begin_weight_sync(version, self.workload.abort_retry_delay_s)
+        yield self.env.timeout(self.workload.weight_sync_s.sample(self.training))
+        self.sim.end_weight_sync(version)
+
+    def submit(self, step: int, prompts: int) -> None:
+        """Start ``prompts`` new groups, tagged with the step that submits them."""
+        w = self.workload
+        sim = self.sim
+        if self.groups + prompts > PROMPT_GROUPS.size:
+            raise ValueError(f"the rollout submitted more than {PROMPT_GROUPS.size} prompt groups (replacing dropped ones)")
+        sim.emit(ev.RolloutStarted(self.env.now, step, prompts * w.samples_per_prompt))
+        for _ in range(prompts):
+            prompt = self.prompts_of_step.get(step, 0)
+            self.prompts_of_step[step] = prompt + 1
+            group = _Group(f"s{step}.{prompt}", step, w.samples_per_prompt)
+            for plan in group_plans(w, sim.scenario.seed, self.groups, group.name, sim.scenario.max_context_tokens):
+                self.env.process(self._trajectory(group, plan))
+            self.groups += 1
+
+    def _trajectory(self, group: _Group, plan: ProgramPlan) -> Generator[Event, object, None]:
+        yield from _trajectory(self.sim, self.slots, plan)
+        low, high = self.sim.pop_versions(plan.id)
+        group.min_version = min(group.min_version, low)
+        group.max_version = max(group.max_version, high)
+        group.left -= 1
+        if not group.left:
+            group.finished = self.finished
+            self.finished += 1
+            self.ready.append(group)
+            if self._wake is not None:
+                self._wake.succeed()
+                self._wake = None
+
+    def take(self, step: int, count: int, bounded: bool = True) -> Generator[Event, object, None]:
+        """Wait until ``count`` finished groups can be sampled, then sample the oldest by
+        submitting step (then by finish), as V1's replay buffer does; with ``bounded``, first
+        drop those past ``max_off_policy_span`` and replace each with a new prompt."""
+        while True:
+            if bounded:
+                self._drop_stale(step)
+            if len(self.ready) >= count:
+                break
+            self._wake = self.env.event()
+            yield self._wake
+        self.ready.sort(key=lambda g: (g.step, g.finished))
+        batch, self.ready = self.ready[:count], self.ready[count:]
+        for group in batch:
+            self.sim.emit(ev.GroupSampled(self.env.now, step, group.name, group.min_version, group.max_version))
+
+    def _drop_stale(self, step: int) -> None:
+        bound = self.workload.max_off_policy_span
+        if bound is None:
+            return
+        stale = [g for g in self.ready if step - g.step + 1 > bound]
+        if not stale:
+            return
+        self.ready = [g for g in self.ready if step - g.step + 1 <= bound]
+        for group in stale:
+            self.sim.emit(ev.GroupEvicted(self.env.now, step, group.name, step - group.step + 1))
+        self.submit(step, len(stale))

@@ -9,10 +9,10 @@ number of RL steps) has completed; requests still in flight then are counted as 
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from operator import itemgetter
 
-from tasim.config.scenario import Scenario
+from tasim.config.scenario import RolloutWorkload, Scenario
 from tasim.config.workers import cluster_view
 from tasim.core import events as ev
 from tasim.core.determinism import PRIVATE_OUTPUTS, arrival_rng
@@ -28,6 +28,28 @@ from tasim.sim.engine.kv_manager import HostTierSetup
 from tasim.sim.engine.scheduler import Engine, EngineFactory, EngineSetup, StepEngine
 from tasim.sim.perf import make_perf_model
 from tasim.workloads import Script
+
+
+@dataclass(frozen=True, slots=True)
+class Aborted:
+    """How a call a weight sync aborted ends for its program: the output it had generated, and
+    when its client sends it again."""
+
+    output_tokens: int
+    retry_after_s: float
+
+
+def partial_retry(turn: RequestSpec, aborted: RequestSpec, generated: int, calls: int) -> RequestSpec:
+    """The ``calls``-th call of ``turn`` after ``aborted`` ended having generated ``generated``
+    tokens: its prompt holds them, its output is what is still to come (ids as the live router
+    gives a turn's later calls)."""
+    return replace(
+        aborted,
+        id=f"{turn.id}r{calls}",
+        prompt_tokens=aborted.prompt_tokens + generated,
+        output_tokens=aborted.output_tokens - generated,
+    )
+
 
 Progress = Callable[[float], None]
 
@@ -73,6 +95,13 @@ def host_tier_setup(scenario: Scenario) -> HostTierSetup | None:
     return HostTierSetup(cluster.host_blocks_per_worker(), block_bytes, tier.d2h_gbps, tier.h2d_gbps, tier.store_threshold, tier.semantics)
 
 
+def ends_in_flight(scenario: Scenario) -> bool:
+    """Whether the workload completes with work still running: an asynchronous RL trainer's
+    last step leaves the rollouts submitted ahead of it unfinished."""
+    workload = scenario.workload
+    return isinstance(workload, RolloutWorkload) and workload.mode != "sync"
+
+
 def served_len(scenario: Scenario) -> int:
     """The longest request (prompt + output) the engine serves. vLLM's is the model's context cut
     to what the pool holds: it refuses to start with a longer one, so a deployment lowers it, and
@@ -110,7 +139,7 @@ class Simulation(HostCore):
         self.block_size = engine_cfg.block_size
         self.view = cluster_view(scenario)
         policy = policy or build_policy(scenario, self.view)
-        super().__init__(policy, EventChecks(emit) if check else emit, scenario.metrics.log_kv_events)
+        super().__init__(policy, EventChecks(emit, ends_in_flight(scenario)) if check else emit, scenario.metrics.log_kv_events)
         self.arrival_rng = arrival_rng(scenario.seed)
         perf = make_perf_model(cluster)
         config = engine_setup(scenario)
@@ -134,6 +163,17 @@ class Simulation(HostCore):
         self.folded_steps = 0
         self.folded_prefill_steps = 0
         self.folded_copy_steps = 0  # folded steps that completed host stores
+        # Weight syncs (asynchronous RL): the engines' weight version; while a sync runs, calls
+        # routed wait at their worker (verl's closed gate), in order; the versions each program's
+        # calls generated under (lowest, highest)
+        self.weight_version = 0
+        self._syncing = False
+        self._gated: list[tuple[RequestSpec, str, int]] = []
+        self._retry_after_s = 0.0
+        self._sync_reason = ""
+        self._aborting: set[str] = set()  # workers to abort when their step ends
+        self._aborted = self.env.event()
+        self._versions: dict[str, tuple[int, int]] = {}
 
     # --- running -------------------------------------------------------------------------------
 
@@ -212,6 +252,8 @@ class Simulation(HostCore):
             if run.folds_prefill:
                 self.folded_prefill_steps += run.steps - 1
             self.folded_copy_steps += run.copied
+            if worker in self._aborting:
+                self._abort_all(engine)
             if self._check:
                 self._audit(engine)
 
@@ -274,14 +316,7 @@ class Simulation(HostCore):
                 yield env.timeout(wait)
                 if tool:
                     self.emit(ev.ToolFinished(env.now, script.id))
-            done = self._waiters[spec.id] = env.event()
-            self._last_request[spec.program] = spec
-            decision = self.arrive(spec, env.now)
-            if isinstance(decision, Route):
-                self._submit(spec, decision.worker, decision.priority)
-            else:
-                self._held[spec.program] = spec
-            ok = yield done  # the policy has already heard the turn end (see `on_finished`)
+            ok = yield from self._call(spec)
             if not ok:
                 completed = False
                 break
@@ -296,6 +331,28 @@ class Simulation(HostCore):
         elif release is not None:
             env.process(self._release_later(script.id, release))
 
+    def _call(self, spec: RequestSpec) -> Generator[Event, object, bool]:
+        """Send one call and wait for its end; whether it completed. A call a weight sync
+        aborts goes again after the client's retry delay, as a new request of the turn whose
+        prompt holds the output generated so far (verl's partial-rollout client)."""
+        env = self.env
+        call = spec
+        calls = 1
+        while True:
+            done = self._waiters[call.id] = env.event()
+            self._last_request[call.program] = call
+            decision = self.arrive(call, env.now)
+            if isinstance(decision, Route):
+                self._submit(call, decision.worker, decision.priority)
+            else:
+                self._held[call.program] = call
+            outcome = yield done  # the policy has already heard the turn end (see `on_finished`)
+            if not isinstance(outcome, Aborted):
+                return outcome is True
+            yield env.timeout(outcome.retry_after_s)
+            calls += 1
+            call = partial_retry(spec, call, outcome.output_tokens, calls)
+
     def _release(self, program: str) -> None:
         """The client's release (session-final): the policy forgets the program and its pin
         goes (an unreleased program's pin lasts until its TTL)."""
@@ -307,6 +364,64 @@ class Simulation(HostCore):
         yield self.env.timeout(delay_s)
         self.emit(ev.ProgramReleased(self.env.now, program))
         self._release(program)
+
+    def begin_weight_sync(self, version: int, retry_after_s: float) -> Event:
+        """The trainer starts pushing ``version``: the policy is told and every worker's gate
+        closes. Each engine then aborts every call it runs, at the end of the step it is in
+        (vLLM's ``pause_generation``; each call's client retries it ``retry_after_s`` later),
+        and empties its prefix cache. The event fires when every engine has."""
+        now = self.env.now
+        self.weight_sync_began(version, now)
+        self._syncing = True
+        self._retry_after_s = retry_after_s
+        self._sync_reason = f"weight sync to version {version}"
+        self._aborted = self.env.event()
+        for worker, engine in self.engines.items():
+            if self._runs[worker] is None:
+                self._abort_all(engine)
+            else:
+                self._changing(worker)
+                self._aborting.add(worker)
+        if not self._aborted.triggered:  # no engine is mid-step (none at all: nothing aborted it)
+            if not self._aborting:
+                self._aborted.succeed()
+        return self._aborted
+
+    def _abort_all(self, engine: StepEngine) -> None:
+        now = self.env.now
+        worker = engine.worker
+        self._aborting.discard(worker)
+        for spec, generated in engine.abort_all():
+            if generated:
+                self._generated_under(spec.program)
+            self.turn_retried(spec, worker, self._sync_reason, now, generated)
+            self._waiters.pop(spec.id).succeed(Aborted(generated, self._retry_after_s))
+        engine.clear_prefix_cache(now)
+        if not self._aborting and not self._aborted.triggered:
+            self._aborted.succeed()
+
+    def end_weight_sync(self, version: int) -> None:
+        """The workers serve ``version``: the calls that waited at their gates go in, in the
+        order they were routed; then the policy may release what it held. Only after the event
+        `begin_weight_sync` returned."""
+        if self._aborting:
+            raise RuntimeError(f"weight sync to version {version} ended before the engines stopped")
+        self._syncing = False
+        self.weight_version = version
+        gated, self._gated = self._gated, []
+        for spec, worker, priority in gated:
+            self._submit(spec, worker, priority)
+        self.weight_sync_ended(version, self.env.now)
+
+    def pop_versions(self, program: str) -> tuple[int, int]:
+        """The lowest and highest weight versions ``program``'s calls generated under
+        (forgotten then); the current version for one that generated nothing."""
+        return self._versions.pop(program, (self.weight_version, self.weight_version))
+
+    def _generated_under(self, program: str) -> None:
+        version = self.weight_version
+        seen = self._versions.get(program)
+        self._versions[program] = (version, version) if seen is None else (min(seen[0], version), max(seen[1], version))
 
     def clear_prefix_caches(self) -> None:
         """Drop every worker's cached KV (after a weight update); policies see the removals."""
@@ -336,7 +451,10 @@ class Simulation(HostCore):
     # --- what a decision does here -----------------------------------------------------------
 
     def _submit(self, spec: RequestSpec, worker: str, priority: int = 0) -> None:
-        """Hand a routed request to its worker's engine."""
+        """Hand a routed request to its worker's engine (during a weight sync: once it ends)."""
+        if self._syncing:
+            self._gated.append((spec, worker, priority))
+            return
         served = self._served_len
         if served is not None and spec.prompt_tokens + spec.output_tokens > served:
             if spec.prompt_tokens >= served:
@@ -426,6 +544,7 @@ class Simulation(HostCore):
     # pin must take them before the next step can evict them); then the program wakes.
 
     def on_finished(self, worker: str, request: RequestSpec, cached_tokens: int, now: float) -> None:
+        self._generated_under(request.program)
         self.turn_finished(request, worker, request.prompt_tokens, request.output_tokens, cached_tokens, now, tool=request.tool_call)
         self._waiters.pop(request.id).succeed(True)
 

@@ -428,6 +428,9 @@ class VllmEngine:
         if stored or removed:
             self.listener.on_kv(self.worker, stored, removed, now)
 
+    def abort_all(self) -> list[tuple[RequestSpec, int]]:
+        raise ValidationUnavailable(f"{self.worker}: aborting requests at a weight sync is not wired to vLLM's scheduler")
+
     def clear_prefix_cache(self, now: float) -> None:
         if not self.scheduler.reset_prefix_cache():
             raise ValidationUnavailable(f"{self.worker}: vLLM resets its prefix cache only with no request running")

@@ -8,7 +8,7 @@ same plans.
 
 May import: `tasim.core`, `tasim.config`."""
 
-from tasim.workloads.programs import ProgramPlan, Script, TurnPlan, agent_script, plan_program, rollout_step_plans
+from tasim.workloads.programs import ProgramPlan, Script, TurnPlan, agent_script, group_plans, plan_program, rollout_step_plans
 from tasim.workloads.trace_programs import dynamo_trace_scripts, mooncake_scripts
 
 __all__ = [
@@ -17,6 +17,7 @@ __all__ = [
     "TurnPlan",
     "agent_script",
     "dynamo_trace_scripts",
+    "group_plans",
     "mooncake_scripts",
     "plan_program",
     "rollout_step_plans",

@@ -138,8 +138,15 @@ def rollout_step_plans(workload: RolloutWorkload, seed: int, step: int, max_cont
     a group and share its task prompt; indexes run on across steps."""
     plans = []
     for prompt in range(workload.prompts_per_step):
-        group = step * workload.prompts_per_step + prompt
-        for sample in range(workload.samples_per_prompt):
-            index = group * workload.samples_per_prompt + sample
-            plans.append(plan_program(workload, seed, index, max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group))
+        plans += group_plans(workload, seed, step * workload.prompts_per_step + prompt, f"s{step}.{prompt}", max_context_tokens)
     return plans
+
+
+def group_plans(workload: RolloutWorkload, seed: int, group: int, name: str, max_context_tokens: int) -> list[ProgramPlan]:
+    """The ``samples_per_prompt`` trajectories of prompt group number ``group``, ``<name>.<sample>``:
+    they share its task prompt; program indexes follow from the group's."""
+    first = group * workload.samples_per_prompt
+    return [
+        plan_program(workload, seed, first + sample, max_context_tokens, program_id=f"{name}.{sample}", group=group)
+        for sample in range(workload.samples_per_prompt)
+    ]

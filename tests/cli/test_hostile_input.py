@@ -354,12 +354,12 @@ SWE = "swe-agent.yaml"
         (
             "rl-rollout.yaml",
             {"workload": {"prompts_per_step": 11, "steps": 100_000}},
-            ["workload", "steps x prompts_per_step must be at most 1048575 (got 1100000)"],
+            ["workload", "(steps + warmup_batches) x prompts_per_step must be at most 1048575 (got 1100000)"],
         ),
         (
             "rl-rollout.yaml",
             {"workload": {"prompts_per_step": 10, "samples_per_prompt": 100, "steps": 100_000}},
-            ["workload", "steps x prompts_per_step x samples_per_prompt must be at most 66060288 (got 100000000)"],
+            ["workload", "(steps + warmup_batches) x prompts_per_step x samples_per_prompt must be at most 66060288 (got 100000000)"],
         ),
         (SWE, {"workload": {"max_context_tokens": 10**30}}, ["workload.max_context_tokens", "less than or equal to 10000000"]),
         # a message that said nothing of the field

@@ -138,6 +138,8 @@ class StepEngine(Protocol):
 
     def clear_prefix_cache(self, now: float) -> None: ...
 
+    def abort_all(self) -> list[tuple[RequestSpec, int]]: ...
+
     def pin(self, program: str, hashes: tuple[BlockHash, ...]) -> int: ...
 
     def unpin(self, program: str) -> bool: ...
@@ -467,6 +469,19 @@ class Engine(FoldableEngine):
         self.publish_kv(*self.kv_cache.take_events(), now)
         if self._sglang:
             self.publish_host_kv(*self.kv_cache.take_host_events(), now)
+
+    def abort_all(self) -> list[tuple[RequestSpec, int]]:
+        """End every request, running ones first, freeing their blocks (vLLM's
+        ``pause_generation`` with abort): each with the output tokens it had generated. Their
+        blocks stay cached until a prefix-cache reset."""
+        if self._tiered:
+            raise NotImplementedError("aborting requests with a host KV tier is not modelled")
+        aborted = [(req.spec, req.generated) for req in (*self.running, *self.waiting)]
+        for req in self.running:
+            self.kv_cache.free(req)
+        self.running = []
+        self.waiting.clear()
+        return aborted
 
     def publish_kv(self, stored: list[BlockHash], removed: list[BlockHash], now: float) -> None:
         """Report blocks stored and evicted. Blocks are allocated (and evicted) when a step is
