@@ -17,6 +17,7 @@ import numpy as np
 from tasim.config.scenario import ProgramShape, RolloutWorkload
 from tasim.core.determinism import PROGRAMS, PROMPT_GROUPS, SHARED_PROMPT, program_rng, prompt_group_rng
 from tasim.core.model import RequestSpec, Segment, chained_block_hashes
+from tasim.core.rollout_ids import trajectory_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,12 +135,12 @@ def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestS
 
 
 def rollout_step_plans(workload: RolloutWorkload, seed: int, step: int, max_context_tokens: int) -> list[ProgramPlan]:
-    """One GRPO step's trajectories, ``s<step>.<prompt>.<sample>``: the samples of a prompt form
-    a group and share its task prompt; indexes run on across steps."""
+    """One GRPO step's trajectories, named by `trajectory_id` (``s<step>.<prompt>.<sample>``): the
+    samples of a prompt form a group and share its task prompt; indexes run on across steps."""
     plans = []
     for prompt in range(workload.prompts_per_step):
         group = step * workload.prompts_per_step + prompt
         for sample in range(workload.samples_per_prompt):
             index = group * workload.samples_per_prompt + sample
-            plans.append(plan_program(workload, seed, index, max_context_tokens, program_id=f"s{step}.{prompt}.{sample}", group=group))
+            plans.append(plan_program(workload, seed, index, max_context_tokens, program_id=trajectory_id(step, prompt, sample), group=group))
     return plans
