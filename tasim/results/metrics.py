@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from tasim.core import events as ev
+from tasim.core.rollout_ids import rollout_group_of
 
 SUMMARY_KEYS = (
     "scenario",
@@ -89,6 +90,8 @@ class _Step:
     """One RL step: rollout start/end, training end, and its trajectories' finish times."""
 
     started: float
+    trajectories: int
+    trajectories_started: int = 0
     rollout_end: float | None = None
     training_end: float | None = None
     output_tokens: int = 0
@@ -110,6 +113,24 @@ def _straggler_share(step: _Step) -> float:
     finishes = sorted(step.finishes)
     t95 = finishes[max(0, -(-len(finishes) * 95 // 100) - 1)]
     return (step.rollout_end - t95) / duration
+
+
+@dataclass(slots=True)
+class _Group:
+    """One GRPO group, the samples of one prompt of ``step``: when its first member started, how
+    many members started, and when each one that finished did, in order."""
+
+    step: _Step
+    first_start: float
+    members: int = 0
+    finishes: list[float] = field(default_factory=list)
+
+    def complete(self) -> bool:
+        """Every member finished. The log does not say how many samples a group has, so that is
+        known only once its step has started all its trajectories (or its rollout has ended)."""
+        step = self.step
+        membership_known = step.rollout_end is not None or step.trajectories_started >= step.trajectories
+        return membership_known and len(self.finishes) == self.members
 
 
 @dataclass
@@ -150,6 +171,7 @@ class MetricsFold:
     _steps: list[_Step] = field(default_factory=list)
     _program_starts: dict[str, float] = field(default_factory=dict)
     _trajectory_latency: list[float] = field(default_factory=list)
+    _groups: dict[str, _Group] = field(default_factory=dict)
     _contexts: dict[str, int] = field(default_factory=dict)
     _context_sum: int = 0
     _context_since: float = 0.0
@@ -171,11 +193,17 @@ class MetricsFold:
         self.header = e
 
     def _program_started(self, e: ev.ProgramStarted) -> None:
-        if self._steps:
-            self._program_starts[e.program] = e.t
+        if not self._steps:
+            return
+        self._program_starts[e.program] = e.t
+        key = rollout_group_of(e.program)
+        if key is not None:
+            step = self._steps[-1]
+            step.trajectories_started += 1
+            self._groups.setdefault(key, _Group(step, e.t)).members += 1
 
     def _rollout_started(self, e: ev.RolloutStarted) -> None:
-        self._steps.append(_Step(e.t))
+        self._steps.append(_Step(e.t, e.trajectories))
 
     def _rollout_finished(self, e: ev.RolloutFinished) -> None:
         self._steps[-1].rollout_end = e.t
@@ -259,6 +287,9 @@ class MetricsFold:
         if started is not None:
             self._trajectory_latency.append(e.t - started)
             self._steps[-1].finishes.append(e.t)
+            key = rollout_group_of(e.program)
+            if key is not None:
+                self._groups[key].finishes.append(e.t)
         del self._contexts[e.program]
         if e.completed and self._in_window(e.t):
             self._programs_completed += 1
@@ -309,6 +340,7 @@ class MetricsFold:
         rollout_time = sum(_rollout_end(s) - s.started for s in steps)
         step_times = [(s.training_end or _rollout_end(s)) - s.started for s in steps]
         tokens = sum(s.output_tokens for s in steps)
+        groups = [g for g in self._groups.values() if g.complete()]
         return {
             "steps": len(steps),
             "step_time_s": _stats(step_times),
@@ -317,6 +349,9 @@ class MetricsFold:
             "step_tokens_per_s": tokens / sum(step_times) if sum(step_times) > 0 else 0.0,
             "trajectory_latency_s": _stats(self._trajectory_latency),
             "straggler_share": float(np.mean([_straggler_share(s) for s in steps])),
+            "groups": len(groups),
+            "group_completion_s": _stats([g.finishes[-1] - g.first_start for g in groups]),
+            "group_wait_s": _stats([g.finishes[-1] - g.finishes[0] for g in groups]),
         }
 
     def _host_tier_summary(self) -> dict[str, Any] | None:
@@ -375,7 +410,12 @@ class MetricsFold:
         ``rollout``: rl_rollout workloads only (else null): steps; step_time_s (rollout start to end of
             training) and rollout_time_s statistics; rollout_tokens_per_s (generated tokens over rollout time)
             and step_tokens_per_s (over the full step time); trajectory_latency_s statistics; straggler_share
-            (mean over steps of the share of the rollout spent after 95 % of its trajectories had finished)
+            (mean over steps of the share of the rollout spent after 95 % of its trajectories had finished);
+            groups (GRPO groups, the samples of one prompt, whose every sample finished, in a step the run
+            cut short too; like trajectory_latency_s, over every trajectory, warm-up or not);
+            group_completion_s statistics (per group, its first sample's start to its last sample's finish:
+            when its advantage can be computed) and group_wait_s statistics (per group, its first sample's
+            finish to its last one's: how long finished samples wait for the group's straggler)
         ``host_tier``: runs with cluster.engine.host_tier only (else null), over every first admission since
             the run started and every worker: host_blocks_per_worker; gpu_hit_tokens and host_hit_tokens (prompt
             tokens found on the GPU, and loaded from the host: together the hits of prefix_hit_rate_since_start);

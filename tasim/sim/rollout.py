@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from tasim.config.scenario import RolloutWorkload
 from tasim.core import events as ev
 from tasim.core.determinism import PROMPT_GROUPS, training_rng
+from tasim.core.rollout_ids import group_id
 from tasim.sim.clock import Event, Slots
 from tasim.sim.program_runner import ProgramRunner
 from tasim.workloads import ProgramPlan, agent_script, group_plans, rollout_step_plans
@@ -166,8 +167,9 @@ class AsyncRollout:
         for _ in range(prompts):
             prompt = self.prompts_of_step.get(step, 0)
             self.prompts_of_step[step] = prompt + 1
-            group = _Group(f"s{step}.{prompt}", step, w.samples_per_prompt)
-            for plan in group_plans(w, sim.scenario.seed, self.groups, group.name, sim.scenario.max_context_tokens):
+            plans = group_plans(w, sim.scenario.seed, self.groups, step, prompt, sim.scenario.max_context_tokens)
+            group = _Group(group_id(step, prompt), step, w.samples_per_prompt)
+            for plan in plans:
                 self.env.process(self._trajectory(group, plan))
             self.groups += 1
 

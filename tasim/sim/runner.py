@@ -382,9 +382,8 @@ class Simulation(HostCore):
             else:
                 self._changing(worker)
                 self._aborting.add(worker)
-        if not self._aborted.triggered:  # no engine is mid-step (none at all: nothing aborted it)
-            if not self._aborting:
-                self._aborted.succeed()
+        if not self._aborting and not self._aborted.triggered:  # every engine stopped at once (none: no abort said so)
+            self._aborted.succeed()
         return self._aborted
 
     def _abort_all(self, engine: StepEngine) -> None:

@@ -62,6 +62,7 @@ ROLLOUT_COLUMNS: tuple[Column, ...] = (
     ("rollout\ntok/s", ("rollout", "rollout_tokens_per_s"), ",.1f"),
     ("step\nmean s", ("rollout", "step_time_s", "mean"), ",.0f"),
     ("strag-\ngler", ("rollout", "straggler_share"), ".3f"),
+    ("group\np99 s", ("rollout", "group_completion_s", "p99"), ",.0f"),
     *CACHE_COLUMNS,
 )
 

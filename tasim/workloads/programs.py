@@ -17,6 +17,7 @@ import numpy as np
 from tasim.config.scenario import ProgramShape, RolloutWorkload
 from tasim.core.determinism import PROGRAMS, PROMPT_GROUPS, SHARED_PROMPT, program_rng, prompt_group_rng
 from tasim.core.model import RequestSpec, Segment, chained_block_hashes
+from tasim.core.rollout_ids import trajectory_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,19 +135,20 @@ def _calls(plan: ProgramPlan, block_size: int) -> Iterator[tuple[float, RequestS
 
 
 def rollout_step_plans(workload: RolloutWorkload, seed: int, step: int, max_context_tokens: int) -> list[ProgramPlan]:
-    """One GRPO step's trajectories, ``s<step>.<prompt>.<sample>``: the samples of a prompt form
-    a group and share its task prompt; indexes run on across steps."""
+    """One GRPO step's trajectories: the samples of a prompt form a group and share its task
+    prompt; indexes run on across steps."""
     plans = []
     for prompt in range(workload.prompts_per_step):
-        plans += group_plans(workload, seed, step * workload.prompts_per_step + prompt, f"s{step}.{prompt}", max_context_tokens)
+        plans += group_plans(workload, seed, step * workload.prompts_per_step + prompt, step, prompt, max_context_tokens)
     return plans
 
 
-def group_plans(workload: RolloutWorkload, seed: int, group: int, name: str, max_context_tokens: int) -> list[ProgramPlan]:
-    """The ``samples_per_prompt`` trajectories of prompt group number ``group``, ``<name>.<sample>``:
-    they share its task prompt; program indexes follow from the group's."""
+def group_plans(workload: RolloutWorkload, seed: int, group: int, step: int, prompt: int, max_context_tokens: int) -> list[ProgramPlan]:
+    """The ``samples_per_prompt`` trajectories of prompt group number ``group``, submitted at
+    ``step`` as its ``prompt``-th prompt and named by `trajectory_id`: they share its task prompt;
+    program indexes follow from the group's."""
     first = group * workload.samples_per_prompt
     return [
-        plan_program(workload, seed, first + sample, max_context_tokens, program_id=f"{name}.{sample}", group=group)
+        plan_program(workload, seed, first + sample, max_context_tokens, program_id=trajectory_id(step, prompt, sample), group=group)
         for sample in range(workload.samples_per_prompt)
     ]

@@ -8,7 +8,7 @@ import pytest
 from conftest import SCENARIOS, tasim
 
 from tasim.config.presets import PRESET_DIR, scenario_path
-from tasim.config.scenario import ScenarioError, load_scenario
+from tasim.config.scenario import RolloutWorkload, ScenarioError, load_scenario
 from tasim.sim.simulation import run_simulation
 
 PRESETS = sorted(SCENARIOS.glob("*.yaml"))
@@ -37,7 +37,8 @@ def test_there_are_presets_for_every_workload_kind() -> None:
 @pytest.mark.parametrize("preset", PRESETS, ids=[p.stem for p in PRESETS])
 def test_preset_runs(preset: Path, tmp_path: Path) -> None:
     kind = load_scenario(preset).workload.kind
-    summary = run_simulation(load_scenario(preset, SHORTEN[kind]), tmp_path)
+    scenario = load_scenario(preset, SHORTEN[kind])
+    summary = run_simulation(scenario, tmp_path)
     assert summary["requests_completed"] > 0
     assert summary["requests_dropped"] == 0
     if kind == "rl_rollout":
@@ -46,6 +47,11 @@ def test_preset_runs(preset: Path, tmp_path: Path) -> None:
         assert rollout["step_time_s"]["mean"] > rollout["rollout_time_s"]["mean"] > 0  # training adds 5 s
         assert 0 <= rollout["straggler_share"] < 1
         assert rollout["rollout_tokens_per_s"] > rollout["step_tokens_per_s"] > 0
+        # every GRPO group of every step completes, after its first sample's finish
+        workload = scenario.workload
+        assert isinstance(workload, RolloutWorkload)
+        assert rollout["groups"] == workload.prompts_per_step * workload.steps == 4
+        assert rollout["group_wait_s"]["mean"] < rollout["group_completion_s"]["mean"]
 
 
 def test_scenarios_command_lists_every_preset() -> None:

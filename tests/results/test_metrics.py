@@ -94,6 +94,63 @@ def test_imbalance_and_forced_resumes() -> None:
     assert summary["mean_kv_utilization"] == pytest.approx((10 + 10 + 90 + 40 + 50 + 80) / 600)
 
 
+def _trajectory(start: float, finish: float | None, program: str) -> list[ev.Event]:
+    started: list[ev.Event] = [ev.ProgramStarted(start, program, 1)]
+    return started if finish is None else [*started, ev.ProgramFinished(finish, program, 10, True)]
+
+
+def test_grpo_groups_complete_with_their_last_sample() -> None:
+    """Step 0 runs two groups of two samples (s0.1.1 starts late, as under a concurrency cap);
+    step 1's group s1.1 still has a sample running when the run ends, so it is left out."""
+    log = sorted(
+        [
+            ev.RunStarted(0.0, "s", "round_robin", 1, 30.0, ("w0",), 16, 100, 0.0),
+            ev.RolloutStarted(0.0, 0, 4),
+            *_trajectory(0.0, 3.0, "s0.0.0"),
+            *_trajectory(0.0, 7.0, "s0.0.1"),  # group s0.0: complete at 7 s, its first sample waited 4 s
+            *_trajectory(0.0, 4.0, "s0.1.0"),
+            *_trajectory(2.0, 10.0, "s0.1.1"),  # group s0.1: complete at 10 s, its first sample waited 6 s
+            ev.RolloutFinished(10.0, 0),
+            ev.TrainingFinished(15.0, 0),
+            ev.RolloutStarted(15.0, 1, 4),
+            *_trajectory(15.0, 18.0, "s1.0.0"),
+            *_trajectory(15.0, 20.0, "s1.0.1"),  # group s1.0: 5 s from start to complete, a 2 s wait
+            *_trajectory(15.0, 19.0, "s1.1.0"),
+            *_trajectory(15.0, None, "s1.1.1"),
+            ev.RunEnded(30.0, 9, 0),
+        ],
+        key=lambda e: e.t,
+    )
+    rollout = MetricsFold().apply_all(log).summary()["rollout"]
+    assert rollout["steps"] == 1
+    assert rollout["groups"] == 3
+    # numpy's linear percentiles of (5, 7, 10) and (2, 4, 6)
+    assert rollout["group_completion_s"] == pytest.approx({"mean": 22 / 3, "p50": 7.0, "p90": 9.4, "p99": 9.94})
+    assert rollout["group_wait_s"] == pytest.approx({"mean": 4.0, "p50": 4.0, "p90": 5.6, "p99": 5.96})
+
+
+@pytest.mark.parametrize(("last_sample_started", "groups"), [(False, 1), (True, 2)])
+def test_a_group_counts_once_its_step_has_started_every_trajectory(last_sample_started: bool, groups: int) -> None:
+    """The log does not say how many samples a group has: until step 1 has started all four of
+    its trajectories, s1.0 (both samples started and finished) might still have one to come."""
+    log = [
+        ev.RunStarted(0.0, "s", "round_robin", 1, 30.0, ("w0",), 16, 100, 0.0),
+        ev.RolloutStarted(0.0, 0, 1),
+        *_trajectory(0.0, 1.0, "s0.0.0"),
+        ev.RolloutFinished(1.0, 0),
+        ev.TrainingFinished(2.0, 0),
+        ev.RolloutStarted(2.0, 1, 4),
+        *_trajectory(2.0, 3.0, "s1.0.0"),
+        *_trajectory(2.0, 4.0, "s1.0.1"),
+        ev.ProgramStarted(4.0, "s1.1.0", 1),
+        *([ev.ProgramStarted(4.0, "s1.1.1", 1)] if last_sample_started else []),
+        ev.RunEnded(30.0, 9, 0),
+    ]
+    rollout = MetricsFold().apply_all(log).summary()["rollout"]
+    assert rollout["groups"] == groups
+    assert rollout["group_completion_s"]["p99"] == pytest.approx(1.0 if groups == 1 else 1.99)  # s0.0 1 s, s1.0 2 s
+
+
 def test_incomplete_log_is_an_error() -> None:
     with pytest.raises(ValueError, match="incomplete"):
         MetricsFold().apply_all([ev.RunStarted(0.0, "s", "p", 1, 10.0, ("w0",), 16, 10, 0.0)]).summary()

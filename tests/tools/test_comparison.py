@@ -69,8 +69,9 @@ def test_without_sweep_one_run_per_policy_and_throughput_bars(tmp_path: Path) ->
 
 
 def test_rl_rollouts_are_compared_by_rollout_throughput_and_step_time(tmp_path: Path) -> None:
-    """For rl_rollout workloads the table shows what a training step costs, and the throughput
-    plot is rollout throughput, not calls per minute."""
+    """For rl_rollout workloads the table shows what a training step costs (and how long its
+    GRPO groups take to complete), and the throughput plot is rollout throughput, not calls per
+    minute."""
     small = ["workload.prompts_per_step=2", "workload.samples_per_prompt=2", "workload.steps=1", "workload.training_s=5", "workload.turns=3"]
     args = [arg for o in small for arg in ("--set", o)]
     result = tasim(
@@ -87,18 +88,19 @@ def test_rl_rollouts_are_compared_by_rollout_throughput_and_step_time(tmp_path: 
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     top = next(i for i, line in enumerate(lines) if "strag-" in line)
-    assert lines[top].split()[:3] == ["rollout", "step", "strag-"]
-    assert " ".join(lines[top + 1].split()).startswith("max concurrency policy tok/s mean s gler")
+    assert lines[top].split()[:4] == ["rollout", "step", "strag-", "group"]
+    assert " ".join(lines[top + 1].split()).startswith("max concurrency policy tok/s mean s gler p99 s")
     assert "TTFT" not in result.stdout
     entries = json.loads((tmp_path / "compare.json").read_text())
     rollout = entries[0]["summary"]["rollout"]
     first_row = lines[top + 3].split()
-    assert first_row[:5] == [
+    assert first_row[:6] == [
         "2",
         "round_robin",
         f"{rollout['rollout_tokens_per_s']:,.1f}",
         f"{rollout['step_time_s']['mean']:,.0f}",
         f"{rollout['straggler_share']:.3f}",
+        f"{rollout['group_completion_s']['p99']:,.0f}",
     ]
     assert (tmp_path / "throughput.png").read_bytes().startswith(PNG_MAGIC)
 
