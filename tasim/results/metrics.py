@@ -17,6 +17,7 @@ import numpy as np
 
 from tasim.core import events as ev
 from tasim.core.rollout_ids import rollout_group_of
+from tasim.results.trainer_fold import TrainerFold
 
 SUMMARY_KEYS = (
     "scenario",
@@ -172,6 +173,7 @@ class MetricsFold:
     _program_starts: dict[str, float] = field(default_factory=dict)
     _trajectory_latency: list[float] = field(default_factory=list)
     _groups: dict[str, _Group] = field(default_factory=dict)
+    _trainer: TrainerFold = field(default_factory=TrainerFold)
     _contexts: dict[str, int] = field(default_factory=dict)
     _context_sum: int = 0
     _context_since: float = 0.0
@@ -207,15 +209,19 @@ class MetricsFold:
 
     def _rollout_finished(self, e: ev.RolloutFinished) -> None:
         self._steps[-1].rollout_end = e.t
+        self._trainer.rollout_finished(e)
 
     def _training_finished(self, e: ev.TrainingFinished) -> None:
         self._steps[-1].training_end = e.t
+        self._trainer.training_finished(e)
 
     def _arrived(self, e: ev.RequestArrived) -> None:
+        self._trainer.arrived(e)
         self._requests[e.request] = _Req(e.t, e.prompt_tokens, e.history_tokens, e.turn == 0)
         self._set_context(e.program, e.prompt_tokens, e.t)
 
     def _prefill(self, e: ev.PrefillStarted) -> None:
+        self._trainer.prefill(e)
         req = self._requests.get(e.request)
         if req is not None and req.cached is None:
             req.cached = e.cached_tokens
@@ -233,6 +239,7 @@ class MetricsFold:
             self._recomputed += e.recompute_tokens
 
     def _finished(self, e: ev.RequestFinished) -> None:
+        self._trainer.generated(e.program, e.output_tokens)
         self._set_context(e.program, e.prompt_tokens + e.output_tokens, e.t)
         if self._steps:
             self._steps[-1].output_tokens += e.output_tokens
@@ -261,6 +268,7 @@ class MetricsFold:
         self._dropped += self._in_window(e.t)
 
     def _retried_request(self, e: ev.RequestRetried) -> None:
+        self._trainer.retried(e)
         self._requests.pop(e.request, None)  # its retry arrives as a request of its own
         self._retried += self._in_window(e.t)
 
@@ -334,6 +342,8 @@ class MetricsFold:
     def _rollout_summary(self) -> dict[str, Any] | None:
         """RL steps that completed their rollout: step time runs from rollout start to the end of
         training (to the rollout's end for a step whose training the run did not reach)."""
+        if self._trainer.asynchronous:
+            return self._async_rollout_summary()
         steps = [s for s in self._steps if s.rollout_end is not None]
         if not steps:
             return None
@@ -352,6 +362,27 @@ class MetricsFold:
             "groups": len(groups),
             "group_completion_s": _stats([g.finishes[-1] - g.first_start for g in groups]),
             "group_wait_s": _stats([g.finishes[-1] - g.finishes[0] for g in groups]),
+            **self._trainer.summary(),
+        }
+
+    def _async_rollout_summary(self) -> dict[str, Any]:
+        """The asynchronous trainers' steps: there is no rollout phase, so rollout_time_s and
+        straggler_share are null; a group counts once the trainer sampled it."""
+        trainer = self._trainer
+        throughput = trainer.async_throughput()
+        groups = [g for key, g in self._groups.items() if trainer.trained(key) and len(g.finishes) == g.members]
+        return {
+            "steps": throughput["steps"],
+            "step_time_s": _stats(throughput["step_time_s"]),
+            "rollout_time_s": _stats([]),
+            "rollout_tokens_per_s": throughput["rollout_tokens_per_s"],
+            "step_tokens_per_s": throughput["step_tokens_per_s"],
+            "trajectory_latency_s": _stats(self._trajectory_latency),
+            "straggler_share": None,
+            "groups": len(groups),
+            "group_completion_s": _stats([g.finishes[-1] - g.first_start for g in groups]),
+            "group_wait_s": _stats([g.finishes[-1] - g.finishes[0] for g in groups]),
+            **trainer.summary(),
         }
 
     def _host_tier_summary(self) -> dict[str, Any] | None:
@@ -415,7 +446,20 @@ class MetricsFold:
             cut short too; like trajectory_latency_s, over every trajectory, warm-up or not);
             group_completion_s statistics (per group, its first sample's start to its last sample's finish:
             when its advantage can be computed) and group_wait_s statistics (per group, its first sample's
-            finish to its last one's: how long finished samples wait for the group's straggler)
+            finish to its last one's: how long finished samples wait for the group's straggler);
+            trainer_idle_share (of the time to the trainer's last event, the share it waited for samples:
+            neither training nor pushing weights); staleness and staleness_worst (mean and max over the
+            groups trained on of the step minus the newest, and the oldest, weight version their turns ran
+            under; 0 in sync mode); groups_evicted (finished groups dropped as too stale);
+            interrupted_calls and interrupted_output_tokens (calls a weight sync or a lost worker cut short,
+            and the output they had generated: their retries compute it again as prompt);
+            recomputed_prompt_tokens (the retries' prompt tokens not found in cache).
+            Asynchronous modes (workload.mode other than sync): steps end with their last update and
+            step_time_s is the time between step ends; step_tokens_per_s counts the output of the groups
+            trained on (cut-short calls' included) over the time to the trainer's last event;
+            rollout_tokens_per_s every output token generated over the time the engines were not stopped
+            by a weight sync; rollout_time_s and straggler_share are null (there is no rollout phase); a
+            group counts once the trainer sampled it
         ``host_tier``: runs with cluster.engine.host_tier only (else null), over every first admission since
             the run started and every worker: host_blocks_per_worker; gpu_hit_tokens and host_hit_tokens (prompt
             tokens found on the GPU, and loaded from the host: together the hits of prefix_hit_rate_since_start);
@@ -482,6 +526,11 @@ _HANDLERS: dict[type[ev.Event], Callable[[MetricsFold, Any], None]] = {
     ev.RolloutStarted: MetricsFold._rollout_started,
     ev.RolloutFinished: MetricsFold._rollout_finished,
     ev.TrainingFinished: MetricsFold._training_finished,
+    ev.TrainingStarted: lambda fold, e: fold._trainer.training_started(e),
+    ev.WeightSyncStarted: lambda fold, e: fold._trainer.sync_started(e),
+    ev.WeightSyncFinished: lambda fold, e: fold._trainer.sync_finished(e),
+    ev.GroupSampled: lambda fold, e: fold._trainer.group_sampled(e),
+    ev.GroupEvicted: lambda fold, e: fold._trainer.group_evicted(e),
     ev.RequestArrived: MetricsFold._arrived,
     ev.PrefillStarted: MetricsFold._prefill,
     ev.FirstToken: MetricsFold._first_token,
