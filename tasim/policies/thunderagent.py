@@ -68,6 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from tasim.core.cluster_view import ClusterView
 from tasim.core.kv_tier import KvTier
 from tasim.core.model import BlockHash, RequestSpec
+from tasim.core.rollout_ids import rollout_group_of
 from tasim.policies.chars_per_token import LearnedCharsPerToken
 from tasim.policies.interface import Hold, Pause, Policy, ProgramDecision, Release, Resume, Route, TurnEnd
 
@@ -128,6 +129,11 @@ class ThunderAgentParams(BaseModel):
         "smallest_first", description="order of new programs in the resume queue (fix for #45/#46: fifo or aged)"
     )
     aging_tokens_per_s: float = Field(1000.0, gt=0, description="aged order: a waiting program's size shrinks by this per second")
+    group_order: bool = Field(
+        False,
+        description="tasim's addition for GRPO: resume the programs of the oldest prompt group first and pause the youngest "
+        "group's first, so a group's last samples are not the ones kept waiting (groups from rl_rollout trajectory ids)",
+    )
     placement: Literal["most_room", "best_fit"] = Field("most_room", description="backend for a resumed program")
     resume_on_origin: bool = Field(False, description="fix: resume on the origin backend if its cached blocks survive")
     origin_min_cached_fraction: float = Field(0.5, gt=0, le=1, description="resume_on_origin: share of blocks that must survive")
@@ -162,6 +168,8 @@ class ThunderAgentParams(BaseModel):
             raise ValueError(f"pause_target ({self.pause_target}) must be <= pause_threshold ({self.pause_threshold})")
         if self.resume_hysteresis >= self.pause_threshold:
             raise ValueError("resume_hysteresis must be < pause_threshold")
+        if self.group_order and (self.pause_order != "smallest" or self.admission_order != "smallest_first"):
+            raise ValueError("group_order sets the pause and admission orders: leave pause_order and admission_order at their defaults")
         if self.variant == "dynamo" and self.payload_chars_per_token is not None:
             raise ValueError(
                 "payload_chars_per_token is for variant upstream only (Dynamo's port counts the tokenized "
@@ -195,6 +203,8 @@ class ProgramState:
     tool_s: float = 0.0  # its tool calls' total time (the gaps between a turn's end and its next call)
     tools: int = 0
     payload_chars: int = 0  # upstream's context_len: the last request's payload length
+    group: str = ""  # its GRPO prompt group (itself outside RL rollouts)
+    group_since: float = 0.0  # when the policy first saw a program of its group
 
 
 @dataclass(slots=True)
@@ -258,6 +268,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         # a weight sync in progress: since when, and the calls that arrived meanwhile, in order
         self.weight_sync_since: float | None = None
         self._sync_held: dict[str, RequestSpec] = {}
+        # group_order: per GRPO group, when its first program arrived and how many are known
+        self._groups: dict[str, tuple[float, int]] = {}
 
     # --- accounting ------------------------------------------------------------------------
 
@@ -365,6 +377,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         q = self.programs.get(request.program)
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
+            if self.params.group_order:
+                self._join_group(q, now)
         q.steps += 1
         if q.phase is Phase.ACTING:
             q.tool_s += now - q.acting_since
@@ -399,6 +413,19 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         q.held_since = now
         return Hold(pause=True)
 
+    def _join_group(self, q: ProgramState, now: float) -> None:
+        q.group = rollout_group_of(q.id) or q.id
+        since, members = self._groups.get(q.group, (now, 0))
+        self._groups[q.group] = (since, members + 1)
+        q.group_since = since
+
+    def _leave_group(self, q: ProgramState) -> None:
+        since, members = self._groups[q.group]
+        if members > 1:
+            self._groups[q.group] = (since, members - 1)
+        else:
+            del self._groups[q.group]
+
     def _admission_backend(self, q: ProgramState) -> str | None:
         fits = [b for b in self.capacity if self.capacity[b] - self.used(b) >= self._need(q, b)]
         if not fits:
@@ -426,6 +453,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         q = self.programs.pop(program, None)
         if q is not None:
             self._settle(q, None)
+            if self.params.group_order:
+                self._leave_group(q)
         self.queue.pop(program, None)
         self.soft_demoted_until.pop(program, None)
         self._sync_held.pop(program, None)
@@ -551,8 +580,10 @@ class ThunderAgent(Policy[ThunderAgentParams]):
                 return 1
             return 0 if q.phase is Phase.REASONING else 2
 
-        def key(q: ProgramState) -> tuple[int, float]:
+        def key(q: ProgramState) -> tuple[int, float] | tuple[int, float, float]:
             g = group(q)
+            if self.params.group_order:
+                return g, q.group_since, self._order_size(q)
             if g == 1 and self.params.admission_order == "fifo":
                 return g, q.queued_at
             if g == 1 and self.params.admission_order == "aged":
@@ -644,6 +675,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         """The order ACTING programs are paused in: smallest first, or by the idle time the
         pause is expected to save (then smallest first among equals)."""
         order = self.params.pause_order
+        if self.params.group_order:
+            return lambda q: (-q.group_since, q.tokens)
         if order == "longest_idle":
             return lambda q: (-(now - q.acting_since), q.tokens)
         if order == "longest_tool":
