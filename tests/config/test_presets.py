@@ -41,14 +41,21 @@ def test_preset_runs(preset: Path, tmp_path: Path) -> None:
     summary = run_simulation(scenario, tmp_path)
     assert summary["requests_completed"] > 0
     assert summary["requests_dropped"] == 0
-    if kind == "rl_rollout":
+    workload = scenario.workload
+    if isinstance(workload, RolloutWorkload) and workload.mode != "sync":
+        rollout = summary["rollout"]
+        assert rollout["steps"] == 2
+        assert rollout["groups"] == workload.prompts_per_step * workload.steps == 4  # the groups trained on
+        assert 0 <= rollout["trainer_idle_share"] < 1
+        assert rollout["staleness_worst"]["max"] >= rollout["staleness"]["max"] >= 0
+        assert rollout["rollout_tokens_per_s"] > 0 and rollout["step_tokens_per_s"] > 0
+    elif kind == "rl_rollout":
         rollout = summary["rollout"]
         assert rollout["steps"] == 2
         assert rollout["step_time_s"]["mean"] > rollout["rollout_time_s"]["mean"] > 0  # training adds 5 s
         assert 0 <= rollout["straggler_share"] < 1
         assert rollout["rollout_tokens_per_s"] > rollout["step_tokens_per_s"] > 0
         # every GRPO group of every step completes, after its first sample's finish
-        workload = scenario.workload
         assert isinstance(workload, RolloutWorkload)
         assert rollout["groups"] == workload.prompts_per_step * workload.steps == 4
         assert rollout["group_wait_s"]["mean"] < rollout["group_completion_s"]["mean"]
