@@ -42,6 +42,7 @@ SUMMARY_KEYS = (
     "pauses",
     "resumes",
     "forced_resumes",
+    "repeat_forced_resumes",
     "pins",
     "ttfr_by_prompt_s",
     "kv_pool_tokens",
@@ -160,6 +161,8 @@ class MetricsFold:
     _pauses: int = 0
     _resumes: int = 0
     _forced_resumes: int = 0
+    _repeat_forced_resumes: int = 0
+    _forced_programs: set[str] = field(default_factory=set)  # force-resumed at least once, window or not
     _pins: int = 0
     _ttfr: dict[str, list[float]] = field(default_factory=lambda: {label: [] for label, _ in PROMPT_BUCKETS})
     _util_sum: float = 0.0
@@ -282,9 +285,13 @@ class MetricsFold:
         self._pauses += self._in_window(e.t)
 
     def _resumed(self, e: ev.ProgramResumed) -> None:
+        repeat = e.forced and e.program in self._forced_programs
+        if e.forced:
+            self._forced_programs.add(e.program)
         if self._in_window(e.t):
             self._resumes += 1
             self._forced_resumes += e.forced
+            self._repeat_forced_resumes += repeat
 
     def _pinned(self, e: ev.ProgramPinned) -> None:
         self._pins += self._in_window(e.t)
@@ -428,6 +435,8 @@ class MetricsFold:
         ``pauses``: programs paused by the policy (a new program queued for room counts as one)
         ``resumes``: paused programs resumed
         ``forced_resumes``: resumes forced by a timeout, without a capacity check (ThunderAgent)
+        ``repeat_forced_resumes``: those of them of a program forced before (one that waited out a
+            second timeout or more)
         ``pins``: KV pins taken (Continuum)
         ``ttfr_by_prompt_s``: time to first response of programs' first calls (arrival, including any hold,
             to first token) by prompt size, <2k, 2k-8k, 8k-32k and >=32k tokens: statistics and count each
@@ -499,6 +508,7 @@ class MetricsFold:
             "pauses": self._pauses,
             "resumes": self._resumes,
             "forced_resumes": self._forced_resumes,
+            "repeat_forced_resumes": self._repeat_forced_resumes,
             "pins": self._pins,
             "ttfr_by_prompt_s": {label: {**_stats(v), "count": len(v)} for label, v in self._ttfr.items()},
             "kv_pool_tokens": pool_tokens,

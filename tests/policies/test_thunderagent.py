@@ -230,6 +230,75 @@ def test_forced_resume_of_a_placed_program_returns_to_origin() -> None:
     assert list(ta.on_tick(1810.0)) == [Resume("A", "w0", forced=True)]  # origin, no capacity check
 
 
+def _never_released_pair_and_held(*held: str) -> ThunderAgent:
+    """A and B (600 tokens each) fill the backend to 1,400 and finish without a release (ACTING
+    610, use 1,420); the programs ``held`` arrive with 600 tokens and queue at t = 0."""
+    ta = _ta()
+    assert req(ta, "A", 600, 0.0) == Route("w0")
+    assert req(ta, "B", 600, 0.0) == Route("w0")
+    for program in held:
+        assert req(ta, program, 600, 0.0) == Hold(pause=True)  # room 200 < 700, then a queue
+    assert end(ta, "A", 600, 10, 1.0) == []
+    assert end(ta, "B", 600, 10, 1.0) == []
+    for t in range(5, 1800, 5):
+        assert list(ta.on_tick(float(t))) == []  # room 180: nothing fits
+    return ta
+
+
+def test_forced_programs_that_do_not_fit_wait_out_a_second_timeout() -> None:
+    """Upstream's double wait: the forced set does not fit even once every never-released program
+    is paused, so each forced program is marked and paused at its turn end, and the one whose
+    next request finds no room waits a fresh 1,800 s (router.py _wait_for_resume, timer per held
+    request) and is forced again."""
+    ta = _never_released_pair_and_held("C", "D", "E")
+    # use 1,420 + 3 x 700 = 3,520: pausing A and B (smallest ACTING first) leaves 2,100 > 1,600,
+    # so C, D and E are marked
+    assert list(ta.on_tick(1800.0)) == [
+        Resume("C", "w0", forced=True),
+        Resume("D", "w0", forced=True),
+        Resume("E", "w0", forced=True),
+        Pause("A"),
+        Pause("B"),
+    ]
+    assert [q.marked for q in (ta.programs["C"], ta.programs["D"], ta.programs["E"])] == [True] * 3
+    assert end(ta, "C", 600, 20, 1801.0) == [Pause("C")]
+    assert req(ta, "C", 645, 1801.3) == Hold()
+    assert end(ta, "D", 600, 30, 1802.0) == [Pause("D")]
+    assert req(ta, "D", 655, 1802.3) == Hold()
+    assert end(ta, "E", 600, 40, 1803.0) == [Pause("E")]
+    assert req(ta, "E", 665, 1803.3) == Hold()
+    assert ta.programs["E"].held_since == 1803.3  # the second wait starts at the held request
+    # G1 by paused size (C 620, D 630, E 640): 745 + 755 = 1,500 fit, E (765) and the paused A
+    # and B (G2 by step count, 710 each) do not; placed largest first
+    assert list(ta.on_tick(1805.0)) == [Resume("D", "w0"), Resume("C", "w0")]
+    assert end(ta, "C", 645, 5, 1806.0) == []
+    assert end(ta, "D", 655, 5, 1806.0) == []
+    assert ta.used("w0") == 1510  # room 90: nothing is resumed until E's second timeout
+    for t in range(1810, 3605, 5):
+        assert list(ta.on_tick(float(t))) == []
+    # 3,605 is the first tick at or after 1,803.3 + 1,800: E forced again, to its origin; use
+    # 2,275, and pausing C (the smallest ACTING) brings it to 1,525
+    assert list(ta.on_tick(3605.0)) == [Resume("E", "w0", forced=True), Pause("C")]
+    assert not ta.programs["E"].marked
+
+
+def test_forced_programs_that_fit_wait_once() -> None:
+    """The boundary: once the never-released programs are paused the forced set fits, nothing is
+    marked, and a forced program's next turn goes through unchecked."""
+    ta = _never_released_pair_and_held("C", "D")
+    # use 1,420 + 2 x 700 = 2,820: pausing A and B leaves 1,400 <= 1,600
+    assert list(ta.on_tick(1800.0)) == [
+        Resume("C", "w0", forced=True),
+        Resume("D", "w0", forced=True),
+        Pause("A"),
+        Pause("B"),
+    ]
+    assert not ta.programs["C"].marked and not ta.programs["D"].marked
+    assert end(ta, "C", 600, 20, 1801.0) == []
+    assert req(ta, "C", 645, 1801.3) == Route("w0")
+    assert ta.programs["C"].held_since is None
+
+
 def test_dynamo_hysteresis_bands() -> None:
     for variant, first_tick in (("upstream", [Pause("C")]), ("dynamo", [Pause("C"), Pause("B")])):
         _turns.clear()

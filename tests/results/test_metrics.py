@@ -151,6 +151,23 @@ def test_a_group_counts_once_its_step_has_started_every_trajectory(last_sample_s
     assert rollout["group_completion_s"]["p99"] == pytest.approx(1.0 if groups == 1 else 1.99)  # s0.0 1 s, s1.0 2 s
 
 
+def test_repeat_forced_resumes_are_those_of_a_program_forced_before() -> None:
+    """A program forced again after a second timeout; its first forced resume counts as forced
+    before, even where it fell in the warm-up and is itself not counted."""
+    log = [
+        ev.RunStarted(0.0, "s", "thunderagent", 1, 30.0, ("w0",), 16, 100, 5.0),
+        ev.ProgramResumed(1.0, "p1", "w0", True),  # warm-up
+        ev.ProgramResumed(6.0, "p2", "w0", True),
+        ev.ProgramResumed(7.0, "p1", "w0", True),  # p1 again
+        ev.ProgramResumed(8.0, "p2", "w0", False),
+        ev.ProgramResumed(9.0, "p2", "w0", True),  # p2 again
+        ev.ProgramResumed(10.0, "p3", "w0", True),
+        ev.RunEnded(30.0, 0, 0),
+    ]
+    summary = MetricsFold().apply_all(log).summary()
+    assert (summary["resumes"], summary["forced_resumes"], summary["repeat_forced_resumes"]) == (5, 4, 2)
+
+
 def test_incomplete_log_is_an_error() -> None:
     with pytest.raises(ValueError, match="incomplete"):
         MetricsFold().apply_all([ev.RunStarted(0.0, "s", "p", 1, 10.0, ("w0",), 16, 10, 0.0)]).summary()
