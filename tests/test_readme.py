@@ -199,6 +199,14 @@ def check_written(path: str) -> Callable[[Outcome, Path], None]:
     return check
 
 
+def check_rollout_step(outcome: Outcome, root: Path) -> None:
+    """One step of 2,048 trajectories: every one finishes, and the pool holds them without a pause."""
+    _ok(outcome)
+    summary = json.loads((root / "runs" / "rl-scale-2048-thunderagent-s0" / "summary.json").read_text())
+    assert summary["programs_completed"] == 2048 and summary["requests_unfinished"] == 0
+    assert summary["pauses"] == 0 and summary["working_set_ratio"] < 0.5
+
+
 def check_refused_without_gpus(outcome: Outcome, root: Path) -> None:
     """On a machine without the GPUs the command asks for: one line, exit 2, at once, nothing
     started or written."""
@@ -285,6 +293,9 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
     "python -m tasim validate published measurements/verl-recipe-h20.yaml": ("", check_written("runs/published/published.json")),
     # docs/live.md
     "python -m tasim live scenarios/live-mocker-host-tier.yaml --compare-sim": ("", check_live("live-live-mocker-host-tier-round_robin-s5", 98)),
+    # docs/results/rl-scale.md
+    "python -m tasim simulate rl-scale-2048 --policy thunderagent --quiet": ("", check_rollout_step),
+    "python -m lab.rollout_audit runs/rl-scale-2048-thunderagent-s0": ("", check_printed("2048/2048")),
     # docs/scenarios.md
     "python -m tasim scenarios": ("", check_printed("swe-agent.yaml", "live-mocker.yaml")),
 }
