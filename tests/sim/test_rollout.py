@@ -7,9 +7,11 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import SCENARIOS
 
-from tasim.config.scenario import Scenario
+from tasim.config.scenario import Scenario, load_scenario
 from tasim.core import events as ev
+from tasim.policies.thunderagent import ThunderAgent
 from tasim.sim.runner import Simulation
 
 TRAINER_EVENTS = (
@@ -137,3 +139,32 @@ def test_colocate_async_stops_the_engines_for_the_training_and_resumes_after_the
 @pytest.mark.parametrize("mode", ["one_step_off", "colocate_async", "separate_async"])
 def test_the_async_modes_are_deterministic(mode: str) -> None:
     assert _run(mode=mode, steps=3, mini_steps=1) == _run(mode=mode, steps=3, mini_steps=1)
+
+
+@pytest.mark.parametrize(("mode", "training_s"), [("colocate_async", 200), ("separate_async", 20)])
+def test_thunderagent_keeps_nothing_of_finished_programs_across_aborts_and_retries(mode: str, training_s: int) -> None:
+    scenario = load_scenario(
+        SCENARIOS / "rl-async.yaml",
+        [
+            f"workload.mode={mode}",
+            "workload.prompts_per_step=8",
+            "workload.samples_per_prompt=4",
+            "workload.steps=3",
+            "workload.turns=6",
+            f"workload.training_s={training_s}",
+            "workload.max_concurrency=64",
+            "policy.name=thunderagent",
+        ],
+    )
+    log: list[ev.Event] = []
+    simulation = Simulation(scenario, log.append, check=True)
+    simulation.run()
+    policy = simulation.policy
+    assert isinstance(policy, ThunderAgent)
+    assert [e for e in log if isinstance(e, ev.RequestRetried)]  # the syncs cut calls short
+    started = {e.program for e in log if isinstance(e, ev.ProgramStarted)}
+    finished = {e.program for e in log if isinstance(e, ev.ProgramFinished)}
+    assert set(policy.programs) == started - finished  # only the trajectories still running
+    assert policy.weight_sync_since is None and not policy._sync_held
+    ids = [e.request for e in log if isinstance(e, ev.RequestArrived)]
+    assert len(ids) == len(set(ids))
