@@ -265,7 +265,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         self._weight_num, self._weight_den = p.acting_token_weight.as_integer_ratio()
         self._chars_per_token = LearnedCharsPerToken()  # read only with payload_chars_per_token
         self._block_size = view.workers[0].block_size
-        # a weight sync in progress: since when, and the calls that arrived meanwhile, in order
+        # a weight sync in progress: since when, and the calls that arrived meanwhile, by id, in order
         self.weight_sync_since: float | None = None
         self._sync_held: dict[str, RequestSpec] = {}
         # group_order: per GRPO group, when its first program arrived and how many are known
@@ -372,7 +372,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
     def on_request(self, request: RequestSpec, now: float) -> Route | Hold:
         if self.weight_sync_since is not None:
             # upstream holds every new call before any accounting until the sync ends
-            self._sync_held[request.program] = request
+            self._sync_held[request.id] = request
             return Hold()
         q = self.programs.get(request.program)
         if q is None:
@@ -435,6 +435,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         return min(fits, key=lambda b: self.used(b))
 
     def on_turn_end(self, turn: TurnEnd, now: float) -> Sequence[ProgramDecision]:
+        if self._sync_held.pop(turn.request, None) is not None:
+            return ()  # a call given up while the sync held it: upstream never accounted it
         q = self.programs.get(turn.program)
         if q is None:
             return ()
@@ -457,7 +459,8 @@ class ThunderAgent(Policy[ThunderAgentParams]):
                 self._leave_group(q)
         self.queue.pop(program, None)
         self.soft_demoted_until.pop(program, None)
-        self._sync_held.pop(program, None)
+        if self._sync_held:
+            self._sync_held = {rid: r for rid, r in self._sync_held.items() if r.program != program}
         return ()
 
     def on_worker_lost(self, worker: str, now: float) -> Sequence[ProgramDecision]:

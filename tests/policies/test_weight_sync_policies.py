@@ -78,3 +78,18 @@ def test_session_affinity_bindings_are_forgotten_at_a_sync() -> None:
     policy.on_weight_sync_begin(1.0)
     assert policy.sessions.worker("a", 1.0) is None and policy.sessions.worker("b", 1.0) is None
     assert policy.on_request(_call("a", 0, 100), 2.0) == Route(other)  # bound afresh, to the least loaded
+
+
+def test_each_call_held_through_a_sync_is_admitted_at_its_end_and_one_given_up_is_forgotten() -> None:
+    ta = _ta()
+    assert ta.on_request(_call("a", 0, 500), 0.0) == Route("w0")
+    ta.on_turn_end(TurnEnd("a", "a.0", "w0", 500, 10, 0), 1.0)
+    ta.on_weight_sync_begin(2.0)
+    # two concurrent calls of one program (each admitted at the end), and a new program's call
+    # whose client leaves while held: it ends unrouted, never accounted, so the end forgets it
+    first, second = _call("a", 1, 600), RequestSpec("a.1r2", "a", 1, 600, 10, 0, ())
+    for call in (first, second, _call("b", 0, 400)):
+        assert ta.on_request(call, 3.0) == Hold()
+    assert ta.on_turn_end(TurnEnd("b", "b.0", "", 400, 0, 0, ok=False), 4.0) == ()
+    assert list(ta.on_weight_sync_end(5.0)) == [Release("a", "w0"), Release("a", "w0")]
+    assert ta.programs["a"].steps == 3 and set(ta.programs) == {"a"}

@@ -16,6 +16,8 @@ The service (JSON over HTTP on the router's status port, 127.0.0.1)::
     POST /v1/fail   {call, reason}                              → 204   the call failed for good
     POST /v1/retry  {call, reason, token_ids | tokens, max_tokens}  → like /v1/route
     POST /v1/end    {program}                                   → {known}   the session-final
+    POST /v1/weight_sync/begin  {version}                       → {version, began}
+    POST /v1/weight_sync/end    {version}                       → {version, ended, released}
 
 The prompt comes as ``token_ids`` or, cheaper to send and to read, as ``tokens``: base64 of the
 ids packed as little-endian u32, the bytes Dynamo hashes. ``/v1/route`` waits while the policy
@@ -24,9 +26,15 @@ back. ``program`` null is a one-off call. ``pin`` holds the headers to send with
 ``/v1/retry`` is for a call whose pinned worker failed under it (connection refused, stream cut,
 the instance gone): the service probes that worker itself (a client's word alone takes no worker
 out of service), then lets the policy place the call again, up to ``live.max_retries`` times, as
-proxy mode does. ``/v1/end`` is the session-final: it never reaches an engine. Bad bodies,
-unknown calls and refused ids get 4xx with a one-line ``{"error": ...}``; with no worker
-serving, 503. ``GET /v1/socket`` offers the same operations as WebSocket frames (below).
+proxy mode does. ``/v1/end`` is the session-final: it never reaches an engine.
+``/v1/weight_sync/begin`` and ``/end`` are for a trainer that updates the workers' weights (in any
+routing mode): they bracket the update, so the policy can act on it (ThunderAgent holds every new
+call until the end, then routes them; session-affinity routers forget their bindings). ``version``
+is the trainer's weight version, newer at each sync; ``began`` or ``ended`` false: a repeat that
+changed nothing; ``released``: the held calls routed at the end. Bad bodies, unknown calls,
+refused ids and a sync that contradicts the last one (409) get 4xx with a one-line
+``{"error": ...}``; with no worker serving, 503. ``GET /v1/socket`` offers the same operations as
+WebSocket frames (below).
 
 A call whose client never reports its end would keep its program alive for ever; calls routed
 longer ago than the program idle TTL with no report are failed, so their programs expire.
@@ -45,7 +53,7 @@ import msgspec
 from aiohttp import web
 
 from tasim.live.frames import Outbox, split
-from tasim.live.router.live_host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost, Prompt
+from tasim.live.router.live_host import Call, Held, InvalidProgramId, NoWorkerServing, PolicyHost, Prompt, WeightSyncConflict
 
 # The header Dynamo's frontend pins a call with (alias of x-worker-instance-id).
 PIN_HEADER = "x-dynamo-worker-instance-id"
@@ -110,13 +118,25 @@ class EndBody(_Frame, tag="end"):
     program: str
 
 
+class _WeightSyncBody(_Frame):
+    version: Count  # the trainer's weight version (verl: its global step)
+
+
+class WeightSyncBeginBody(_WeightSyncBody, tag="weight_sync_begin"):
+    pass
+
+
+class WeightSyncEndBody(_WeightSyncBody, tag="weight_sync_end"):
+    pass
+
+
 class CancelFrame(_Frame, tag="cancel"):
     """Socket only: the client gave up waiting for the answer to frame ``id`` (a held call
     is rolled back, as when an HTTP client goes away); answered ``{"cancelled": true}`` in
     place of the question's answer if that was still to come."""
 
 
-Frame = RouteBody | CallBody | DoneBody | FailBody | RetryBody | EndBody | CancelFrame
+Frame = RouteBody | CallBody | DoneBody | FailBody | RetryBody | EndBody | WeightSyncBeginBody | WeightSyncEndBody | CancelFrame
 _FIELDS = {kind: ", ".join(f for f in kind.__struct_fields__ if f != "id") for kind in Frame.__args__}
 
 
@@ -145,7 +165,8 @@ class _Routed:
 
 class Decisions:
     """The service's state: the calls handed out and not yet reported, around ``host``.
-    ``on_request`` runs before each routing (the router starts its measured run there)."""
+    ``on_request`` runs before each routing and weight sync (the router starts its measured
+    run there)."""
 
     def __init__(
         self,
@@ -222,6 +243,22 @@ class Decisions:
     def end(self, body: EndBody) -> dict[str, Any]:
         return {"known": self.host.session_final(body.program)}
 
+    def weight_sync_begin(self, body: WeightSyncBeginBody) -> dict[str, Any]:
+        self.on_request()
+        try:
+            began = self.host.begin_weight_sync(body.version)
+        except WeightSyncConflict as exc:
+            raise DecisionError(409, str(exc)) from None
+        return {"version": body.version, "began": began}
+
+    def weight_sync_end(self, body: WeightSyncEndBody) -> dict[str, Any]:
+        self.on_request()
+        try:
+            released = self.host.end_weight_sync(body.version)
+        except WeightSyncConflict as exc:
+            raise DecisionError(409, str(exc)) from None
+        return {"version": body.version, "ended": released is not None, "released": released or 0}
+
     def expire_unreported(self, now: float | None = None) -> None:
         """Fail the calls handed out longer than the report timeout ago (oldest first)."""
         if self.report_timeout_s is None:
@@ -292,7 +329,23 @@ class Decisions:
         async def end(request: web.Request) -> web.Response:
             return _json(self.end(await self._body(request, EndBody)))
 
-        for path, handler in (("route", route), ("first", first), ("done", done), ("fail", fail), ("retry", retry), ("end", end)):
+        async def sync_begin(request: web.Request) -> web.Response:
+            return _json(self.weight_sync_begin(await self._body(request, WeightSyncBeginBody)))
+
+        async def sync_end(request: web.Request) -> web.Response:
+            return _json(self.weight_sync_end(await self._body(request, WeightSyncEndBody)))
+
+        handlers: tuple[tuple[str, Handler], ...] = (
+            ("route", route),
+            ("first", first),
+            ("done", done),
+            ("fail", fail),
+            ("retry", retry),
+            ("end", end),
+            ("weight_sync/begin", sync_begin),
+            ("weight_sync/end", sync_end),
+        )
+        for path, handler in handlers:
             app.router.add_post(f"/v1/{path}", _answering_errors(handler))
         app.router.add_get("/v1/socket", self._socket)
 
@@ -368,8 +421,8 @@ class Decisions:
         waiting[frame.id] = asyncio.ensure_future(self._answer_later(outbox, frame.id, deciding, waiting))
         return None
 
-    def _now(self, frame: CallBody | DoneBody | FailBody | EndBody) -> dict[str, Any]:
-        """Carry out a report or a program end."""
+    def _now(self, frame: CallBody | DoneBody | FailBody | EndBody | WeightSyncBeginBody | WeightSyncEndBody) -> dict[str, Any]:
+        """Carry out a report, a program end or a weight sync's begin or end."""
         if isinstance(frame, CallBody):
             self.first(frame)
         elif isinstance(frame, DoneBody):
@@ -378,6 +431,10 @@ class Decisions:
             self.fail(frame)
         elif isinstance(frame, EndBody):
             return self.end(frame)
+        elif isinstance(frame, WeightSyncBeginBody):
+            return self.weight_sync_begin(frame)
+        elif isinstance(frame, WeightSyncEndBody):
+            return self.weight_sync_end(frame)
         return {}
 
     async def _route_held(self, held: Held) -> dict[str, Any]:

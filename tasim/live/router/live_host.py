@@ -22,6 +22,16 @@ after 600 s) would otherwise grow the table, and the policy's capacity accountin
 Idle programs are kept in the order they went idle, so expiry, checked at every call and policy
 tick, costs one step per expired program.
 
+Weight syncs: a trainer brackets each weight update with `begin_weight_sync` and
+`end_weight_sync` (the router serves them as ``POST /v1/weight_sync/begin|end``). Both are logged
+and told to the policy; the end applies the policy's decisions, so a call it held through the
+sync (ThunderAgent) is routed to its worker in that step. A repeated begin of the sync in
+progress, or a repeated end of the one that just ended, changes nothing (a trainer's retry);
+a begin while another version syncs, a begin of a version not newer than the last synced one,
+and an end that matches no begin are refused with `WeightSyncConflict`. What the engines do
+meanwhile (abort, empty their caches) is the trainer's business: the router hears it as the
+calls' ends and the workers' KV events, as usual.
+
 Lost workers: `worker_lost` takes a worker out of service (its cache with it) and tells the
 policy, which places that worker's programs elsewhere; `retry` sends a call that was in flight on
 it again, as a new call of the same turn, without the program noticing (no failed turn, no
@@ -68,6 +78,10 @@ class InvalidProgramId(ValueError):
 
 class NoWorkerServing(RuntimeError):
     """Every worker is lost, so a call cannot be placed; a new call changed nothing."""
+
+
+class WeightSyncConflict(ValueError):
+    """A weight sync begin or end that contradicts the syncs so far; it changed nothing."""
 
 
 @dataclass(slots=True)
@@ -129,6 +143,9 @@ class PolicyHost(HostCore):
         self.decision_seconds: deque[float] = deque(maxlen=100_000)  # policy + hashing time per decision
         self._one_offs = 0
         self._cached: dict[str, set[BlockHash]] = {w: set() for w in policy.view.worker_ids}
+        self.syncing: tuple[int, float] | None = None  # (version, since) of a weight sync begun and not ended
+        self.synced_version: int | None = None  # the version of the last weight sync that ended
+        self.weight_syncs = 0  # weight syncs ended
 
     # --- calls ---------------------------------------------------------------------------------
 
@@ -272,6 +289,37 @@ class PolicyHost(HostCore):
         now = self.clock() if now is None else now
         self._expire_idle(now)  # first, so the policy's pass sees the capacity this frees
         super().tick(now)
+
+    def begin_weight_sync(self, version: int) -> bool:
+        """The trainer starts pushing ``version``: logged and told to the policy; False for a
+        repeated begin of the sync in progress, which changes nothing (upstream ThunderAgent's
+        second begin neither restarts its watchdog)."""
+        if self.syncing is not None:
+            if self.syncing[0] == version:
+                return False
+            raise WeightSyncConflict(f"a weight sync to version {self.syncing[0]} is in progress; end it before beginning version {version}")
+        if self.synced_version is not None and version <= self.synced_version:
+            raise WeightSyncConflict(f"weight version {version} is not newer than the last synced version {self.synced_version}")
+        now = self.clock()
+        self.syncing = (version, now)
+        self.weight_sync_began(version, now)
+        return True
+
+    def end_weight_sync(self, version: int) -> int | None:
+        """The workers serve ``version``: logged, and the policy's decisions applied at once
+        (a call it held through the sync is routed now). The number of calls so routed; None
+        for a repeated end of the sync that ended last, which changes nothing."""
+        if self.syncing is None and version == self.synced_version:
+            return None
+        if self.syncing is None or self.syncing[0] != version:
+            progress = f"the sync to version {self.syncing[0]} is in progress" if self.syncing else "no weight sync is in progress"
+            raise WeightSyncConflict(f"end of a weight sync to version {version}, but {progress}")
+        in_flight = self.in_flight
+        self.syncing = None
+        self.synced_version = version
+        self.weight_syncs += 1
+        self.weight_sync_ended(version, self.clock())
+        return self.in_flight - in_flight
 
     def worker_lost(self, worker: str, reason: str) -> bool:
         """Take ``worker`` out of service with its cache; False if it already was. Its calls

@@ -22,8 +22,9 @@ shows no message for a 5xx; the router's log and status name the lost workers). 
 and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 ``POST /run/start`` and ``POST /run/end``, which bracket the measured run in the event log
 (otherwise it starts at the first request and ends at shutdown); ``POST /run/mark`` logs the RL
-step boundaries a rollout driver reports, and ``POST /caches/clear`` empties the workers'
-prefix caches as a weight update does.
+step boundaries a rollout driver reports, ``POST /caches/clear`` empties the workers'
+prefix caches as a weight update does, and ``POST /v1/weight_sync/begin|end`` bracket a
+trainer's weight update for the policy (`tasim.live.router.decisions`).
 """
 
 from __future__ import annotations

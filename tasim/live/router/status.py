@@ -79,6 +79,13 @@ def status_snapshot(router: RouterState) -> dict[str, Any]:
             "session_finals": host.session_finals,
         },
         "pinned_calls": {"unreported": len(router.decisions.calls), "expired": router.decisions.unreported},
+        "weight_sync": {
+            "in_progress": host.syncing is not None,
+            "version": host.syncing[0] if host.syncing else None,
+            "since_s": host.syncing[1] if host.syncing else None,
+            "synced_version": host.synced_version,
+            "syncs": host.weight_syncs,
+        },
         "pauses": host.pauses,
         "resumes": host.resumes,
         "ignored_pins": host.ignored_pins,
@@ -113,6 +120,8 @@ def prometheus_text(router: RouterState) -> str:
     metric("session_finals_total", "counter", "Session-final requests (program ends).", [("", host.session_finals)])
     metric("session_finals_unknown_total", "counter", "Session-finals for programs not in the table.", [("", host.unknown_finals)])
     metric("programs_expired_total", "counter", "Programs ended by the idle TTL.", [("", host.expired)])
+    metric("weight_sync_in_progress", "gauge", "1 between a trainer's weight sync begin and its end.", [("", host.syncing is not None)])
+    metric("weight_syncs_total", "counter", "Weight syncs ended.", [("", host.weight_syncs)])
     metric(
         "cached_blocks",
         "gauge",

@@ -36,9 +36,19 @@ What the policy sees, and why:
   that touches state is ``async`` for the same reason: all of them then run on that one loop and
   never interleave except at an ``await``. The policy's periodic tick runs as a task on that loop,
   started by the first acquire, which is sure to run on it (the constructor may not).
-* **Program ends.** Plain verl has no session-final request, so a program ends when
-  ``clear_sticky_cache`` is called (verl's trainers call it at phase switches) if nothing of it is
-  in flight or held, and when it has been idle for ``program_idle_ttl_s``.
+* **Program ends.** Plain verl has no session-final request, so a program ends when it has been
+  idle (nothing in flight or held) for ``program_idle_ttl_s``.
+* **Affinity clears.** ``clear_sticky_cache`` ends no program. verl's own balancer only empties
+  its sticky map there (``GlobalRequestLoadBalancer.clear_sticky_cache``), and verl calls it at
+  separate_async's switch to rollout (just before a weight update) and at the fully async
+  rollouter's rebalance; the trajectories go on afterwards, and each later turn must find its
+  one program. Here the policy hears it as a weight sync begun and ended at once, numbered by
+  the balancer's count of clears (verl names no version): session-affinity routers forget their
+  bindings, and ThunderAgent, which holds only the calls that arrive between a begin and an
+  end, releases nothing. The balancer forgets each trajectory's last server too (where a call
+  the policy sends to a removed server goes instead), and ``cleared_entries`` counts the
+  trajectories that had one, as verl's counts its sticky map's entries. verl does not tell the
+  balancer when it updates the weights itself, so nothing here holds calls through an update.
 
 Elastic pool (verl's fully-async and separate-async trainers add and remove hybrid replicas):
 ``remove_servers`` takes a server out of service at once. The policy's `ClusterView` is fixed,
@@ -161,6 +171,7 @@ class TasimLoadBalancer:
         self._inflight: dict[str, int] = {}
         self._routed: Counter[str] = Counter()
         self._redirected = 0
+        self._affinity_clears = 0
         self._events: Counter[str] = Counter()
         self._trajectories: dict[str, _Trajectory] = {}  # least recently active first
         self._host: PolicyHost | None = None
@@ -240,11 +251,17 @@ class TasimLoadBalancer:
         return sum(self._inflight[server] for server in self._active)
 
     async def clear_sticky_cache(self) -> dict[str, Any]:
-        """verl's phase switch: end every program with nothing in flight or held."""
-        ended = [rid for rid, t in self._trajectories.items() if not t.calls and not t.waiting]
-        for rid in ended:
-            self._end(rid)
-        return {"cleared_entries": len(ended), "server_loads": {s: self._inflight[s] for s in sorted(self._active)}}
+        """Forget where trajectories went, and tell the policy (a weight sync begun and ended
+        at once); programs go on."""
+        cleared = 0
+        for trajectory in self._trajectories.values():
+            cleared += trajectory.server is not None
+            trajectory.server = None
+        if self._host is not None:
+            self._affinity_clears += 1
+            self._host.begin_weight_sync(self._affinity_clears)
+            self._host.end_weight_sync(self._affinity_clears)
+        return {"cleared_entries": cleared, "server_loads": {s: self._inflight[s] for s in sorted(self._active)}}
 
     async def get_status(self) -> dict[str, Any]:
         host = self._host

@@ -28,6 +28,7 @@ from tasim.live.router.live_host import PolicyHost  # noqa: E402
 from tasim.live.stack.launcher import HOST, free_ports  # noqa: E402
 
 INSTANCES = {"w0": 100, "w1": 101}
+BAD_OP = "bad frame: Invalid value 'nonsense' - at `$.op` (ops: route, first, done, fail, retry, end, weight_sync_begin, weight_sync_end, cancel)"
 
 
 class Workers:
@@ -47,9 +48,13 @@ class Workers:
 
 @asynccontextmanager
 async def service(
-    policy: str = "round_robin", kv_blocks: int = 64, max_retries: int = 3, report_timeout_s: float | None = None
+    policy: str = "round_robin",
+    kv_blocks: int = 64,
+    max_retries: int = 3,
+    report_timeout_s: float | None = None,
+    params: dict[str, Any] | None = None,
 ) -> AsyncIterator[tuple[str, Decisions, Workers, FakeClock, list[ev.Event]]]:
-    host, clock, events = _host(policy, kv_blocks=kv_blocks, checked=True)
+    host, clock, events = _host(policy, params, kv_blocks=kv_blocks, checked=True)
     workers = Workers(host)
     decisions = Decisions(host, INSTANCES.get, workers.confirm_lost, max_retries, report_timeout_s)
     (port,) = free_ports(1)
@@ -135,6 +140,12 @@ BAD_BODIES = [
     ("retry", {"call": "nope.0", "reason": "x"}, 400, "give the prompt once"),
     ("retry", {"call": "nope.0", "reason": "x", "token_ids": [1]}, 404, "no call 'nope.0'"),
     ("end", {}, 400, "missing required field `program`"),
+    ("weight_sync/begin", {}, 400, "missing required field `version`"),
+    ("weight_sync/begin", {"version": -1}, 400, "Expected `int` >= 0 - at `$.version`"),
+    ("weight_sync/begin", {"version": "3"}, 400, "Expected `int`, got `str` - at `$.version`"),
+    ("weight_sync/begin", {"version": 1, "step": 1}, 400, "unknown field `step` (fields: version)"),
+    ("weight_sync/end", b"", 400, "not JSON"),
+    ("weight_sync/end", {"version": 1}, 409, "end of a weight sync to version 1, but no weight sync is in progress"),
 ]
 
 
@@ -167,7 +178,7 @@ def test_socket_answers_by_id_and_refuses_bad_frames_in_one_line() -> None:
             assert await socket.ask("end", {"program": "B"}) == {"known": True}  # frames are handled in order
             assert socket.errors == [
                 "no call 'gone.0' is routed and unreported (ids come from /v1/route)",
-                "bad frame: Invalid value 'nonsense' - at `$.op` (ops: route, first, done, fail, retry, end, cancel)",
+                BAD_OP,
             ]
             host = decisions.host
             assert (host.finished, host.failed, host.in_flight, list(host.programs)) == (2, 1, 0, [])
@@ -199,7 +210,7 @@ def test_a_message_may_carry_a_batch_of_frames_and_is_answered_in_one() -> None:
                     {
                         "id": None,
                         "status": 400,
-                        "error": "bad frame: Invalid value 'nonsense' - at `$.op` (ops: route, first, done, fail, retry, end, cancel)",
+                        "error": BAD_OP,
                     },
                     {"known": True, "id": 4},
                 ]
@@ -370,6 +381,159 @@ def test_calls_never_reported_are_failed_after_the_timeout_and_their_programs_id
             decisions.expire_unreported()
             assert decisions.unreported == 1 and not decisions.calls and decisions.host.in_flight == 0
             assert [e.reason for e in events if isinstance(e, ev.RequestDropped)] == ["no report from the client within 0.2 s"]
+            await socket.close()
+
+    asyncio.run(go())
+
+
+# --- weight syncs ----------------------------------------------------------------------------------
+
+
+def test_thunderagent_holds_calls_through_a_weight_sync_and_its_end_routes_them() -> None:
+    """A placed program's next call and a new program's first, both arriving during the sync,
+    wait unaccounted; the trainer's end routes the first to its program's worker and admits the
+    second where there is room (ThunderAgent's `Release`)."""
+
+    async def go() -> None:
+        async with service("thunderagent", kv_blocks=8) as (url, decisions, _, clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            a = await socket.ask("route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4})
+            assert (a["call"], a["worker"]) == ("A.0", "w0")
+            clock.t = 1.0
+            assert await _post(session, f"{url}/v1/done", {"call": "A.0", "prompt_tokens": 20, "completion_tokens": 4}) == (204, None)
+            clock.t = 2.0
+            assert await _post(session, f"{url}/v1/weight_sync/begin", {"version": 1}) == (200, {"version": 1, "began": True})
+            clock.t = 2.5
+            assert await _post(session, f"{url}/v1/weight_sync/begin", {"version": 1}) == (200, {"version": 1, "began": False})
+            clock.t = 3.0
+            a1 = asyncio.ensure_future(socket.ask("route", {"program": "A", "token_ids": _tokens(24), "max_tokens": 4}))
+            await asyncio.sleep(0.1)
+            clock.t = 3.5
+            b0 = asyncio.ensure_future(socket.ask("route", {"program": "B", "token_ids": _tokens(20, 100), "max_tokens": 4}))
+            await asyncio.sleep(0.2)
+            assert not a1.done() and not b0.done()
+            host = decisions.host
+            assert host.policy.programs["A"].steps == 1 and "B" not in host.policy.programs  # held before any accounting
+            clock.t = 4.0
+            host.tick()  # no pass during the sync
+            assert not a1.done() and not b0.done()
+            clock.t = 6.0
+            ended = await socket.ask("weight_sync_end", {"version": 1})
+            assert ended == {"version": 1, "ended": True, "released": 2}
+            answers = await asyncio.wait_for(asyncio.gather(a1, b0), 5)
+            assert [(x["call"], x["worker"], x["held_s"]) for x in answers] == [("A.1", "w0", 3.0), ("B.0", "w1", 2.5)]
+            assert host.in_flight == 2 and host.policy.programs["A"].steps == 2
+            assert await socket.ask("weight_sync_end", {"version": 1}) == {"version": 1, "ended": False, "released": 0}  # a repeat
+            assert [e for e in events if e.t >= 2.0 and not isinstance(e, (ev.RequestArrived, ev.ProgramStarted))] == [
+                ev.WeightSyncStarted(2.0, 1),
+                ev.RequestHeld(3.0, "A.1", "A"),
+                ev.RequestHeld(3.5, "B.0", "B"),
+                ev.WeightSyncFinished(6.0, 1),
+                ev.RequestRouted(6.0, "A.1", "w0"),
+                ev.RequestRouted(6.0, "B.0", "w1"),
+            ]
+            await socket.close()
+
+    asyncio.run(go())
+
+
+def test_thunderagents_watchdog_releases_held_calls_at_the_first_tick_past_its_timeout() -> None:
+    async def go() -> None:
+        async with service("thunderagent", kv_blocks=8) as (url, decisions, _, clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            clock.t = 1.0
+            assert await socket.ask("weight_sync_begin", {"version": 7}) == {"version": 7, "began": True}
+            clock.t = 2.0
+            asked = asyncio.ensure_future(socket.ask("route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4}))
+            await asyncio.sleep(0.2)
+            host = decisions.host
+            clock.t = 300.9  # 299.9 s into the sync (watchdog: 300 s)
+            host.tick()
+            await asyncio.sleep(0.1)
+            assert not asked.done()
+            clock.t = 301.0
+            host.tick()
+            answer = await asyncio.wait_for(asked, 5)
+            assert (answer["call"], answer["worker"], answer["held_s"]) == ("A.0", "w0", 299.0)
+            assert host.syncing == (7, 1.0)  # the trainer's sync is still open: only the policy gave up waiting
+            clock.t = 302.0
+            assert await socket.ask("weight_sync_end", {"version": 7}) == {"version": 7, "ended": True, "released": 0}
+            assert (host.syncing, host.synced_version, host.weight_syncs) == (None, 7, 1)
+            assert [e for e in events if not isinstance(e, (ev.RequestArrived, ev.ProgramStarted))] == [
+                ev.WeightSyncStarted(1.0, 7),
+                ev.RequestHeld(2.0, "A.0", "A"),
+                ev.RequestRouted(301.0, "A.0", "w0"),
+                ev.WeightSyncFinished(302.0, 7),
+            ]
+            await socket.close()
+
+    asyncio.run(go())
+
+
+def test_weight_syncs_that_contradict_the_last_one_are_refused_and_change_nothing() -> None:
+    async def go() -> None:
+        async with service() as (url, decisions, _, _clock, events), aiohttp.ClientSession() as session:
+            sync = f"{url}/v1/weight_sync"
+            assert await _post(session, f"{sync}/begin", {"version": 2}) == (200, {"version": 2, "began": True})
+            assert await _post(session, f"{sync}/begin", {"version": 3}) == (
+                409,
+                {"error": "a weight sync to version 2 is in progress; end it before beginning version 3"},
+            )
+            assert await _post(session, f"{sync}/end", {"version": 3}) == (
+                409,
+                {"error": "end of a weight sync to version 3, but the sync to version 2 is in progress"},
+            )
+            assert await _post(session, f"{sync}/end", {"version": 2}) == (200, {"version": 2, "ended": True, "released": 0})
+            assert await _post(session, f"{sync}/begin", {"version": 2}) == (
+                409,
+                {"error": "weight version 2 is not newer than the last synced version 2"},
+            )
+            assert await _post(session, f"{sync}/begin", {"version": 3}) == (200, {"version": 3, "began": True})
+            assert events == [ev.WeightSyncStarted(0.0, 2), ev.WeightSyncFinished(0.0, 2), ev.WeightSyncStarted(0.0, 3)]
+            assert decisions.host.syncing == (3, 0.0)
+
+    asyncio.run(go())
+
+
+def test_a_call_given_up_while_a_sync_held_it_is_never_accounted() -> None:
+    async def go() -> None:
+        async with service("thunderagent", kv_blocks=8) as (url, decisions, _, clock, events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            await socket.ask("route", {"program": "A", "token_ids": _tokens(20), "max_tokens": 4})
+            assert await _post(session, f"{url}/v1/done", {"call": "A.0", "prompt_tokens": 20, "completion_tokens": 4}) == (204, None)
+            clock.t = 1.0
+            await socket.ask("weight_sync_begin", {"version": 1})
+            asked = asyncio.ensure_future(socket.ask("route", {"program": "A", "token_ids": _tokens(24), "max_tokens": 4}))
+            await asyncio.sleep(0.2)
+            asked.cancel()
+            await asyncio.gather(asked, return_exceptions=True)
+            await asyncio.sleep(0.2)
+            clock.t = 2.0
+            assert await socket.ask("weight_sync_end", {"version": 1}) == {"version": 1, "ended": True, "released": 0}
+            host = decisions.host
+            assert host.in_flight == 0 and host.policy.programs["A"].steps == 1
+            assert [(e.request, e.reason) for e in events if isinstance(e, ev.RequestDropped)] == [("A.1", "cancelled while held")]
+            await socket.close()
+
+    asyncio.run(go())
+
+
+def test_session_affinity_bindings_are_forgotten_at_a_weight_sync() -> None:
+    async def go() -> None:
+        affinity = {"session_affinity_ttl_s": 1800.0}  # round robin behind Dynamo's session affinity
+        async with service(params=affinity) as (url, decisions, _, _clock, _events), aiohttp.ClientSession() as session:
+            socket = DecisionSocket(session, f"{url}/v1/socket")
+            workers = []
+            for turn in range(3):
+                if turn == 2:
+                    await socket.ask("weight_sync_begin", {"version": 1})
+                    await socket.ask("weight_sync_end", {"version": 1})
+                answer = await socket.ask("route", {"program": "A", "token_ids": _tokens(20 + 4 * turn), "max_tokens": 4})
+                workers.append(answer["worker"])
+                done = {"call": answer["call"], "prompt_tokens": 20 + 4 * turn, "completion_tokens": 4}
+                assert await _post(session, f"{url}/v1/done", done) == (204, None)
+            assert workers == ["w0", "w0", "w1"]  # bound, then bound afresh by the rotation
+            assert decisions.host.programs["A"].turn == 3  # the program goes on
             await socket.close()
 
     asyncio.run(go())

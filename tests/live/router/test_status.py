@@ -59,6 +59,8 @@ def test_prometheus_text_and_status_snapshot() -> None:
         "tasim_router_session_finals_total 3",
         "tasim_router_session_finals_unknown_total 3",
         "tasim_router_programs_expired_total 0",
+        "tasim_router_weight_sync_in_progress 0",
+        "tasim_router_weight_syncs_total 0",
         'tasim_router_cached_blocks{worker="w0"} 1',
         'tasim_router_cached_blocks{worker="w1"} 0',  # a lost worker's cache went with it
         'tasim_router_kv_event_gaps_total{worker="w0"} 1',
@@ -98,6 +100,7 @@ def test_prometheus_text_and_status_snapshot() -> None:
         },
         "requests": {"in_flight": 1, "finished": 1, "failed": 0, "retried": 0, "refused": 0, "session_finals": 3},
         "pinned_calls": {"unreported": 1, "expired": 2},
+        "weight_sync": {"in_progress": False, "version": None, "since_s": None, "synced_version": None, "syncs": 0},
         "pauses": 0,
         "resumes": 0,
         "ignored_pins": 0,
@@ -115,3 +118,17 @@ def test_prometheus_counters_are_exact_above_a_million() -> None:
     router = _router()
     router.host.routed["w0"] = 1_234_567
     assert 'tasim_router_requests_routed_total{worker="w0"} 1234567' in prometheus_text(router).splitlines()
+
+
+def test_status_shows_a_weight_sync_in_progress_and_the_last_one_synced() -> None:
+    router = _router()
+    host = router.host
+    router.clock.t = 3.0
+    assert host.begin_weight_sync(4)
+    assert status_snapshot(router)["weight_sync"] == {"in_progress": True, "version": 4, "since_s": 3.0, "synced_version": None, "syncs": 0}
+    assert "tasim_router_weight_sync_in_progress 1" in prometheus_text(router).splitlines()
+    router.clock.t = 5.0
+    assert host.end_weight_sync(4) == 0
+    assert status_snapshot(router)["weight_sync"] == {"in_progress": False, "version": None, "since_s": None, "synced_version": 4, "syncs": 1}
+    lines = prometheus_text(router).splitlines()
+    assert "tasim_router_weight_sync_in_progress 0" in lines and "tasim_router_weight_syncs_total 1" in lines

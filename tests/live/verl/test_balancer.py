@@ -154,7 +154,8 @@ def test_round_robin_alternates_servers_in_sorted_order(servers: dict[str, Any],
         assert await handle.require_release_fields.remote() == ["request_id"]
         cleared = await handle.clear_sticky_cache.remote()
         assert cleared == {"cleared_entries": 6, "server_loads": {S0: 0, S1: 0, S2: 0}}
-        assert (await handle.get_status.remote())["programs"] == 0
+        status = await handle.get_status.remote()
+        assert status["programs"] == 6 and "ProgramFinished" not in status["events"]  # the trajectories go on
 
     asyncio.run(scenario())
 
@@ -195,7 +196,8 @@ def test_kv_router_keeps_a_trajectory_on_its_prefix(servers: dict[str, Any], bal
 def test_thunderagent_holds_a_program_until_room_is_freed(servers: dict[str, Any], balancers: Any) -> None:
     two = {S1: servers[S1], S0: servers[S0]}
     # 16 blocks x 16 tokens = 256 tokens per server; a 100-token program needs 100 + 100 (buffer).
-    handle, client = balancers(two, policy="thunderagent", policy_params={"scheduler_interval_s": 0.05}, kv_blocks=16, block_size=16)
+    params = {"scheduler_interval_s": 0.05}
+    handle, client = balancers(two, policy="thunderagent", policy_params=params, kv_blocks=16, block_size=16, program_idle_ttl_s=1.5)
     a, b, c = ([k] * 100 for k in (1, 2, 3))
 
     async def scenario() -> None:
@@ -208,14 +210,43 @@ def test_thunderagent_holds_a_program_until_room_is_freed(servers: dict[str, Any
         assert await recorded(two) == {S1: [b], S0: [a]}
         status = await handle.get_status.remote()
         assert status["held"] == 1 and status["pauses"] == 1 and status["total_inflight"] == 0
-        cleared = await handle.clear_sticky_cache.remote()  # ends a and b; c is held, kept
-        assert cleared["cleared_entries"] == 2
-        await asyncio.wait_for(held, timeout=5)  # the next tick resumes c: most room, first in order
+        cleared = await handle.clear_sticky_cache.remote()  # forgets where a and b went (c went nowhere); ends nothing
+        assert cleared == {"cleared_entries": 2, "server_loads": {S0: 0, S1: 0}}
+        await asyncio.sleep(0.2)
+        assert not held.done()  # paused, not held by a sync: the clear releases nothing
+        status = await handle.get_status.remote()
+        assert status["programs"] == 3 and status["events"]["WeightSyncFinished"] == 1 and "ProgramFinished" not in status["events"]
+        await asyncio.wait_for(held, timeout=5)  # a and b idle past the TTL end; the next tick resumes c there
         await drained(handle)
         assert await recorded(two) == {S1: [b], S0: [a, c]}
         status = await handle.get_status.remote()
         assert status["resumes"] == 1 and status["held"] == 0 and status["programs"] == 1
         assert status["routed"] == {S0: 2, S1: 1}
+
+    asyncio.run(scenario())
+
+
+def test_clearing_the_sticky_cache_rebinds_sessions_and_keeps_their_programs(servers: dict[str, Any], balancers: Any) -> None:
+    """Round robin behind session affinity: a trajectory stays on its first server until an
+    affinity clear; its next turn then binds afresh (the rotation's next server), as the same
+    program."""
+    handle, client = balancers(servers, policy="round_robin", policy_params={"session_affinity_ttl_s": 600}, kv_blocks=64)
+
+    async def scenario() -> None:
+        await generate(client, "t0", [0])  # w0
+        await generate(client, "t1", [1])  # w1
+        await generate(client, "t0", [0, 5, 6, 7, 8, 9])  # bound: w0, the rotation stays
+        await drained(handle)
+        assert await handle.clear_sticky_cache.remote() == {"cleared_entries": 2, "server_loads": {S0: 0, S1: 0, S2: 0}}
+        await generate(client, "t0", [0, 5, 6, 7, 8, 9, 5, 6, 7, 8, 10])  # bound afresh: w2
+        await generate(client, "t1", [1, 5, 6, 7, 8, 11])  # w0
+        await drained(handle)
+        seen = await recorded(servers)
+        assert seen == {S0: [[0], [0, 5, 6, 7, 8, 9], [1, 5, 6, 7, 8, 11]], S1: [[1]], S2: [[0, 5, 6, 7, 8, 9, 5, 6, 7, 8, 10]]}
+        status = await handle.get_status.remote()
+        assert status["programs"] == 2 and status["finished"] == 5
+        assert status["events"]["ProgramStarted"] == 2 and "ProgramFinished" not in status["events"]
+        assert (status["events"]["WeightSyncStarted"], status["events"]["WeightSyncFinished"]) == (1, 1)
 
     asyncio.run(scenario())
 
