@@ -131,7 +131,7 @@ class ThunderAgentParams(BaseModel):
     aging_tokens_per_s: float = Field(1000.0, gt=0, description="aged order: a waiting program's size shrinks by this per second")
     group_order: bool = Field(
         False,
-        description="tasim's addition for GRPO: resume the programs of the oldest prompt group first and pause the youngest "
+        description="tasim's addition for GRPO: resume the programs of the oldest prompt group (by arrival) first and pause the youngest "
         "group's first, so a group's last samples are not the ones kept waiting (groups from rl_rollout trajectory ids)",
     )
     placement: Literal["most_room", "best_fit"] = Field("most_room", description="backend for a resumed program")
@@ -204,7 +204,7 @@ class ProgramState:
     tools: int = 0
     payload_chars: int = 0  # upstream's context_len: the last request's payload length
     group: str = ""  # its GRPO prompt group (itself outside RL rollouts)
-    group_since: float = 0.0  # when the policy first saw a program of its group
+    group_rank: int = 0  # its group's place in the order groups first arrived (older: lower)
 
 
 @dataclass(slots=True)
@@ -268,8 +268,10 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         # a weight sync in progress: since when, and the calls that arrived meanwhile, by id, in order
         self.weight_sync_since: float | None = None
         self._sync_held: dict[str, RequestSpec] = {}
-        # group_order: per GRPO group, when its first program arrived and how many are known
-        self._groups: dict[str, tuple[float, int]] = {}
+        # group_order: per GRPO group, its place in arrival order and how many of its programs
+        # are known; groups that arrive together (a GRPO batch) keep the order they came in
+        self._groups: dict[str, tuple[int, int]] = {}
+        self._groups_seen = 0
 
     # --- accounting ------------------------------------------------------------------------
 
@@ -378,7 +380,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         if q is None:
             q = self.programs[request.program] = ProgramState(request.program)
             if self.params.group_order:
-                self._join_group(q, now)
+                self._join_group(q)
         q.steps += 1
         if q.phase is Phase.ACTING:
             q.tool_s += now - q.acting_since
@@ -413,16 +415,20 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         q.held_since = now
         return Hold(pause=True)
 
-    def _join_group(self, q: ProgramState, now: float) -> None:
+    def _join_group(self, q: ProgramState) -> None:
         q.group = rollout_group_of(q.id) or q.id
-        since, members = self._groups.get(q.group, (now, 0))
-        self._groups[q.group] = (since, members + 1)
-        q.group_since = since
+        known = self._groups.get(q.group)
+        if known is None:
+            known = (self._groups_seen, 0)
+            self._groups_seen += 1
+        rank, members = known
+        self._groups[q.group] = (rank, members + 1)
+        q.group_rank = rank
 
     def _leave_group(self, q: ProgramState) -> None:
-        since, members = self._groups[q.group]
+        rank, members = self._groups[q.group]
         if members > 1:
-            self._groups[q.group] = (since, members - 1)
+            self._groups[q.group] = (rank, members - 1)
         else:
             del self._groups[q.group]
 
@@ -586,7 +592,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         def key(q: ProgramState) -> tuple[int, float] | tuple[int, float, float]:
             g = group(q)
             if self.params.group_order:
-                return g, q.group_since, self._order_size(q)
+                return g, q.group_rank, self._order_size(q)
             if g == 1 and self.params.admission_order == "fifo":
                 return g, q.queued_at
             if g == 1 and self.params.admission_order == "aged":
@@ -679,7 +685,7 @@ class ThunderAgent(Policy[ThunderAgentParams]):
         pause is expected to save (then smallest first among equals)."""
         order = self.params.pause_order
         if self.params.group_order:
-            return lambda q: (-q.group_since, q.tokens)
+            return lambda q: (-q.group_rank, q.tokens)
         if order == "longest_idle":
             return lambda q: (-(now - q.acting_since), q.tokens)
         if order == "longest_tool":

@@ -52,13 +52,14 @@ def test_new_programs_resume_oldest_group_first(group_order: bool, first: str) -
     assert arrivals[0] == first
 
 
-def test_a_groups_age_is_its_first_programs_and_is_forgotten_with_its_last() -> None:
+def test_a_groups_rank_is_its_first_programs_and_is_forgotten_with_its_last() -> None:
     ta = _ta(group_order=True)
-    ta.on_request(_call("s0.0.0", 100), 1.0)
-    ta.on_request(_call("s0.0.1", 100), 4.0)
-    assert ta.programs["s0.0.1"].group_since == 1.0 and ta.programs["s0.0.1"].group == "s0.0"
-    ta.on_program_end("s0.0.0", 5.0)
-    ta.on_program_end("s0.0.1", 6.0)
+    ta.on_request(_call("s0.1.0", 100), 1.0)
+    ta.on_request(_call("s0.0.0", 100), 1.0)  # at the same instant: later in arrival order
+    ta.on_request(_call("s0.1.1", 100), 4.0)
+    assert [(q.group, q.group_rank) for q in ta.programs.values()] == [("s0.1", 0), ("s0.0", 1), ("s0.1", 0)]
+    for program in ("s0.1.0", "s0.0.0", "s0.1.1"):
+        ta.on_program_end(program, 5.0)
     assert ta._groups == {}
 
 
