@@ -52,7 +52,9 @@ def table(compare: dict[str, Any]) -> list[list[str]]:
     by_cell: dict[tuple[str, str], dict[int, dict[str, Any]]] = defaultdict(dict)
     for run in compare["runs"]:
         mode = run["overrides"].get("workload.mode", "sync")
-        by_cell[(mode, run["spec"])][run["summary"]["seed"]] = run["summary"]["rollout"]
+        rollout = run["summary"]["rollout"]
+        if rollout is not None and rollout["steps"]:  # a run cut short before a step ended has none
+            by_cell[(mode, run["spec"])][run["summary"]["seed"]] = rollout
     rows = [["mode", "policy", *(name for name, _, _ in COLUMNS), "step tok/s vs sync"]]
     for (mode, spec), runs in by_cell.items():
         seeds = sorted(runs)
@@ -60,7 +62,7 @@ def table(compare: dict[str, Any]) -> list[list[str]]:
         for _, metric, form in COLUMNS:
             row.append(_cell(mean_interval([metric(runs[s]) for s in seeds]), form))
         sync = by_cell.get(("sync", spec))
-        if mode == "sync" or sync is None or sorted(sync) != seeds:
+        if mode == "sync" or sync is None or sorted(sync) != seeds:  # no pairs to take a ratio of
             row.append("-")
         else:
             row.append(_ratio(paired_ratio([runs[s]["step_tokens_per_s"] for s in seeds], [sync[s]["step_tokens_per_s"] for s in seeds])))
@@ -83,8 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as error:
         print(f"error: {path}: {error}", file=sys.stderr)
         return 2
-    if not any(run["summary"].get("rollout") for run in compare.get("runs", [])):
-        print(f"error: {path}: no rl_rollout runs in it", file=sys.stderr)
+    if not any((run["summary"].get("rollout") or {}).get("steps") for run in compare.get("runs", [])):
+        print(f"error: {path}: no rl_rollout run in it completed a step", file=sys.stderr)
         return 2
     print(render(table(compare)))
     return 0

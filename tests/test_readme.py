@@ -207,6 +207,20 @@ def check_rollout_step(outcome: Outcome, root: Path) -> None:
     assert summary["pauses"] == 0 and summary["working_set_ratio"] < 0.5
 
 
+def check_trainer_modes_compared(outcome: Outcome, root: Path) -> None:
+    """Four trainers × two policies × two seeds, every run with its trainer steps done."""
+    _ok(outcome)
+    runs = json.loads((root / "runs" / "compare-rl-async" / "compare.json").read_text())["runs"]
+    assert len(runs) == 16 and all(run["summary"]["rollout"]["steps"] == 2 for run in runs)
+
+
+def check_trainer_modes(outcome: Outcome, root: Path) -> None:
+    _ok(outcome)
+    rows = outcome.stdout.splitlines()
+    assert rows[0].split()[:3] == ["mode", "policy", "step"] and len(rows) == 9
+    assert all("× [" in row for row in rows if not row.startswith(("mode", "sync")))  # paired with sync
+
+
 def check_refused_without_gpus(outcome: Outcome, root: Path) -> None:
     """On a machine without the GPUs the command asks for: one line, exit 2, at once, nothing
     started or written."""
@@ -293,6 +307,10 @@ CHECKS: dict[str, tuple[str, Callable[[Outcome, Path], None]] | None] = {
     "python -m tasim validate published measurements/verl-recipe-h20.yaml": ("", check_written("runs/published/published.json")),
     # docs/live.md
     "python -m tasim live scenarios/live-mocker-host-tier.yaml --compare-sim": ("", check_live("live-live-mocker-host-tier-round_robin-s5", 98)),
+    # docs/results/async-rl.md
+    "python -m tasim compare rl-async --policies least_loaded,thunderagent --sweep workload.mode=sync,one_step_off,colocate_async,separate_async "
+    "--set workload.prompts_per_step=8 --set workload.steps=2 --set workload.training_s=600 --seeds 2": ("", check_trainer_modes_compared),
+    "python -m lab.trainer_modes runs/compare-rl-async": ("", check_trainer_modes),
     # docs/results/rl-scale.md
     "python -m tasim simulate rl-scale-2048 --policy thunderagent --quiet": ("", check_rollout_step),
     "python -m lab.rollout_audit runs/rl-scale-2048-thunderagent-s0": ("", check_printed("2048/2048")),
