@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 import re
 import reprlib
@@ -55,7 +56,7 @@ class _Strict(BaseModel):
 
 
 EngineFlavour = Literal["vllm", "mocker"]
-RolloutMode = Literal["sync", "one_step_off", "colocate_async", "separate_async"]
+RolloutMode = Literal["sync", "one_step_off", "colocate_async", "separate_async", "fully_async"]
 # Where vLLM v1 and Dynamo's mocker differ, what each flavour's engine does by default (an
 # explicit `eviction` or `reuse_output_blocks` still wins). vLLM also keeps one block of its
 # pool as the null block, which holds no KV (`ClusterConfig.cache_blocks_per_worker`).
@@ -465,7 +466,17 @@ class RolloutWorkload(ProgramShape):
     )
     weight_sync_s: Distribution = Field(0, validate_default=True, description="async modes: pushing the weights; the engines serve nothing meanwhile")
     warmup_batches: NonNegativeInt = Field(1, le=1000, description="colocate/separate_async: batches submitted ahead at the start")
-    mini_steps: PositiveInt = Field(4, le=10_000, description="separate_async: trainer updates per weight sync (parameter_sync_step)")
+    mini_steps: PositiveInt = Field(
+        4,
+        le=10_000,
+        description="separate_async, fully_async: trainer updates per weight sync (parameter_sync_step, trigger_parameter_sync_step)",
+    )
+    staleness_threshold: NonNegativeFloat = Field(
+        0.1, le=100, description="fully_async: groups generated ahead of the trainer, as a fraction of a sync cycle's (verl's default 0.1)"
+    )
+    concurrent_groups_per_worker: PositiveInt = Field(
+        16, le=100_000, description="fully_async: groups in flight per worker (concurrent_samples_per_replica)"
+    )
     max_off_policy_span: PositiveInt | None = Field(
         8, description="colocate/separate_async: a finished group spanning more versions is dropped and replaced; null: no bound"
     )
@@ -474,14 +485,16 @@ class RolloutWorkload(ProgramShape):
     @property
     def batches_submitted(self) -> int:
         """Batches of prompts submitted over the run, before replacements of dropped groups."""
+        if self.mode == "fully_async":  # at most the staleness budget ahead of the trainer
+            return math.ceil(self.steps * (1 + self.staleness_threshold)) + 1
         return self.steps + (self.warmup_batches if self.mode in ("colocate_async", "separate_async") else 0)
 
     @model_validator(mode="after")
     def _groups_fit(self) -> RolloutWorkload:
         # Every prompt group and every trajectory owns block-hash keys of its own range
         # (tasim.core.determinism); a rollout that would run out of them is refused here.
-        if self.mode == "separate_async" and self.prompts_per_step % self.mini_steps:
-            raise ValueError(f"separate_async: prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_steps ({self.mini_steps})")
+        if self.mode in ("separate_async", "fully_async") and self.prompts_per_step % self.mini_steps:
+            raise ValueError(f"{self.mode}: prompts_per_step ({self.prompts_per_step}) must be a multiple of mini_steps ({self.mini_steps})")
         groups = self.batches_submitted * self.prompts_per_step
         if groups > PROMPT_GROUPS.size:
             raise ValueError(f"(steps + warmup_batches) x prompts_per_step must be at most {PROMPT_GROUPS.size} (got {groups})")

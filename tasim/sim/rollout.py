@@ -19,6 +19,15 @@ a prompt share its task prompt blocks. The modes (``workload.mode``):
 - ``separate_async`` (V1 ``trainer_separate_async.py``, no hybrid switching): the rollout never
   stops but for the weight push; the trainer takes P/``mini_steps`` groups per update and pushes
   after ``mini_steps`` updates, aborting what runs.
+- ``fully_async`` (``experimental/fully_async_policy``): a rollouter starts one group at a time,
+  at most ``concurrent_groups_per_worker`` per worker in flight, into a queue the trainer takes
+  P/``mini_steps`` groups from per update, first finished first; it pauses (letting what runs
+  finish) once it has started P x (1 + ``staleness_threshold``) groups since the last push, or
+  when the queue holds that many. After ``mini_steps`` updates the trainer pushes, aborting what
+  runs, and the budget restarts from the groups still running or queued (``reset_staleness``),
+  so running and queued groups never exceed it and the queue never overflows (verl's drop of a
+  full queue's oldest sample cannot fire, nor its 10 s monitor's resume of a rollouter paused by a
+  full queue).
 
 In the V1 modes a finished group that spans more than ``max_off_policy_span`` versions (from
 the step that submitted it to the one sampling it) is dropped and one new prompt submitted in its
@@ -49,6 +58,8 @@ def rollout_steps(sim: ProgramRunner, workload: RolloutWorkload) -> Generator[Ev
         return rollout.one_step_off()
     if workload.mode == "colocate_async":
         return rollout.colocate_async()
+    if workload.mode == "fully_async":
+        return rollout.fully_async()
     return rollout.separate_async()
 
 
@@ -102,6 +113,12 @@ class AsyncRollout:
         self.finished = 0
         self.ready: list[_Group] = []  # finished, not yet sampled
         self._wake: Event | None = None  # the trainer waiting for groups
+        # fully_async's rollouter: groups running, groups started since the last push (verl's
+        # staleness_samples), the version the engines serve, and what it waits for when paused
+        self.running_groups = 0
+        self.started_since_push = 0
+        self.version = 0
+        self._rollouter_wake: Event | None = None
 
     # --- the trainers --------------------------------------------------------------------------
 
@@ -144,6 +161,39 @@ class AsyncRollout:
                 yield from self.train(step, mini_step, update_s)
             yield from self.push_weights(step + 1)
 
+    def fully_async(self) -> Generator[Event, object, None]:
+        w = self.workload
+        per_update = w.prompts_per_step // w.mini_steps
+        self.env.process(self._rollouter())
+        for step in range(w.steps):
+            update_s = w.training_s.sample(self.training) / w.mini_steps
+            for mini_step in range(w.mini_steps):
+                yield from self.take(step, per_update, bounded=False, first_finished=True)
+                yield from self.train(step, mini_step, update_s)
+            yield from self.push_weights(step + 1)
+            self.version = step + 1
+            self.started_since_push = self.running_groups + len(self.ready)  # reset_staleness
+            self._wake_rollouter()
+
+    def _rollouter(self) -> Generator[Event, object, None]:
+        w = self.workload
+        budget = self._fully_async_budget()
+        in_flight = min(self.sim.scenario.cluster.backends * w.concurrent_groups_per_worker, budget)
+        while True:
+            while self.started_since_push >= budget or self.running_groups >= in_flight:
+                self._rollouter_wake = self.env.event()
+                yield self._rollouter_wake
+            self.started_since_push += 1
+            self.submit(self.version, 1)
+
+    def _fully_async_budget(self) -> int:
+        """verl's max_required_samples: the groups of one sync cycle times (1 + threshold)."""
+        return int(self.workload.prompts_per_step * (1 + self.workload.staleness_threshold))
+
+    def _wake_rollouter(self) -> None:
+        if self._rollouter_wake is not None and not self._rollouter_wake.triggered:
+            self._rollouter_wake.succeed()
+
     # --- pieces --------------------------------------------------------------------------------
 
     def train(self, step: int, mini_step: int, seconds: float) -> Generator[Event, object, None]:
@@ -164,6 +214,7 @@ class AsyncRollout:
         if self.groups + prompts > PROMPT_GROUPS.size:
             raise ValueError(f"the rollout submitted more than {PROMPT_GROUPS.size} prompt groups (replacing dropped ones)")
         sim.emit(ev.RolloutStarted(self.env.now, step, prompts * w.samples_per_prompt))
+        self.running_groups += prompts
         for _ in range(prompts):
             prompt = self.prompts_of_step.get(step, 0)
             self.prompts_of_step[step] = prompt + 1
@@ -182,15 +233,18 @@ class AsyncRollout:
         if not group.left:
             group.finished = self.finished
             self.finished += 1
+            self.running_groups -= 1
             self.ready.append(group)
+            self._wake_rollouter()
             if self._wake is not None:
                 self._wake.succeed()
                 self._wake = None
 
-    def take(self, step: int, count: int, bounded: bool = True) -> Generator[Event, object, None]:
+    def take(self, step: int, count: int, bounded: bool = True, first_finished: bool = False) -> Generator[Event, object, None]:
         """Wait until ``count`` finished groups can be sampled, then sample the oldest by
-        submitting step (then by finish), as V1's replay buffer does; with ``bounded``, first
-        drop those past ``max_off_policy_span`` and replace each with a new prompt."""
+        submitting step (then by finish), as V1's replay buffer does, or (``first_finished``)
+        the first finished, as fully-async's queue does; with ``bounded``, first drop those past
+        ``max_off_policy_span`` and replace each with a new prompt."""
         while True:
             if bounded:
                 self._drop_stale(step)
@@ -198,7 +252,8 @@ class AsyncRollout:
                 break
             self._wake = self.env.event()
             yield self._wake
-        self.ready.sort(key=lambda g: (g.step, g.finished))
+        if not first_finished:
+            self.ready.sort(key=lambda g: (g.step, g.finished))
         batch, self.ready = self.ready[:count], self.ready[count:]
         for group in batch:
             self.sim.emit(ev.GroupSampled(self.env.now, step, group.name, group.min_version, group.max_version))

@@ -136,7 +136,39 @@ def test_colocate_async_stops_the_engines_for_the_training_and_resumes_after_the
     assert isinstance(end, ev.RunEnded) and end.unfinished_requests == 2  # s1.0's calls, at the gate
 
 
-@pytest.mark.parametrize("mode", ["one_step_off", "colocate_async", "separate_async"])
+def test_fully_async_starts_groups_within_its_budget_and_restarts_it_at_each_push() -> None:
+    # the budget: 2 groups a cycle x 1.5 = 3 started per push; one group in flight at a time
+    budget = {"prompts_per_step": 2, "mini_steps": 2, "staleness_threshold": 0.5, "concurrent_groups_per_worker": 1}
+    log = _run(mode="fully_async", training_s=1.01, weight_sync_s=0.5, **budget)
+    assert _trainer(log) == [
+        ("rollout_started", 0.0, 0, 2),
+        ("rollout_started", 1.0, 0, 2),  # s0.1 as s0.0 finishes
+        ("group_sampled", 1.0, 0, "s0.0", 0, 0),  # one group per update, first finished first
+        ("training_started", 1.0, 0, 0),
+        ("training_finished", 1.505, 0, 0),
+        ("rollout_started", 2.0, 0, 2),  # s0.2, the third: the rollouter pauses
+        ("group_sampled", 2.0, 0, "s0.1", 0, 0),
+        ("training_started", 2.0, 0, 1),
+        ("training_finished", 2.505, 0, 1),
+        ("weight_sync_started", 2.505, 1),  # s0.2 is cut short at 2.51
+        ("weight_sync_finished", 3.01, 1),
+        # the budget restarts at 1 (s0.2 still running): s1.0 starts as s0.2 finishes
+        ("rollout_started", 4.0, 1, 2),
+        ("group_sampled", 4.0, 1, "s0.2", 0, 1),
+        ("training_started", 4.0, 1, 0),
+        ("training_finished", 4.505, 1, 0),
+        ("rollout_started", 5.0, 1, 2),
+        ("group_sampled", 5.0, 1, "s1.0", 1, 1),
+        ("training_started", 5.0, 1, 1),
+        ("training_finished", 5.505, 1, 1),
+        ("weight_sync_started", 5.505, 2),
+        ("weight_sync_finished", 6.01, 2),
+    ]
+    retried = [(e.request, e.output_tokens, round(e.t, 3)) for e in log if isinstance(e, ev.RequestRetried)]
+    assert retried == [("s0.2.0.0", 51, 2.51), ("s0.2.1.0", 51, 2.51), ("s1.1.0.0", 51, 5.51), ("s1.1.1.0", 51, 5.51)]
+
+
+@pytest.mark.parametrize("mode", ["one_step_off", "colocate_async", "separate_async", "fully_async"])
 def test_the_async_modes_are_deterministic(mode: str) -> None:
     assert _run(mode=mode, steps=3, mini_steps=1) == _run(mode=mode, steps=3, mini_steps=1)
 
