@@ -369,7 +369,7 @@ class Simulation(HostCore):
         """The trainer starts pushing ``version``: the policy is told and every worker's gate
         closes. Each engine then aborts every call it runs, at the end of the step it is in
         (vLLM's ``pause_generation``; each call's client retries it ``retry_after_s`` later),
-        and empties its prefix cache. The event fires when every engine has."""
+        drops its pins and empties its prefix cache. The event fires when every engine has."""
         now = self.env.now
         self.weight_sync_began(version, now)
         self._syncing = True
@@ -395,6 +395,8 @@ class Simulation(HostCore):
                 self._generated_under(spec.program)
             self.turn_retried(spec, worker, self._sync_reason, now, generated)
             self._waiters.pop(spec.id).succeed(Aborted(generated, self._retry_after_s))
+        for program in list(self._pin_serial):  # a pin keeps KV of the old weights: it goes too
+            self._unpin(engine, program)
         engine.clear_prefix_cache(now)
         if not self._aborting and not self._aborted.triggered:
             self._aborted.succeed()

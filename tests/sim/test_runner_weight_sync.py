@@ -93,3 +93,15 @@ def test_a_sync_with_nothing_running_stops_at_once_and_changes_no_call() -> None
 def test_a_sync_that_ends_before_the_engines_stopped_is_refused() -> None:
     with pytest.raises(RuntimeError, match="ended before the engines stopped"):
         _run_with_sync(_scenario(), begin_s=0.505, end_s=0.505)
+
+
+def test_a_sync_drops_pinned_kv_with_the_rest() -> None:
+    # Continuum pins a program's blocks through a short tool call; the sync comes during it
+    scenario = _scenario(turns=2, tool_latency_s=0.5, output_tokens=20)
+    scenario = scenario.model_copy(update={"policy": scenario.policy.model_copy(update={"name": "continuum"})})
+    sim, log = _run_with_sync(scenario, begin_s=0.35, end_s=0.4)
+    pinned = [e for e in log if isinstance(e, ev.ProgramPinned)]
+    assert pinned and pinned[0].t < 0.35
+    removed = [b for e in log if isinstance(e, ev.KvRemoved) and e.t == pytest.approx(0.35) for b in e.blocks]
+    assert len(removed) == (160 + 20) // 16  # the pinned blocks, all of them
+    assert not sim.engines["w0"].has_pin("p0")
