@@ -51,7 +51,15 @@ LIVE = str(SCENARIOS / "live-mocker.yaml")
         ([LIVE, "--routing", "dynamo-thunderagent", "--set", "policy.params={placement: best_fit}"], ["no counterpart", "placement"]),
         ([str(SCENARIOS / "rl-live-mocker.yaml"), "--driver", "verl", "--routing", "dynamo-thunderagent"], ["the verl driver runs through"]),
         (
-            [str(SCENARIOS / "rl-live-mocker.yaml"), "--driver", "verl", "--set", "workload.mode=colocate_async", "--set", "workload.reset_prefix_cache=true"],
+            [
+                str(SCENARIOS / "rl-live-mocker.yaml"),
+                "--driver",
+                "verl",
+                "--set",
+                "workload.mode=colocate_async",
+                "--set",
+                "workload.reset_prefix_cache=true",
+            ],
             ["the verl driver runs workload.mode sync; colocate_async is simulated only"],
         ),
         (

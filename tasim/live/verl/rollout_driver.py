@@ -56,9 +56,7 @@ def rollout_workload(scenario: Scenario) -> RolloutWorkload:
     if not isinstance(scenario.workload, RolloutWorkload):
         raise VerlDriverError(f"the verl driver runs rl_rollout workloads, not {scenario.workload.kind!r}")
     if scenario.workload.mode != "sync":
-        raise VerlDriverError(
-            f"the verl driver runs workload.mode sync; {scenario.workload.mode} is simulated only (tasim simulate, tasim compare)"
-        )
+        raise VerlDriverError(f"the verl driver runs workload.mode sync; {scenario.workload.mode} is simulated only (tasim simulate, tasim compare)")
     return scenario.workload
 
 
