@@ -1,0 +1,109 @@
+"""A weight sync that aborts, on a real stack (Dynamo frontend + tasim router in proxy mode +
+mocker workers), as verl 0.9.1 syncs: ``POST /v1/weight_sync/begin {"abort": true}`` cuts the
+call streaming, whose client (`DynamoProgramClient`) gets the output so far as an aborted call;
+its retry (prompt plus that output) and a new call made during the sync wait at the router until
+the sync ends, and then complete. Nothing is left in the router, and no request id is used twice."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("dynamo.llm")
+pytest.importorskip("verl")
+from conftest import REPO  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from tasim.config.scenario import load_scenario  # noqa: E402
+from tasim.core import events as ev  # noqa: E402
+from tasim.live.run import finite_scenario  # noqa: E402
+from tasim.live.stack.launcher import LiveStack  # noqa: E402
+from tasim.live.verl.client import DynamoProgramClient  # noqa: E402
+from tasim.results.eventlog import EVENTS_PLAIN, read_events  # noqa: E402
+
+pytestmark = [pytest.mark.processes, pytest.mark.slow]
+
+LONG = 800  # output tokens of the call the sync cuts: several seconds on the mocker
+CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 256, "response_length": LONG, "full_determinism": False}}})
+SAMPLING = {"ignore_eos": True}
+
+
+def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as reply:
+        answer: dict[str, Any] = json.loads(reply.read())
+        return answer
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
+    scenario = finite_scenario(load_scenario(REPO / "scenarios" / "live-mocker.yaml", ["policy.name=round_robin", "policy.params={}"]), None)
+    workdir = tmp_path_factory.mktemp("abort")
+    with LiveStack(scenario, workdir=workdir / "stack", events_path=workdir / EVENTS_PLAIN) as live:
+        yield live
+
+
+def test_an_aborting_sync_cuts_the_call_and_its_retry_waits_for_the_end(stack: LiveStack) -> None:
+    sync = f"{stack.status_url}/v1/weight_sync"
+    prompt = list(range(10, 110))
+
+    async def go() -> dict[str, Any]:
+        client = DynamoProgramClient(CONFIG, stack.base_url, stack.model_name)
+        try:
+            first = asyncio.ensure_future(client.generate("A", prompt_ids=prompt, sampling_params={"max_tokens": LONG, **SAMPLING}))
+            while not stack.status()["requests"]["in_flight"]:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)  # some tokens stream
+            began = await asyncio.to_thread(_post, f"{sync}/begin", {"version": 1, "abort": True})
+            cut = await asyncio.wait_for(first, 30)
+            # verl's retry: prompt plus partial output, for the tokens still to come; and a new call
+            rest = {"max_tokens": LONG - len(cut.token_ids), **SAMPLING}
+            retry = asyncio.ensure_future(client.generate("A", prompt_ids=prompt + cut.token_ids, sampling_params=rest))
+            other = asyncio.ensure_future(client.generate("B", prompt_ids=list(range(500, 600)), sampling_params={"max_tokens": 8, **SAMPLING}))
+            while stack.status()["requests"]["in_flight"] < 2:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            during = stack.status()["requests"]
+            waited = not retry.done() and not other.done()
+            ended = await asyncio.to_thread(_post, f"{sync}/end", {"version": 1})
+            retried, new = await asyncio.wait_for(asyncio.gather(retry, other), 60)
+            for program in ("A", "B"):
+                await client.end_program(program)
+        finally:
+            await client.close()
+        return {"began": began, "cut": cut, "during": during, "waited": waited, "ended": ended, "retried": retried, "new": new}
+
+    stack.begin_run()
+    out = asyncio.run(go())
+    status = stack.status()
+    stack.end_run()
+    cut, retried = out["cut"], out["retried"]
+    assert out["began"] == {"version": 1, "began": True, "aborted": 1}
+    assert cut.stop_reason == "aborted" and 0 < len(cut.token_ids) < LONG and cut.extra_fields["worker"] in ("w0", "w1")
+    assert out["waited"] and out["during"]["in_flight"] == 2  # routed, held at the router until the end
+    assert out["ended"] == {"version": 1, "ended": True, "released": 0}
+    assert retried.stop_reason == "completed" and len(cut.token_ids) + len(retried.token_ids) == LONG
+    assert out["new"].stop_reason == "completed" and len(out["new"].token_ids) == 8
+    # Nothing leaked.
+    assert status["programs"]["live"] == 0 and status["programs"]["table"] == {}
+    assert status["requests"] == {"in_flight": 0, "finished": 2, "failed": 0, "retried": 0, "refused": 0, "session_finals": 2}
+    events = list(read_events(Path(stack.events_path)))
+    retries = [e for e in events if isinstance(e, ev.RequestRetried)]
+    assert [(e.request, e.program, e.worker, e.output_tokens) for e in retries] == [("A.0", "A", cut.extra_fields["worker"], len(cut.token_ids))]
+    arrived = [e.request for e in events if isinstance(e, ev.RequestArrived)]
+    assert arrived == ["A.0", "A.0r2", "B.0"] and len(set(arrived)) == len(arrived)
+    finished = {e.request: e for e in events if isinstance(e, ev.RequestFinished)}
+    assert sorted(finished) == ["A.0r2", "B.0"]
+    assert (finished["A.0r2"].prompt_tokens, finished["A.0r2"].output_tokens) == (len(prompt) + len(cut.token_ids), LONG - len(cut.token_ids))
+    sync_end = next(e.t for e in events if isinstance(e, ev.WeightSyncFinished))
+    firsts = {e.request: e.t for e in events if isinstance(e, ev.FirstToken)}
+    assert firsts["A.0"] < sync_end <= min(firsts["A.0r2"], firsts["B.0"])  # the gate held both until the end
+    programs = [(e.program, e.completed) for e in events if isinstance(e, ev.ProgramFinished)]
+    assert sorted(programs) == [("A", True), ("B", True)]
+    assert stack.alive() == ["worker0", "worker1", "router", "frontend"]
