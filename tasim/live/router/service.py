@@ -109,7 +109,9 @@ class _Router:
         ttl = live.program_idle_ttl_s / config.time_scale if live.program_idle_ttl_s is not None else None
         self.streaming: set[_Reply] = set()  # attempts streaming now, which a weight sync may cut
         cut = self.cut_streams if live.routing == "proxy" else None
-        self.decisions = Decisions(self.host, lambda worker: self.instance_of.get(worker), self._confirm_lost, live.max_retries, ttl, self.begin_run, cut)
+        self.decisions = Decisions(
+            self.host, lambda worker: self.instance_of.get(worker), self._confirm_lost, live.max_retries, ttl, self.begin_run, cut
+        )
         self._watch_task: asyncio.Task[None] | None = None
         self.client: Any = None
         self.ready = False

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 pytest.importorskip("dynamo.llm")
@@ -30,7 +32,8 @@ from tasim.results.eventlog import EVENTS_PLAIN, read_events  # noqa: E402
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
 
 LONG = 800  # output tokens of the call the sync cuts: several seconds on the mocker
-CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm", "prompt_length": 256, "response_length": LONG, "full_determinism": False}}})
+ROLLOUT = {"name": "vllm", "prompt_length": 256, "response_length": LONG, "full_determinism": False}
+CONFIG = OmegaConf.create({"actor_rollout_ref": {"rollout": ROLLOUT}})
 SAMPLING = {"ignore_eos": True}
 
 
@@ -65,6 +68,8 @@ def test_an_aborting_sync_cuts_the_call_and_its_retry_waits_for_the_end(stack: L
             # verl's retry: prompt plus partial output, for the tokens still to come; and a new call
             rest = {"max_tokens": LONG - len(cut.token_ids), **SAMPLING}
             retry = asyncio.ensure_future(client.generate("A", prompt_ids=prompt + cut.token_ids, sampling_params=rest))
+            while not stack.status()["requests"]["in_flight"]:
+                await asyncio.sleep(0.05)
             other = asyncio.ensure_future(client.generate("B", prompt_ids=list(range(500, 600)), sampling_params={"max_tokens": 8, **SAMPLING}))
             while stack.status()["requests"]["in_flight"] < 2:
                 await asyncio.sleep(0.05)
@@ -107,3 +112,29 @@ def test_an_aborting_sync_cuts_the_call_and_its_retry_waits_for_the_end(stack: L
     programs = [(e.program, e.completed) for e in events if isinstance(e, ev.ProgramFinished)]
     assert sorted(programs) == [("A", True), ("B", True)]
     assert stack.alive() == ["worker0", "worker1", "router", "frontend"]
+
+
+def test_a_client_gone_mid_stream_stops_its_call_at_the_worker(stack: LiveStack) -> None:
+    """Each forwarded call runs under a Dynamo context of the router's own; a client that hangs
+    up still stops the engine (the worker hears the cancellation) and fails the call."""
+    logs = [Path(stack.workdir) / f"worker{i}.log" for i in (0, 1)]
+    before = _cancellations(logs)
+
+    async def go() -> None:
+        body = {"model": stack.model_name, "prompt": list(range(700, 800)), "max_tokens": LONG, "stream": True, "ignore_eos": True}
+        url = f"{stack.base_url}/v1/completions"
+        async with aiohttp.ClientSession() as session, session.post(url, json=body, headers={"x-dynamo-session-id": "C"}) as reply:
+            for _ in range(20):
+                await reply.content.readline()
+        # leaving the block closes the connection mid-stream
+
+    asyncio.run(go())
+    deadline = time.monotonic() + 10
+    while (stack.status()["requests"]["in_flight"] or _cancellations(logs) == before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stack.status()["requests"]["in_flight"] == 0 and stack.status()["requests"]["failed"] == 1
+    assert _cancellations(logs) == before + 1
+
+
+def _cancellations(logs: list[Path]) -> int:
+    return sum(log.read_text().count("request cancellation received") for log in logs)
