@@ -2,7 +2,9 @@
 mocker workers), as verl 0.9.1 syncs: ``POST /v1/weight_sync/begin {"abort": true}`` cuts the
 call streaming, whose client (`DynamoProgramClient`) gets the output so far as an aborted call;
 its retry (prompt plus that output) and a new call made during the sync wait at the router until
-the sync ends, and then complete. Nothing is left in the router, and no request id is used twice."""
+the sync ends, and then complete. Nothing is left in the router, and no request id is used twice.
+verl's own `FullyAsyncLLMServerClient` loop over the same transport resumes a cut turn; a client
+that hangs up mid-stream still stops its call at the worker."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ pytest.importorskip("dynamo.llm")
 pytest.importorskip("verl")
 from conftest import REPO  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient  # noqa: E402
 
 from tasim.config.scenario import load_scenario  # noqa: E402
 from tasim.core import events as ev  # noqa: E402
@@ -112,6 +115,47 @@ def test_an_aborting_sync_cuts_the_call_and_its_retry_waits_for_the_end(stack: L
     programs = [(e.program, e.completed) for e in events if isinstance(e, ev.ProgramFinished)]
     assert sorted(programs) == [("A", True), ("B", True)]
     assert stack.alive() == ["worker0", "worker1", "router", "frontend"]
+
+
+class _FullyAsyncOverDynamo(FullyAsyncLLMServerClient, DynamoProgramClient):
+    """verl 0.9.1's partial-rollout retry loop, whose ``super().generate`` is the Dynamo transport."""
+
+    def __init__(self, config: Any, base_url: str, model_name: str) -> None:
+        DynamoProgramClient.__init__(self, config, base_url, model_name)
+        self._only_hybrid = False
+
+
+def test_verls_fully_async_client_resumes_a_cut_call_after_the_sync(stack: LiveStack) -> None:
+    """One ``generate`` of verl's `FullyAsyncLLMServerClient`: the sync cuts the first call, the
+    loop sends prompt plus partial output 1 s later, the router holds it until the end, and the
+    turn's whole output comes back as one."""
+    sync = f"{stack.status_url}/v1/weight_sync"
+    prompt = list(range(300, 400))
+
+    async def go() -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        client = _FullyAsyncOverDynamo(CONFIG, stack.base_url, stack.model_name)
+        try:
+            turn = asyncio.ensure_future(client.generate("D", prompt_ids=prompt, sampling_params={"max_tokens": LONG, **SAMPLING}))
+            while not stack.status()["requests"]["in_flight"]:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            began = await asyncio.to_thread(_post, f"{sync}/begin", {"version": 2, "abort": True})
+            await asyncio.sleep(2.0)  # verl's client waits 1 s, then its retry waits at the router
+            assert not turn.done() and stack.status()["requests"]["in_flight"] == 1
+            await asyncio.to_thread(_post, f"{sync}/end", {"version": 2})
+            output = await asyncio.wait_for(turn, 60)
+            await client.end_program("D")
+        finally:
+            await client.close()
+        return output, began, stack.status()
+
+    before = stack.status()["requests"]
+    output, began, status = asyncio.run(go())
+    assert began == {"version": 2, "began": True, "aborted": 1}
+    assert len(output.token_ids) == LONG and output.stop_reason == "length"
+    assert status["programs"]["table"] == {}
+    counts = {key: status["requests"][key] - before[key] for key in ("in_flight", "finished", "failed", "session_finals")}
+    assert counts == {"in_flight": 0, "finished": 1, "failed": 0, "session_finals": 1}  # the cut call is neither
 
 
 def test_a_client_gone_mid_stream_stops_its_call_at_the_worker(stack: LiveStack) -> None:
