@@ -29,11 +29,12 @@ sync (ThunderAgent) is routed to its worker in that step. A repeated begin of th
 progress, or a repeated end of the one that just ended, changes nothing (a trainer's retry);
 a begin while another version syncs, a begin of a version not newer than the last synced one,
 and an end that matches no begin are refused with `WeightSyncConflict`. What the engines do
-meanwhile (empty their caches) is the trainer's business: the router hears it as the workers' KV
-events, as usual. A sync begun with ``gate`` is verl's: the router cuts every call it streams
-(each ends for its client with the output so far, and `aborted` logs it as retried: its client
-sends it again, prompt plus partial output, as the next call of the same turn) and closes
-``gate``, which calls routed meanwhile wait on before they reach a worker; the end opens it.
+meanwhile (abort, empty their caches) is the trainer's business: the router hears it as the
+calls' ends and the workers' KV events, as usual. A sync begun with ``gate`` is verl's, done at
+the router (proxy routing): it cuts every call it streams (each ends for its client with the
+output so far, and `aborted_by_sync` logs it as retried: its client sends it again, prompt plus
+partial output, as the next call of the same turn) and closes ``gate``, which calls routed
+meanwhile wait on before they reach a worker; the end opens it.
 
 Lost workers: `worker_lost` takes a worker out of service (its cache with it) and tells the
 policy, which places that worker's programs elsewhere; `retry` sends a call that was in flight on
@@ -149,7 +150,6 @@ class PolicyHost(HostCore):
         self.syncing: tuple[int, float] | None = None  # (version, since) of a weight sync begun and not ended
         self.synced_version: int | None = None  # the version of the last weight sync that ended
         self.weight_syncs = 0  # weight syncs ended
-        self.aborted = 0  # calls cut by a weight sync
         self.gate = asyncio.Event()  # closed through a gated weight sync: routed calls wait on it
         self.gate.set()
 
@@ -263,7 +263,6 @@ class PolicyHost(HostCore):
         plus partial output) is the turn's next call (``<turn>r<n>``)."""
         program = self.programs[call.spec.program]  # a program with a call in flight does not end
         program.in_flight -= 1
-        self.aborted += 1
         version = self.syncing[0] if self.syncing else self.synced_version
         self.turn_retried(call.spec, call.worker, f"aborted by the weight sync to version {version}", self.clock(), output_tokens)
         self._settle(program)

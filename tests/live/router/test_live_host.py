@@ -183,7 +183,7 @@ def test_a_call_cut_by_a_gated_weight_sync_is_retried_as_the_turns_next_call() -
         host.aborted_by_sync(cut, 37)
         assert events[-1] == ev.RequestRetried(2.0, "p.1", "p", cut.worker, "aborted by the weight sync to version 3", 37)
         assert policy.turn_ends[-1] == TurnEnd("p", "p.1", cut.worker, 70, 37, 0, ok=False)
-        assert (host.programs["p"].turn, host.in_flight, host.aborted, host.failed) == (1, 0, 1, 0)
+        assert (host.programs["p"].turn, host.in_flight, host.failed) == (1, 0, 0)
         retry = await host.admit("p", _tokens(107), 63)
         assert retry.spec.id == "p.1r2" and retry.spec.prompt_tokens == 107
         assert host.end_weight_sync(3) == 0 and host.gate.is_set()
