@@ -16,7 +16,7 @@ The service (JSON over HTTP on the router's status port, 127.0.0.1)::
     POST /v1/fail   {call, reason}                              → 204   the call failed for good
     POST /v1/retry  {call, reason, token_ids | tokens, max_tokens}  → like /v1/route
     POST /v1/end    {program}                                   → {known}   the session-final
-    POST /v1/weight_sync/begin  {version}                       → {version, began}
+    POST /v1/weight_sync/begin  {version, abort?}               → {version, began, aborted?}
     POST /v1/weight_sync/end    {version}                       → {version, ended, released}
 
 The prompt comes as ``token_ids`` or, cheaper to send and to read, as ``tokens``: base64 of the
@@ -31,7 +31,11 @@ proxy mode does. ``/v1/end`` is the session-final: it never reaches an engine.
 routing mode): they bracket the update, so the policy can act on it (ThunderAgent holds every new
 call until the end, then routes them; session-affinity routers forget their bindings). ``version``
 is the trainer's weight version, newer at each sync; ``began`` or ``ended`` false: a repeat that
-changed nothing; ``released``: the held calls routed at the end. Bad bodies, unknown calls,
+changed nothing; ``released``: the held calls routed at the end. ``abort: true`` (proxy routing
+only) is verl's sync: every call the router streams is cut (``aborted``: how many; each ends for
+its client with the output so far and ``engine_data.tasim.aborted`` true, so it sends the call
+again, prompt plus partial output), and calls routed until the end wait at the router before they
+reach a worker, in arrival order. Bad bodies, unknown calls,
 refused ids and a sync that contradicts the last one (409) get 4xx with a one-line
 ``{"error": ...}``; with no worker serving, 503. ``GET /v1/socket`` offers the same operations as
 WebSocket frames (below).
@@ -123,7 +127,7 @@ class _WeightSyncBody(_Frame):
 
 
 class WeightSyncBeginBody(_WeightSyncBody, tag="weight_sync_begin"):
-    pass
+    abort: bool = False  # cut the calls in flight and hold new ones at the router until the end
 
 
 class WeightSyncEndBody(_WeightSyncBody, tag="weight_sync_end"):
@@ -146,6 +150,8 @@ BodyT = TypeVar("BodyT", bound=msgspec.Struct)
 # reports failing: (worker, instance, reason), awaited before the call is placed again.
 InstanceOf = Callable[[str], int | None]
 ConfirmLost = Callable[[str, int, str], Awaitable[None]]
+# Cut every call the router streams (a weight sync with abort); the number cut.
+CutStreams = Callable[[], int]
 
 
 class DecisionError(Exception):
@@ -166,7 +172,7 @@ class _Routed:
 class Decisions:
     """The service's state: the calls handed out and not yet reported, around ``host``.
     ``on_request`` runs before each routing and weight sync (the router starts its measured
-    run there)."""
+    run there); ``cut_streams`` is the proxying router's, None where calls bypass the router."""
 
     def __init__(
         self,
@@ -176,6 +182,7 @@ class Decisions:
         max_retries: int,
         report_timeout_s: float | None,
         on_request: Callable[[], None] = lambda: None,
+        cut_streams: CutStreams | None = None,
     ) -> None:
         self.host = host
         self.instance_of = instance_of
@@ -183,6 +190,7 @@ class Decisions:
         self.max_retries = max_retries
         self.report_timeout_s = report_timeout_s
         self.on_request = on_request
+        self.cut_streams = cut_streams
         self.calls: OrderedDict[str, _Routed] = OrderedDict()  # oldest routing first
         self.unreported = 0  # calls failed because their client never reported their end
         self._decoders: dict[type[msgspec.Struct], msgspec.json.Decoder[Any]] = {}
@@ -244,12 +252,16 @@ class Decisions:
         return {"known": self.host.session_final(body.program)}
 
     def weight_sync_begin(self, body: WeightSyncBeginBody) -> dict[str, Any]:
+        if body.abort and self.cut_streams is None:
+            raise DecisionError(400, "abort needs live.routing proxy: with pin routing the calls stream past the router")
         self.on_request()
         try:
-            began = self.host.begin_weight_sync(body.version)
+            began = self.host.begin_weight_sync(body.version, gate=body.abort)
         except WeightSyncConflict as exc:
             raise DecisionError(409, str(exc)) from None
-        return {"version": body.version, "began": began}
+        if not body.abort:
+            return {"version": body.version, "began": began}
+        return {"version": body.version, "began": began, "aborted": self.cut_streams() if began and self.cut_streams else 0}
 
     def weight_sync_end(self, body: WeightSyncEndBody) -> dict[str, Any]:
         self.on_request()

@@ -30,7 +30,11 @@ progress, or a repeated end of the one that just ended, changes nothing (a train
 a begin while another version syncs, a begin of a version not newer than the last synced one,
 and an end that matches no begin are refused with `WeightSyncConflict`. What the engines do
 meanwhile (abort, empty their caches) is the trainer's business: the router hears it as the
-calls' ends and the workers' KV events, as usual.
+calls' ends and the workers' KV events, as usual. A sync begun with ``gate`` is verl's, done at
+the router (proxy routing): it cuts every call it streams (each ends for its client with the
+output so far, and `aborted_by_sync` logs it as retried: its client sends it again, prompt plus
+partial output, as the next call of the same turn) and closes ``gate``, which calls routed
+meanwhile wait on before they reach a worker; the end opens it.
 
 Lost workers: `worker_lost` takes a worker out of service (its cache with it) and tells the
 policy, which places that worker's programs elsewhere; `retry` sends a call that was in flight on
@@ -146,6 +150,8 @@ class PolicyHost(HostCore):
         self.syncing: tuple[int, float] | None = None  # (version, since) of a weight sync begun and not ended
         self.synced_version: int | None = None  # the version of the last weight sync that ended
         self.weight_syncs = 0  # weight syncs ended
+        self.gate = asyncio.Event()  # closed through a gated weight sync: routed calls wait on it
+        self.gate.set()
 
     # --- calls ---------------------------------------------------------------------------------
 
@@ -251,6 +257,16 @@ class PolicyHost(HostCore):
         self.turn_finished(spec, call.worker, prompt_tokens, output_tokens, cached_tokens, now)
         self._settle(program)
 
+    def aborted_by_sync(self, call: Call, output_tokens: int) -> None:
+        """A weight sync cut the call after ``output_tokens``: logged as retried (the policy
+        hears the call end, ``ok=False``); the turn stays open, so the client's retry (prompt
+        plus partial output) is the turn's next call (``<turn>r<n>``)."""
+        program = self.programs[call.spec.program]  # a program with a call in flight does not end
+        program.in_flight -= 1
+        version = self.syncing[0] if self.syncing else self.synced_version
+        self.turn_retried(call.spec, call.worker, f"aborted by the weight sync to version {version}", self.clock(), output_tokens)
+        self._settle(program)
+
     def fail(self, call: Call, reason: str) -> None:
         """The call failed or was cancelled after it was routed."""
         program = self.programs[call.spec.program]  # a program with a call in flight does not end
@@ -290,10 +306,11 @@ class PolicyHost(HostCore):
         self._expire_idle(now)  # first, so the policy's pass sees the capacity this frees
         super().tick(now)
 
-    def begin_weight_sync(self, version: int) -> bool:
-        """The trainer starts pushing ``version``: logged and told to the policy; False for a
-        repeated begin of the sync in progress, which changes nothing (upstream ThunderAgent's
-        second begin neither restarts its watchdog)."""
+    def begin_weight_sync(self, version: int, gate: bool = False) -> bool:
+        """The trainer starts pushing ``version``: logged and told to the policy (``gate``:
+        and `gate` closed until the end); False for a repeated begin of the sync in progress,
+        which changes nothing (upstream ThunderAgent's second begin neither restarts its
+        watchdog)."""
         if self.syncing is not None:
             if self.syncing[0] == version:
                 return False
@@ -302,6 +319,8 @@ class PolicyHost(HostCore):
             raise WeightSyncConflict(f"weight version {version} is not newer than the last synced version {self.synced_version}")
         now = self.clock()
         self.syncing = (version, now)
+        if gate:
+            self.gate.clear()
         self.weight_sync_began(version, now)
         return True
 
@@ -318,6 +337,7 @@ class PolicyHost(HostCore):
         self.syncing = None
         self.synced_version = version
         self.weight_syncs += 1
+        self.gate.set()  # its waiters go on in arrival order
         self.weight_sync_ended(version, self.clock())
         return self.in_flight - in_flight
 

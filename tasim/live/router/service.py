@@ -25,6 +25,15 @@ and Prometheus metrics are served over HTTP on 127.0.0.1, as are
 step boundaries a rollout driver reports, ``POST /caches/clear`` empties the workers'
 prefix caches as a weight update does, and ``POST /v1/weight_sync/begin|end`` bracket a
 trainer's weight update for the policy (`tasim.live.router.decisions`).
+
+A weight sync begun with ``abort: true`` does at the router what verl 0.9.1 does at its servers:
+every call streaming is stopped at its worker (Dynamo's stop-generating, which the engine
+honours) and ends for its client with the output streamed so far, a last chunk with finish reason
+``cancelled`` and ``engine_data.tasim.aborted: true``: Dynamo 1.6.1's frontend reports an
+engine's ``cancelled`` as ``"stop"`` on /v1/completions, so the abort travels in the
+``engine_data`` answer (``nvext.engine_data.tasim``) only. The host logs the call as retried
+with the tokens it generated; the client's retry is the turn's next call. Calls routed until the
+sync ends wait at the router (verl's closed gate) and reach their workers in arrival order.
 """
 
 from __future__ import annotations
@@ -98,7 +107,11 @@ class _Router:
         self.members: Membership | None = None
         live = self.scenario.live
         ttl = live.program_idle_ttl_s / config.time_scale if live.program_idle_ttl_s is not None else None
-        self.decisions = Decisions(self.host, lambda worker: self.instance_of.get(worker), self._confirm_lost, live.max_retries, ttl, self.begin_run)
+        self.streaming: set[_Reply] = set()  # attempts streaming now, which a weight sync may cut
+        cut = self.cut_streams if live.routing == "proxy" else None
+        self.decisions = Decisions(
+            self.host, lambda worker: self.instance_of.get(worker), self._confirm_lost, live.max_retries, ttl, self.begin_run, cut
+        )
         self._watch_task: asyncio.Task[None] | None = None
         self.client: Any = None
         self.ready = False
@@ -220,6 +233,8 @@ class _Router:
                         yield chunk
                 break
             except BaseException as exc:
+                if reply.aborted and isinstance(exc, Exception):  # the cut stream ended in an error
+                    break
                 if not (_worker_lost(exc) and retries < self.scenario.live.max_retries):
                     self.host.fail(call, "cancelled" if isinstance(exc, (asyncio.CancelledError, GeneratorExit)) else f"error: {exc}")
                     raise
@@ -236,26 +251,54 @@ class _Router:
             if resent is None:  # the client went away while the retry was held
                 return
             call, attempt = resent, reply.next_attempt(request)
+        if reply.aborted:
+            self.host.aborted_by_sync(call, len(reply.output) - reply.carried)
+            yield reply.cut(_proof(call, reply.output))
+            return
         if not reply.finished:
             self.host.fail(call, "stream ended without a finish reason")
             return
         self.host.finish(call, *reply.engine_usage(call.spec.prompt_tokens))
 
+    def cut_streams(self) -> int:
+        """Stop every attempt streaming now (a weight sync with abort); the number stopped."""
+        cut = 0
+        for reply in self.streaming:
+            if not (reply.aborted or reply.finished):  # a reply whose last chunk came is complete
+                reply.aborted = True
+                reply.context.stop_generating()
+                cut += 1
+        return cut
+
     async def _stream(self, call: Call, request: dict[str, Any], instance: int, reply: _Reply) -> AsyncGenerator[dict[str, Any], None]:
-        """One attempt: the worker's chunks, recorded in ``reply``."""
-        first = True
-        async for chunk in await self.client.direct(prioritized(request, call.priority), instance, annotated=False):
-            if isinstance(chunk, dict):
-                tokens = chunk.get("token_ids") or ()
-                if tokens and first:
-                    first = False
-                    self.host.call_first_token(call)
-                reply.add(chunk, tokens)
-                if reply.finished:
-                    chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, reply.output)}
-                    if chunk.get("completion_usage"):
-                        chunk["completion_usage"] = reply.client_usage()
-            yield chunk
+        """One attempt: the worker's chunks, recorded in ``reply``; it waits first while a
+        weight sync holds calls. A cut ends it at once (chunks still under way are dropped)."""
+        from dynamo.runtime import Context  # the router process has Dynamo; importers of this module need not
+
+        if not self.host.gate.is_set():
+            await self.host.gate.wait()
+        reply.context = Context()
+        self.streaming.add(reply)
+        try:
+            first = True
+            async for chunk in await self.client.direct(prioritized(request, call.priority), instance, annotated=False, context=reply.context):
+                if reply.aborted:
+                    return
+                if isinstance(chunk, dict):
+                    tokens = chunk.get("token_ids") or ()
+                    if tokens and first:
+                        first = False
+                        self.host.call_first_token(call)
+                    reply.add(chunk, tokens)
+                    if reply.finished:
+                        chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, reply.output)}
+                        if chunk.get("completion_usage"):
+                            chunk["completion_usage"] = reply.client_usage()
+                yield chunk
+        finally:
+            self.streaming.discard(reply)
+            if not reply.finished:  # cut, broken off or given up: the engine stops too
+                reply.context.stop_generating()
 
     # --- status and shutdown -------------------------------------------------------------------
 
@@ -323,7 +366,7 @@ async def _give_up(host: PolicyHost, waiting: asyncio.Future[Call]) -> None:
     await asyncio.gather(waiting, return_exceptions=True)
 
 
-@dataclass
+@dataclass(eq=False)  # kept in a set by identity
 class _Reply:
     """One client call's reply across attempts: the output so far, and the engine's usage of
     the current attempt, whose prompt holds the ``carried`` output tokens of earlier ones."""
@@ -334,6 +377,8 @@ class _Reply:
     carried: int = 0
     usage: dict[str, Any] = field(default_factory=dict)
     finished: bool = False
+    context: Any = None  # the current attempt's Dynamo context, which stops it at its worker
+    aborted: bool = False  # a weight sync cut it
 
     @property
     def max_tokens(self) -> int:
@@ -378,6 +423,12 @@ class _Reply:
             "prompt_tokens": usage.get("prompt_tokens", self.carried) - self.carried,
             "completion_tokens": usage.get("completion_tokens", 0) + self.carried,
         }
+
+    def cut(self, proof: dict[str, Any]) -> dict[str, Any]:
+        """The last chunk of a reply a weight sync cut: the output so far stands, marked aborted."""
+        self.finished = True
+        usage = {"prompt_tokens": len(self.prompt), "completion_tokens": len(self.output), "total_tokens": len(self.prompt) + len(self.output)}
+        return {"token_ids": [], "finish_reason": "cancelled", "completion_usage": usage, "engine_data": {"tasim": {**proof, "aborted": True}}}
 
     def end(self, proof: dict[str, Any]) -> dict[str, Any]:
         """A final chunk for a reply whose tokens all came but whose stream broke before its end."""

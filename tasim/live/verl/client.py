@@ -5,7 +5,10 @@ It is an `LLMServerClient` (what `AgentLoopManager` hands to every agent loop) w
 ``generate(request_id, *, prompt_ids, sampling_params, ...)`` POSTs the token ids to
 ``/v1/completions`` instead of calling a verl server actor. verl's ``request_id`` is stable for a
 trajectory, so it is the program id, sent as ``X-Dynamo-Session-ID`` on every turn; the output
-token ids come back in ``nvext.engine_data.tasim``. ``end_program`` sends the one
+token ids come back in ``nvext.engine_data.tasim``. A call a weight sync cut (the router's
+``aborted`` flag there: Dynamo's frontend reports the engine's abort as finish reason "stop")
+comes back with the output so far and ``stop_reason="aborted"``, which verl's fully-async client
+sends again with that output appended to the prompt. ``end_program`` sends the one
 ``X-Dynamo-Session-Final: true`` request that releases the program, and fails loudly when its
 reply carries choices: then the request reached a model worker, i.e. the router was bypassed.
 Keyword arguments verl adds over time (``mm_processor_output``, ``priority``, ...) are accepted
@@ -104,7 +107,7 @@ class DynamoProgramClient(LLMServerClient):
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
         return TokenOutput(
             token_ids=list(proof["output_token_ids"]),
-            stop_reason="aborted" if choice.get("finish_reason") == "abort" else "completed",
+            stop_reason="aborted" if proof.get("aborted") or choice.get("finish_reason") == "abort" else "completed",
             extra_fields={"global_steps": self.global_steps, "num_cached_tokens": int(cached), "worker": proof.get("worker")},
         )
 

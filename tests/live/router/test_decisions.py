@@ -143,7 +143,8 @@ BAD_BODIES = [
     ("weight_sync/begin", {}, 400, "missing required field `version`"),
     ("weight_sync/begin", {"version": -1}, 400, "Expected `int` >= 0 - at `$.version`"),
     ("weight_sync/begin", {"version": "3"}, 400, "Expected `int`, got `str` - at `$.version`"),
-    ("weight_sync/begin", {"version": 1, "step": 1}, 400, "unknown field `step` (fields: version)"),
+    ("weight_sync/begin", {"version": 1, "step": 1}, 400, "unknown field `step` (fields: version, abort)"),
+    ("weight_sync/begin", {"version": 1, "abort": True}, 400, "abort needs live.routing proxy: with pin routing the calls stream past the router"),
     ("weight_sync/end", b"", 400, "not JSON"),
     ("weight_sync/end", {"version": 1}, 409, "end of a weight sync to version 1, but no weight sync is in progress"),
 ]

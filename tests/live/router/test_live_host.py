@@ -166,6 +166,34 @@ def test_retry_after_failure_gets_a_fresh_request_id() -> None:
     asyncio.run(go())
 
 
+def test_a_call_cut_by_a_gated_weight_sync_is_retried_as_the_turns_next_call() -> None:
+    """The turn stays open: the policy hears the cut call end (not ok), the log has it retried
+    with the tokens it generated, the client's retry gets the turn's next id, and the gate is
+    closed from the begin to the end of the sync."""
+
+    async def go() -> None:
+        policy = RecordingRoundRobin(live_view(2), RoundRobin.params_model(), np.random.default_rng(0))
+        clock = FakeClock()
+        events: list[ev.Event] = []
+        host = PolicyHost(policy, clock, events.append, BS)
+        host.finish(await host.admit("p", _tokens(40), 8), 40, 8, 0)
+        cut = await host.admit("p", _tokens(70), 100)
+        clock.t = 2.0
+        assert host.begin_weight_sync(3, gate=True) and not host.gate.is_set()
+        host.aborted_by_sync(cut, 37)
+        assert events[-1] == ev.RequestRetried(2.0, "p.1", "p", cut.worker, "aborted by the weight sync to version 3", 37)
+        assert policy.turn_ends[-1] == TurnEnd("p", "p.1", cut.worker, 70, 37, 0, ok=False)
+        assert (host.programs["p"].turn, host.in_flight, host.failed) == (1, 0, 0)
+        retry = await host.admit("p", _tokens(107), 63)
+        assert retry.spec.id == "p.1r2" and retry.spec.prompt_tokens == 107
+        assert host.end_weight_sync(3) == 0 and host.gate.is_set()
+        host.finish(retry, 107, 63, 0)
+        assert host.programs["p"].turn == 2 and host.session_final("p")
+        assert [e.completed for e in events if isinstance(e, ev.ProgramFinished)] == [True]
+
+    asyncio.run(go())
+
+
 def test_program_with_a_failed_call_is_not_completed() -> None:
     async def go() -> None:
         host, _, events = _host()

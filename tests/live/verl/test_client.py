@@ -101,3 +101,28 @@ def test_client_pickles_without_its_session() -> None:
     client = DynamoProgramClient(CONFIG, "http://127.0.0.1:1", "m")
     clone = pickle.loads(pickle.dumps(client))
     assert clone.url == "http://127.0.0.1:1/v1/completions" and clone._session is None
+
+
+def test_a_call_a_weight_sync_cut_is_reported_aborted_with_its_partial_output() -> None:
+    """Dynamo's frontend reports the engine's abort as finish reason "stop"; the router's
+    ``aborted`` flag in ``engine_data.tasim`` is what marks the call aborted."""
+    cut = _ok([7, 8])
+    cut["choices"][0]["finish_reason"] = "stop"
+    cut["nvext"]["engine_data"]["tasim"]["aborted"] = True
+    stopped = _ok([9])
+    stopped["choices"][0]["finish_reason"] = "stop"
+
+    async def go() -> list[Any]:
+        runner, url = await _serve([(200, cut), (200, stopped)], [])
+        try:
+            client = DynamoProgramClient(CONFIG, url, "m")
+            try:
+                return [await client.generate("traj-1", prompt_ids=[1, 2, 3], sampling_params={}) for _ in range(2)]
+            finally:
+                await client.close()
+        finally:
+            await runner.cleanup()
+
+    aborted, completed = asyncio.run(go())
+    assert (aborted.token_ids, aborted.stop_reason) == ([7, 8], "aborted")
+    assert (completed.token_ids, completed.stop_reason) == ([9], "completed")
