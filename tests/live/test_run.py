@@ -56,11 +56,11 @@ LIVE = str(SCENARIOS / "live-mocker.yaml")
                 "--driver",
                 "verl",
                 "--set",
-                "workload.mode=colocate_async",
+                "workload.mode=fully_async",
                 "--set",
                 "workload.reset_prefix_cache=true",
             ],
-            ["the verl driver runs workload.mode sync; colocate_async is simulated only"],
+            ["the verl driver runs workload.mode sync or colocate_async; fully_async is simulated only"],
         ),
         (
             [

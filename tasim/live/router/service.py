@@ -68,7 +68,7 @@ from tasim.results.eventlog import EventWriter
 
 logger = logging.getLogger("tasim.live.router.service")
 
-MARKS = ("rollout_started", "rollout_finished", "training_finished")
+MARKS = ("rollout_started", "rollout_finished", "training_started", "training_finished")
 CLEAR_DISCOVERY_S = 2.0  # how long to look for the workers' clear_kv_blocks endpoint
 
 
@@ -127,6 +127,8 @@ class _Router:
             event: ev.Event = ev.RolloutStarted(now, step, trajectories)
         elif kind == "rollout_finished":
             event = ev.RolloutFinished(now, step)
+        elif kind == "training_started":
+            event = ev.TrainingStarted(now, step)
         elif kind == "training_finished":
             event = ev.TrainingFinished(now, step)
         else:

@@ -213,8 +213,19 @@ class LiveStack:
         _post(f"{self.status_url}/run/end")
 
     def mark(self, kind: str, step: int, trajectories: int = 0) -> None:
-        """Log an RL step boundary (rollout_started, rollout_finished, training_finished)."""
+        """Log an RL step boundary (rollout_started, rollout_finished, training_started, training_finished)."""
         _post(f"{self.status_url}/run/mark", {"kind": kind, "step": step, "trajectories": trajectories})
+
+    def begin_weight_sync(self, version: int, abort: bool) -> dict[str, Any]:
+        """``POST /v1/weight_sync/begin``: with ``abort`` the router cuts every call streaming and
+        holds new ones until the end; its reply (``aborted``: how many calls it cut)."""
+        began: dict[str, Any] = _post(f"{self.status_url}/v1/weight_sync/begin", {"version": version, "abort": abort})
+        return began
+
+    def end_weight_sync(self, version: int) -> dict[str, Any]:
+        """``POST /v1/weight_sync/end``: the workers serve ``version``; held calls go on."""
+        ended: dict[str, Any] = _post(f"{self.status_url}/v1/weight_sync/end", {"version": version})
+        return ended
 
     def status(self) -> dict[str, Any]:
         """The router's ``GET /status``: workers, program table, request counts."""

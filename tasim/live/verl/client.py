@@ -30,7 +30,7 @@ from typing import Any
 
 import aiohttp
 from omegaconf import DictConfig
-from verl.workers.rollout.llm_server import LLMServerClient
+from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
 from tasim.live.clients.pinned import PinnedCalls
@@ -90,6 +90,8 @@ class DynamoProgramClient(LLMServerClient):
         for key in ("temperature", "top_p", "min_tokens", "ignore_eos", "stop_token_ids"):
             if sampling_params.get(key) is not None:
                 body[key] = sampling_params[key]
+        if sampling_params.get("min_tokens") is not None:  # a resumed call's budget shrinks; verl leaves min_tokens as it was
+            body["min_tokens"] = min(int(sampling_params["min_tokens"]), max_tokens)
         if self.decisions_url is not None:
             pinned = await self._pinned_calls().complete(body, list(prompt_ids), max_tokens, program=str(request_id))
             return TokenOutput(
@@ -165,3 +167,15 @@ class DynamoProgramClient(LLMServerClient):
                     raise
             await asyncio.sleep(self.retry_delay_s * attempt)
         raise AssertionError("unreachable")
+
+
+class PartialRolloutDynamoClient(FullyAsyncLLMServerClient, DynamoProgramClient):
+    """verl 0.9.1's partial-rollout client (what its asynchronous trainers hand the agent loops)
+    over the Dynamo transport: its ``generate`` loop calls `DynamoProgramClient.generate`, and when
+    a weight sync cuts a call (``stop_reason="aborted"``) waits 1 s and sends the prompt plus the
+    output so far for the tokens still to come, so the loop sees one whole turn."""
+
+    def __init__(self, config: DictConfig, base_url: str, model_name: str, **kwargs: Any) -> None:
+        # FullyAsyncLLMServerClient's own __init__ would hand DynamoProgramClient a load balancer.
+        DynamoProgramClient.__init__(self, config, base_url, model_name, **kwargs)
+        self._only_hybrid = False  # no load balancer to wait on: the router holds calls in a sync
