@@ -115,23 +115,31 @@ class ApproxIndex:
         self.ttl_s = ttl_s
         self.max_size = max_size
         self._expiry: dict[str, dict[BlockHash, float]] = {w: {} for w in workers}
-        # (expiry, -depth, worker, block): earliest expiry first, deeper blocks first on ties
-        self._heap: list[tuple[float, int, str, BlockHash]] = []
+        # Every routing's blocks, filed under their expiry, one (worker, blocks, depth of the
+        # first) entry per routing rather than one per block: a prompt's blocks share an expiry,
+        # and expiring them is order-free. An entry turns stale for the blocks routed again since
+        # (their expiry moved) or forgotten. `_expiries` is a heap of the keys.
+        self._routings: dict[float, list[tuple[str, tuple[BlockHash, ...], int]]] = {}
+        self._expiries: list[float] = []
         self._size = 0
 
     def routed(self, worker: str, hashes: Sequence[BlockHash], now: float) -> None:
         expiry = now + self.ttl_s
         table = self._expiry[worker]
-        for depth, block in enumerate(hashes):
-            if block not in table:
-                self._size += 1
-            table[block] = expiry
-            heapq.heappush(self._heap, (expiry, -depth, worker, block))
+        blocks = tuple(hashes)
+        before = len(table)
+        table.update(dict.fromkeys(blocks, expiry))
+        self._size += len(table) - before
+        routings = self._routings.get(expiry)
+        if routings is None:
+            routings = self._routings[expiry] = []
+            heapq.heappush(self._expiries, expiry)
+        routings.append((worker, blocks, 0))
         if self._size > self.max_size:
             self._drop_earliest(self._size - int(self.max_size * PRUNE_TO_FRACTION))
 
     def forget(self, worker: str) -> None:
-        """``worker`` lost its cache: drop its blocks (their heap entries become stale)."""
+        """``worker`` lost its cache: drop its blocks (their entries become stale)."""
         self._size -= len(self._expiry[worker])
         self._expiry[worker].clear()
 
@@ -149,24 +157,42 @@ class ApproxIndex:
         return self._size
 
     def _expire(self, now: float) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            self._pop_live()
+        expiries = self._expiries
+        tables = self._expiry
+        while expiries and expiries[0] <= now:
+            expiry = heapq.heappop(expiries)
+            for worker, blocks, _ in self._routings.pop(expiry):
+                table = tables[worker]
+                for block in blocks:
+                    if table.get(block) == expiry:  # not routed again since, nor forgotten
+                        del table[block]
+                        self._size -= 1
 
     def _drop_earliest(self, count: int) -> None:
-        while count > 0 and self._heap:
-            if self._pop_live():
-                count -= 1
-
-    def _pop_live(self) -> bool:
-        """Pop the heap head; remove its block if the entry is current (not refreshed since)."""
-        expiry, _, worker, block = heapq.heappop(self._heap)
-        table = self._expiry[worker]
-        if table.get(block) == expiry:
-            del table[block]
-            self._size -= 1
-            return True
-        return False
+        """Drop ``count`` blocks, the earliest-expiring first; on a tie in expiry the deepest
+        first, then by worker, then by hash."""
+        expiries = self._expiries
+        tables = self._expiry
+        while count > 0 and expiries:
+            expiry = expiries[0]
+            ranked = sorted(
+                (-(first + depth), worker, block) for worker, blocks, first in self._routings[expiry] for depth, block in enumerate(blocks)
+            )
+            taken = 0
+            for _, worker, block in ranked:
+                if count == 0:
+                    break
+                taken += 1
+                table = tables[worker]
+                if table.get(block) == expiry:
+                    del table[block]
+                    self._size -= 1
+                    count -= 1
+            if taken == len(ranked):
+                heapq.heappop(expiries)
+                del self._routings[expiry]
+            else:  # the rest of the tie stays, one entry per block, for a later trim or expiry
+                self._routings[expiry] = [(worker, (block,), -neg_depth) for neg_depth, worker, block in ranked[taken:]]
 
 
 class PredictOnRouteIndex:
