@@ -34,9 +34,16 @@ from tasim.core.model import BlockHash
 PRUNE_TO_FRACTION = 0.8
 
 
-def _leading_hits(held: set[BlockHash] | dict[BlockHash, float], hashes: Sequence[BlockHash]) -> int:
-    # takewhile and list walk the prefix in C: this runs once per worker per routing decision.
-    return len(list(takewhile(held.__contains__, hashes)))
+def _leading_hits(held: set[BlockHash] | dict[BlockHash, float], hashes: Sequence[object]) -> int:
+    # This runs once per worker per routing decision. The hashes are taken as objects so that
+    # the compiled loop hands each to the lookup as it is, not unboxed to a C integer and boxed
+    # again (a new int object per block).
+    hits = 0
+    for block in hashes:
+        if block not in held:
+            break
+        hits += 1
+    return hits
 
 
 def _run_from(held: set[BlockHash], hashes: Sequence[BlockHash], start: int) -> int:
@@ -81,11 +88,20 @@ class EventIndex:
 
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         """Leading blocks of ``hashes`` on each worker's GPU (its device match)."""
+        self._deliver(now)
+        return {w: _leading_hits(held, hashes) for w, held in self._blocks.items()}
+
+    def overlap(self, worker: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """`overlaps` for ``worker`` alone."""
+        self._deliver(now)
+        return _leading_hits(self._blocks[worker], hashes)
+
+    def _deliver(self, now: float) -> None:
+        """Apply the events that have arrived by ``now``."""
         pending = self._pending
         while pending and pending[0][0] <= now:
             _, stored, worker, blocks, tier = pending.popleft()
             self._apply(stored, worker, blocks, tier)
-        return {w: _leading_hits(held, hashes) for w, held in self._blocks.items()}
 
     def lower_runs(self, hashes: Sequence[BlockHash], device: dict[str, int]) -> dict[str, tuple[int, int]]:
         """(host, disk) blocks of ``hashes`` per worker beyond its ``device`` match (what
@@ -146,6 +162,11 @@ class ApproxIndex:
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         self._expire(now)
         return {w: _leading_hits(table, hashes) for w, table in self._expiry.items()}
+
+    def overlap(self, worker: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """`overlaps` for ``worker`` alone."""
+        self._expire(now)
+        return _leading_hits(self._expiry[worker], hashes)
 
     def stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
         """Approximate mode ignores KV events."""
@@ -212,6 +233,11 @@ class PredictOnRouteIndex:
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         predicted = self.predicted.overlaps(hashes, now)
         return {w: max(n, predicted[w]) for w, n in self.events.overlaps(hashes, now).items()}
+
+    def overlap(self, worker: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """`overlaps` for ``worker`` alone."""
+        predicted = self.predicted.overlap(worker, hashes, now)
+        return max(self.events.overlap(worker, hashes, now), predicted)
 
     @property
     def lower_tiers(self) -> bool:
