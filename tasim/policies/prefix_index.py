@@ -24,7 +24,7 @@ answers it exactly as Dynamo's radix tree walk does.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from itertools import islice, takewhile
 
@@ -126,16 +126,27 @@ class EventIndex:
         return sum(len(h) for tier in (self._blocks, self._host, self._disk) for h in tier.values())
 
 
+class _Due:
+    """The routings whose blocks expire at one time, and how many blocks still hold that expiry."""
+
+    __slots__ = ("routings", "held")
+
+    def __init__(self) -> None:
+        # (worker, blocks, depth of the first block) per routing, not one entry per block
+        self.routings: list[tuple[str, tuple[BlockHash, ...], int]] = []
+        self.held = 0
+
+
 class ApproxIndex:
     def __init__(self, workers: Iterable[str], ttl_s: float = 120.0, max_size: int = 1 << 20) -> None:
         self.ttl_s = ttl_s
         self.max_size = max_size
         self._expiry: dict[str, dict[BlockHash, float]] = {w: {} for w in workers}
-        # Every routing's blocks, filed under their expiry, one (worker, blocks, depth of the
-        # first) entry per routing rather than one per block: a prompt's blocks share an expiry,
-        # and expiring them is order-free. An entry turns stale for the blocks routed again since
-        # (their expiry moved) or forgotten. `_expiries` is a heap of the keys.
-        self._routings: dict[float, list[tuple[str, tuple[BlockHash, ...], int]]] = {}
+        # Every routing's blocks, filed under their expiry (`_expiries`, a heap of the keys). A
+        # routing's entry turns stale for each block routed again since (its expiry moved) or
+        # forgotten. Most go wholly stale (an agent's next turn routes the same prefix again), and
+        # the count of blocks still held at each expiry lets their expiry skip them.
+        self._due: dict[float, _Due] = {}
         self._expiries: list[float] = []
         self._size = 0
 
@@ -143,21 +154,42 @@ class ApproxIndex:
         expiry = now + self.ttl_s
         table = self._expiry[worker]
         blocks = tuple(hashes)
-        before = len(table)
-        table.update(dict.fromkeys(blocks, expiry))
-        self._size += len(table) - before
-        routings = self._routings.get(expiry)
-        if routings is None:
-            routings = self._routings[expiry] = []
+        due = self._due.get(expiry)
+        if due is None:
+            due = self._due[expiry] = _Due()
             heapq.heappush(self._expiries, expiry)
-        routings.append((worker, blocks, 0))
+        fresh = dict.fromkeys(blocks, expiry)
+        # The expiries the blocks move from, counted by runs: a prompt is mostly the previous
+        # turn's, whose blocks share one expiry object (`is` is then enough to tell a run).
+        last: float | None = None
+        run = 0
+        for held in map(table.get, fresh):
+            if held is last:
+                run += 1
+            else:
+                self._moved_from(last, run)
+                last, run = held, 1
+        self._moved_from(last, run)
+        table.update(fresh)
+        due.held += len(fresh)
+        due.routings.append((worker, blocks, 0))
         if self._size > self.max_size:
             self._drop_earliest(self._size - int(self.max_size * PRUNE_TO_FRACTION))
 
+    def _moved_from(self, held: float | None, count: int) -> None:
+        """``count`` blocks that held expiry ``held`` (None: were not held) take another."""
+        if held is None:
+            self._size += count
+        else:
+            self._due[held].held -= count
+
     def forget(self, worker: str) -> None:
         """``worker`` lost its cache: drop its blocks (their entries become stale)."""
-        self._size -= len(self._expiry[worker])
-        self._expiry[worker].clear()
+        table = self._expiry[worker]
+        for held, count in Counter(table.values()).items():
+            self._due[held].held -= count
+        self._size -= len(table)
+        table.clear()
 
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         self._expire(now)
@@ -182,11 +214,15 @@ class ApproxIndex:
         tables = self._expiry
         while expiries and expiries[0] <= now:
             expiry = heapq.heappop(expiries)
-            for worker, blocks, _ in self._routings.pop(expiry):
+            due = self._due.pop(expiry)
+            for worker, blocks, _ in due.routings:
+                if due.held == 0:  # the rest is stale
+                    break
                 table = tables[worker]
                 for block in blocks:
                     if table.get(block) == expiry:  # not routed again since, nor forgotten
                         del table[block]
+                        due.held -= 1
                         self._size -= 1
 
     def _drop_earliest(self, count: int) -> None:
@@ -196,9 +232,10 @@ class ApproxIndex:
         tables = self._expiry
         while count > 0 and expiries:
             expiry = expiries[0]
-            ranked = sorted(
-                (-(first + depth), worker, block) for worker, blocks, first in self._routings[expiry] for depth, block in enumerate(blocks)
-            )
+            due = self._due[expiry]
+            ranked = []
+            if due.held:  # else every entry is stale, and all go
+                ranked = sorted((-(first + depth), worker, block) for worker, blocks, first in due.routings for depth, block in enumerate(blocks))
             taken = 0
             for _, worker, block in ranked:
                 if count == 0:
@@ -207,13 +244,14 @@ class ApproxIndex:
                 table = tables[worker]
                 if table.get(block) == expiry:
                     del table[block]
+                    due.held -= 1
                     self._size -= 1
                     count -= 1
             if taken == len(ranked):
                 heapq.heappop(expiries)
-                del self._routings[expiry]
+                del self._due[expiry]
             else:  # the rest of the tie stays, one entry per block, for a later trim or expiry
-                self._routings[expiry] = [(worker, (block,), -neg_depth) for neg_depth, worker, block in ranked[taken:]]
+                due.routings = [(worker, (block,), -neg_depth) for neg_depth, worker, block in ranked[taken:]]
 
 
 class PredictOnRouteIndex:

@@ -3,14 +3,16 @@
 `HeapApproxIndex` keeps one heap entry (expiry, -depth, worker, block) per routed block and pops
 them in that order: on expiry every entry due, on a trim the earliest until enough current
 blocks went; an entry whose block was routed again since (or forgotten) is stale and skipped.
-`ApproxIndex` files a routing's blocks together under their expiry. The two must agree on every
-overlap, size and held block with its expiry, whatever the mix of shared and repeated blocks,
-refreshes, ties in expiry, clocks that stand still or go back, trims and forgotten workers."""
+`ApproxIndex` files a routing's blocks together under their expiry, with a count of the blocks
+that still hold it. The two must agree on every overlap, size and held block with its expiry (and
+the counts must be right), whatever the mix of shared and repeated blocks, refreshes, ties in
+expiry, clocks that stand still or go back, trims and forgotten workers."""
 
 from __future__ import annotations
 
 import heapq
 import random
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from itertools import takewhile
 
@@ -102,3 +104,5 @@ def test_matches_one_heap_entry_per_block(seed: int) -> None:
             model.forget(worker)
         assert index.size() == model.size
         assert index._expiry == model.expiry
+        held = Counter(expiry for table in model.expiry.values() for expiry in table.values())
+        assert {expiry: due.held for expiry, due in index._due.items() if due.held} == held
