@@ -198,9 +198,17 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
 
     def on_request(self, request: RequestSpec, now: float) -> Route:
         hashes = request.prompt_block_hashes(self.block_size)
-        costs, overlaps, lower = self._costs(request, hashes, now)
-        worker = self._bound_worker(request.program, costs, now) or self._pick(costs)
-        self._book(request, hashes, worker, self._cached_tokens(overlaps[worker], *lower.get(worker, (0, 0))), now)
+        worker = self._bound_worker(request.program, now)
+        if worker:
+            # The session's worker takes it whatever the costs: only that worker's overlap is
+            # needed (for the booking), so the other workers' prefixes are not walked.
+            device = self.index.overlap(worker, hashes, now) if self.index else 0
+            lower = self._lower_runs(hashes, {worker: device})
+        else:
+            costs, overlaps, lower = self._costs(request, hashes, now)
+            worker = self._pick(costs)
+            device = overlaps[worker]
+        self._book(request, hashes, worker, self._cached_tokens(device, *lower.get(worker, (0, 0))), now)
         self.sessions.bind(request.program, worker, now)
         return Route(worker)
 
@@ -214,9 +222,10 @@ class KvRouter(SessionAffinityPolicy[KvRouterParams]):
         # yet, so it falls back to every worker.
         return idle or workers
 
-    def _bound_worker(self, program: str, costs: dict[str, float], now: float) -> str | None:
+    def _bound_worker(self, program: str, now: float) -> str | None:
+        """The session's worker, if it takes the request: in soft mode only while it is eligible."""
         worker = self.sessions.worker(program, now)
-        if self.params.session_affinity_mode == "soft" and worker not in costs:
+        if self.params.session_affinity_mode == "soft" and worker not in self._eligible():
             return None
         return worker
 

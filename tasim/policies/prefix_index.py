@@ -24,7 +24,7 @@ answers it exactly as Dynamo's radix tree walk does.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterable, Sequence
 from itertools import islice, takewhile
 
@@ -34,9 +34,16 @@ from tasim.core.model import BlockHash
 PRUNE_TO_FRACTION = 0.8
 
 
-def _leading_hits(held: set[BlockHash] | dict[BlockHash, float], hashes: Sequence[BlockHash]) -> int:
-    # takewhile and list walk the prefix in C: this runs once per worker per routing decision.
-    return len(list(takewhile(held.__contains__, hashes)))
+def _leading_hits(held: set[BlockHash] | dict[BlockHash, float], hashes: Sequence[object]) -> int:
+    # This runs once per worker per routing decision. The hashes are taken as objects so that
+    # the compiled loop hands each to the lookup as it is, not unboxed to a C integer and boxed
+    # again (a new int object per block).
+    hits = 0
+    for block in hashes:
+        if block not in held:
+            break
+        hits += 1
+    return hits
 
 
 def _run_from(held: set[BlockHash], hashes: Sequence[BlockHash], start: int) -> int:
@@ -81,11 +88,20 @@ class EventIndex:
 
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         """Leading blocks of ``hashes`` on each worker's GPU (its device match)."""
+        self._deliver(now)
+        return {w: _leading_hits(held, hashes) for w, held in self._blocks.items()}
+
+    def overlap(self, worker: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """`overlaps` for ``worker`` alone."""
+        self._deliver(now)
+        return _leading_hits(self._blocks[worker], hashes)
+
+    def _deliver(self, now: float) -> None:
+        """Apply the events that have arrived by ``now``."""
         pending = self._pending
         while pending and pending[0][0] <= now:
             _, stored, worker, blocks, tier = pending.popleft()
             self._apply(stored, worker, blocks, tier)
-        return {w: _leading_hits(held, hashes) for w, held in self._blocks.items()}
 
     def lower_runs(self, hashes: Sequence[BlockHash], device: dict[str, int]) -> dict[str, tuple[int, int]]:
         """(host, disk) blocks of ``hashes`` per worker beyond its ``device`` match (what
@@ -110,34 +126,79 @@ class EventIndex:
         return sum(len(h) for tier in (self._blocks, self._host, self._disk) for h in tier.values())
 
 
+class _Due:
+    """The routings whose blocks expire at one time, and how many blocks still hold that expiry."""
+
+    __slots__ = ("routings", "held")
+
+    def __init__(self) -> None:
+        # (worker, blocks, depth of the first block) per routing, not one entry per block
+        self.routings: list[tuple[str, tuple[BlockHash, ...], int]] = []
+        self.held = 0
+
+
 class ApproxIndex:
     def __init__(self, workers: Iterable[str], ttl_s: float = 120.0, max_size: int = 1 << 20) -> None:
         self.ttl_s = ttl_s
         self.max_size = max_size
         self._expiry: dict[str, dict[BlockHash, float]] = {w: {} for w in workers}
-        # (expiry, -depth, worker, block): earliest expiry first, deeper blocks first on ties
-        self._heap: list[tuple[float, int, str, BlockHash]] = []
+        # Every routing's blocks, filed under their expiry (`_expiries`, a heap of the keys). A
+        # routing's entry turns stale for each block routed again since (its expiry moved) or
+        # forgotten. Most go wholly stale (an agent's next turn routes the same prefix again), and
+        # the count of blocks still held at each expiry lets their expiry skip them.
+        self._due: dict[float, _Due] = {}
+        self._expiries: list[float] = []
         self._size = 0
 
     def routed(self, worker: str, hashes: Sequence[BlockHash], now: float) -> None:
         expiry = now + self.ttl_s
         table = self._expiry[worker]
-        for depth, block in enumerate(hashes):
-            if block not in table:
-                self._size += 1
-            table[block] = expiry
-            heapq.heappush(self._heap, (expiry, -depth, worker, block))
+        blocks = tuple(hashes)
+        due = self._due.get(expiry)
+        if due is None:
+            due = self._due[expiry] = _Due()
+            heapq.heappush(self._expiries, expiry)
+        fresh = dict.fromkeys(blocks, expiry)
+        # The expiries the blocks move from, counted by runs: a prompt is mostly the previous
+        # turn's, whose blocks share one expiry object (`is` is then enough to tell a run).
+        last: float | None = None
+        run = 0
+        for held in map(table.get, fresh):
+            if held is last:
+                run += 1
+            else:
+                self._moved_from(last, run)
+                last, run = held, 1
+        self._moved_from(last, run)
+        table.update(fresh)
+        due.held += len(fresh)
+        due.routings.append((worker, blocks, 0))
         if self._size > self.max_size:
             self._drop_earliest(self._size - int(self.max_size * PRUNE_TO_FRACTION))
 
+    def _moved_from(self, held: float | None, count: int) -> None:
+        """``count`` blocks that held expiry ``held`` (None: were not held) take another."""
+        if held is None:
+            self._size += count
+        else:
+            self._due[held].held -= count
+
     def forget(self, worker: str) -> None:
-        """``worker`` lost its cache: drop its blocks (their heap entries become stale)."""
-        self._size -= len(self._expiry[worker])
-        self._expiry[worker].clear()
+        """``worker`` lost its cache: drop its blocks (their entries become stale)."""
+        table = self._expiry[worker]
+        for held, count in Counter(table.values()).items():
+            self._due[held].held -= count
+        self._size -= len(table)
+        table.clear()
 
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         self._expire(now)
         return {w: _leading_hits(table, hashes) for w, table in self._expiry.items()}
+
+    def overlap(self, worker: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """`overlaps` for ``worker`` alone."""
+        self._expire(now)
+        return _leading_hits(self._expiry[worker], hashes)
 
     def stored(self, worker: str, blocks: Sequence[BlockHash], now: float, tier: KvTier = "device") -> None:
         """Approximate mode ignores KV events."""
@@ -149,24 +210,48 @@ class ApproxIndex:
         return self._size
 
     def _expire(self, now: float) -> None:
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            self._pop_live()
+        expiries = self._expiries
+        tables = self._expiry
+        while expiries and expiries[0] <= now:
+            expiry = heapq.heappop(expiries)
+            due = self._due.pop(expiry)
+            for worker, blocks, _ in due.routings:
+                if due.held == 0:  # the rest is stale
+                    break
+                table = tables[worker]
+                for block in blocks:
+                    if table.get(block) == expiry:  # not routed again since, nor forgotten
+                        del table[block]
+                        due.held -= 1
+                        self._size -= 1
 
     def _drop_earliest(self, count: int) -> None:
-        while count > 0 and self._heap:
-            if self._pop_live():
-                count -= 1
-
-    def _pop_live(self) -> bool:
-        """Pop the heap head; remove its block if the entry is current (not refreshed since)."""
-        expiry, _, worker, block = heapq.heappop(self._heap)
-        table = self._expiry[worker]
-        if table.get(block) == expiry:
-            del table[block]
-            self._size -= 1
-            return True
-        return False
+        """Drop ``count`` blocks, the earliest-expiring first; on a tie in expiry the deepest
+        first, then by worker, then by hash."""
+        expiries = self._expiries
+        tables = self._expiry
+        while count > 0 and expiries:
+            expiry = expiries[0]
+            due = self._due[expiry]
+            ranked = []
+            if due.held:  # else every entry is stale, and all go
+                ranked = sorted((-(first + depth), worker, block) for worker, blocks, first in due.routings for depth, block in enumerate(blocks))
+            taken = 0
+            for _, worker, block in ranked:
+                if count == 0:
+                    break
+                taken += 1
+                table = tables[worker]
+                if table.get(block) == expiry:
+                    del table[block]
+                    due.held -= 1
+                    self._size -= 1
+                    count -= 1
+            if taken == len(ranked):
+                heapq.heappop(expiries)
+                del self._due[expiry]
+            else:  # the rest of the tie stays, one entry per block, for a later trim or expiry
+                due.routings = [(worker, (block,), -neg_depth) for neg_depth, worker, block in ranked[taken:]]
 
 
 class PredictOnRouteIndex:
@@ -186,6 +271,11 @@ class PredictOnRouteIndex:
     def overlaps(self, hashes: Sequence[BlockHash], now: float) -> dict[str, int]:
         predicted = self.predicted.overlaps(hashes, now)
         return {w: max(n, predicted[w]) for w, n in self.events.overlaps(hashes, now).items()}
+
+    def overlap(self, worker: str, hashes: Sequence[BlockHash], now: float) -> int:
+        """`overlaps` for ``worker`` alone."""
+        predicted = self.predicted.overlap(worker, hashes, now)
+        return max(self.events.overlap(worker, hashes, now), predicted)
 
     @property
     def lower_tiers(self) -> bool:
