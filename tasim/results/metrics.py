@@ -135,6 +135,15 @@ class _Group:
         return membership_known and len(self.finishes) == self.members
 
 
+def _group_summary(groups: list[_Group]) -> dict[str, Any]:
+    """The rollout keys of the GRPO groups that completed, in every trainer mode."""
+    return {
+        "groups": len(groups),
+        "group_completion_s": _stats([g.finishes[-1] - g.first_start for g in groups]),
+        "group_wait_s": _stats([g.finishes[-1] - g.finishes[0] for g in groups]),
+    }
+
+
 @dataclass
 class MetricsFold:
     """Feed every event of one run in order to `apply`, then call `summary`."""
@@ -366,9 +375,7 @@ class MetricsFold:
             "step_tokens_per_s": tokens / sum(step_times) if sum(step_times) > 0 else 0.0,
             "trajectory_latency_s": _stats(self._trajectory_latency),
             "straggler_share": float(np.mean([_straggler_share(s) for s in steps])),
-            "groups": len(groups),
-            "group_completion_s": _stats([g.finishes[-1] - g.first_start for g in groups]),
-            "group_wait_s": _stats([g.finishes[-1] - g.finishes[0] for g in groups]),
+            **_group_summary(groups),
             **self._trainer.summary(),
         }
 
@@ -386,9 +393,7 @@ class MetricsFold:
             "step_tokens_per_s": throughput["step_tokens_per_s"],
             "trajectory_latency_s": _stats(self._trajectory_latency),
             "straggler_share": None,
-            "groups": len(groups),
-            "group_completion_s": _stats([g.finishes[-1] - g.first_start for g in groups]),
-            "group_wait_s": _stats([g.finishes[-1] - g.finishes[0] for g in groups]),
+            **_group_summary(groups),
             **trainer.summary(),
         }
 
