@@ -227,6 +227,10 @@ class MetricsFold:
         self._steps[-1].training_end = e.t
         self._trainer.training_finished(e)
 
+    def _to_trainer(self, e: ev.Event) -> None:
+        """An event only the trainer's accounting reads."""
+        self._trainer.apply(e)
+
     def _arrived(self, e: ev.RequestArrived) -> None:
         self._trainer.arrived(e)
         self._requests[e.request] = _Req(e.t, e.prompt_tokens, e.history_tokens, e.turn == 0)
@@ -541,11 +545,11 @@ _HANDLERS: dict[type[ev.Event], Callable[[MetricsFold, Any], None]] = {
     ev.RolloutStarted: MetricsFold._rollout_started,
     ev.RolloutFinished: MetricsFold._rollout_finished,
     ev.TrainingFinished: MetricsFold._training_finished,
-    ev.TrainingStarted: lambda fold, e: fold._trainer.training_started(e),
-    ev.WeightSyncStarted: lambda fold, e: fold._trainer.sync_started(e),
-    ev.WeightSyncFinished: lambda fold, e: fold._trainer.sync_finished(e),
-    ev.GroupSampled: lambda fold, e: fold._trainer.group_sampled(e),
-    ev.GroupEvicted: lambda fold, e: fold._trainer.group_evicted(e),
+    ev.TrainingStarted: MetricsFold._to_trainer,
+    ev.WeightSyncStarted: MetricsFold._to_trainer,
+    ev.WeightSyncFinished: MetricsFold._to_trainer,
+    ev.GroupSampled: MetricsFold._to_trainer,
+    ev.GroupEvicted: MetricsFold._to_trainer,
     ev.RequestArrived: MetricsFold._arrived,
     ev.PrefillStarted: MetricsFold._prefill,
     ev.FirstToken: MetricsFold._first_token,

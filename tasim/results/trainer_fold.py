@@ -11,6 +11,7 @@ at worst.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,11 @@ def _spread(values: list[int]) -> dict[str, float | None]:
 
 @dataclass
 class TrainerFold:
+    """Feed every event of one run in order to `apply`, then read `summary` and
+    `async_throughput`. `tasim.results.metrics.MetricsFold` hands it the events only the trainer
+    reads through `apply` and calls the methods of the ones it reads itself directly, so that
+    each of those costs one table lookup, not two."""
+
     asynchronous: bool = False
     _busy_since: float | None = None
     _syncing_since: float | None = None
@@ -48,12 +54,17 @@ class TrainerFold:
     _prompts: dict[str, int] = field(default_factory=dict)
     _tokens: int = 0  # every output token generated, of calls finished or cut short
 
+    def apply(self, event: ev.Event) -> None:
+        handler = _HANDLERS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
     # --- events ------------------------------------------------------------------------------
 
     def rollout_finished(self, e: ev.RolloutFinished) -> None:
         self._busy_since = e.t  # sync mode: training starts
 
-    def training_started(self, e: ev.TrainingStarted) -> None:
+    def _training_started(self, e: ev.TrainingStarted) -> None:
         self.asynchronous = True
         self._busy_since = e.t
 
@@ -64,22 +75,22 @@ class TrainerFold:
         self._trainer_end = max(self._trainer_end, e.t)
         self._step_ends[e.step] = e.t
 
-    def sync_started(self, e: ev.WeightSyncStarted) -> None:
+    def _sync_started(self, e: ev.WeightSyncStarted) -> None:
         self._syncing_since = e.t
 
-    def sync_finished(self, e: ev.WeightSyncFinished) -> None:
+    def _sync_finished(self, e: ev.WeightSyncFinished) -> None:
         if self._syncing_since is not None:
             self._busy.append((self._syncing_since, e.t))
             self._sync_s += e.t - self._syncing_since
             self._syncing_since = None
         self._trainer_end = max(self._trainer_end, e.t)
 
-    def group_sampled(self, e: ev.GroupSampled) -> None:
+    def _group_sampled(self, e: ev.GroupSampled) -> None:
         self._sampled.add(e.group)
         self._staleness.append(e.step - e.max_version)
         self._staleness_worst.append(e.step - e.min_version)
 
-    def group_evicted(self, e: ev.GroupEvicted) -> None:
+    def _group_evicted(self, e: ev.GroupEvicted) -> None:
         self._evicted += 1
 
     def generated(self, program: str, output_tokens: int) -> None:
@@ -89,6 +100,9 @@ class TrainerFold:
         group = rollout_group_of(program)
         if group is not None:
             self._group_tokens[group] = self._group_tokens.get(group, 0) + output_tokens
+
+    def _finished(self, e: ev.RequestFinished) -> None:
+        self.generated(e.program, e.output_tokens)
 
     def retried(self, e: ev.RequestRetried) -> None:
         self._interrupted += 1
@@ -154,3 +168,20 @@ class TrainerFold:
             "rollout_tokens_per_s": self._tokens / serving if serving > 0 else 0.0,
             "step_tokens_per_s": trained / self._trainer_end if self._trainer_end > 0 else 0.0,
         }
+
+
+# Each handler takes events of the type it is keyed by, a link the dict's type cannot state: its
+# event parameter is typed Any here, and `TrainerFold.apply` passes it only events of that type.
+_HANDLERS: dict[type[ev.Event], Callable[[TrainerFold, Any], None]] = {
+    ev.RolloutFinished: TrainerFold.rollout_finished,
+    ev.TrainingStarted: TrainerFold._training_started,
+    ev.TrainingFinished: TrainerFold.training_finished,
+    ev.WeightSyncStarted: TrainerFold._sync_started,
+    ev.WeightSyncFinished: TrainerFold._sync_finished,
+    ev.GroupSampled: TrainerFold._group_sampled,
+    ev.GroupEvicted: TrainerFold._group_evicted,
+    ev.RequestArrived: TrainerFold.arrived,
+    ev.PrefillStarted: TrainerFold.prefill,
+    ev.RequestFinished: TrainerFold._finished,
+    ev.RequestRetried: TrainerFold.retried,
+}

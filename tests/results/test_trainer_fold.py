@@ -12,28 +12,7 @@ from tasim.results.trainer_fold import TrainerFold
 def _fold(events: list[ev.Event]) -> TrainerFold:
     fold = TrainerFold()
     for e in events:
-        if isinstance(e, ev.TrainingStarted):
-            fold.training_started(e)
-        elif isinstance(e, ev.TrainingFinished):
-            fold.training_finished(e)
-        elif isinstance(e, ev.RolloutFinished):
-            fold.rollout_finished(e)
-        elif isinstance(e, ev.WeightSyncStarted):
-            fold.sync_started(e)
-        elif isinstance(e, ev.WeightSyncFinished):
-            fold.sync_finished(e)
-        elif isinstance(e, ev.GroupSampled):
-            fold.group_sampled(e)
-        elif isinstance(e, ev.GroupEvicted):
-            fold.group_evicted(e)
-        elif isinstance(e, ev.RequestRetried):
-            fold.retried(e)
-        elif isinstance(e, ev.RequestArrived):
-            fold.arrived(e)
-        elif isinstance(e, ev.PrefillStarted):
-            fold.prefill(e)
-        elif isinstance(e, ev.RequestFinished):
-            fold.generated(e.program, e.output_tokens)
+        fold.apply(e)
     return fold
 
 
