@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from tasim.core.lifecycle import TERMINATION_SIGNALS, terminate_with
+from tasim.core.local_ray import init_local_ray
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
@@ -158,10 +159,9 @@ class RayTasks:
                     level = notices.level
                     notices.setLevel(logging.ERROR)
                     try:
-                        ray.init(
+                        init_local_ray(
                             num_cpus=cpus,
                             include_dashboard=False,
-                            _node_ip_address="127.0.0.1",
                             log_to_driver=False,
                             configure_logging=False,
                             runtime_env={"env_vars": {"TMPDIR": scratch}},

@@ -68,7 +68,7 @@ from tasim.results.eventlog import EventWriter
 
 logger = logging.getLogger("tasim.live.router.service")
 
-MARKS = ("rollout_started", "rollout_finished", "training_started", "training_finished")
+MARKS = ("rollout_started", "rollout_finished", "training_started", "training_finished", "group_sampled")
 CLEAR_DISCOVERY_S = 2.0  # how long to look for the workers' clear_kv_blocks endpoint
 
 
@@ -119,8 +119,9 @@ class _Router:
         self.ended = False
         self._tick_task: asyncio.Task[None] | None = None
 
-    def mark(self, kind: str, step: int, trajectories: int = 0) -> ev.Event:
-        """Log an RL step boundary the driver reports (``POST /run/mark``)."""
+    def mark(self, kind: str, step: int, trajectories: int = 0, group: str = "", versions: tuple[int, int] = (0, 0)) -> ev.Event:
+        """Log an RL step boundary the driver reports (``POST /run/mark``); ``group_sampled``
+        names the GRPO group the trainer took and the weight versions its calls were served by."""
         self.begin_run()
         now = self._now()
         if kind == "rollout_started":
@@ -131,10 +132,19 @@ class _Router:
             event = ev.TrainingStarted(now, step)
         elif kind == "training_finished":
             event = ev.TrainingFinished(now, step)
+        elif kind == "group_sampled":
+            event = ev.GroupSampled(now, step, group, *versions)
         else:
             raise ValueError(f"unknown kind {kind!r}")
         self._emit(event)
         return event
+
+    def _proof(self, call: Call, output: list[int]) -> dict[str, Any]:
+        """What ``engine_data.tasim`` tells the client of its call: ``version`` is the weight
+        version the workers served it with (the last sync ended; 0 before any), which verl's
+        servers report as ``global_steps`` for its off-policy accounting."""
+        version = self.host.synced_version or 0
+        return {"request": call.spec.id, "worker": call.worker, "held_s": call.held_s, "output_token_ids": output, "version": version}
 
     def _emit(self, event: ev.Event) -> None:
         if self.running:  # the log holds the measured run only: RunStarted ... RunEnded
@@ -243,7 +253,7 @@ class _Router:
                 self.members.lose(call.worker, instance, str(exc))
                 reason = f"worker {call.worker} lost: {exc}"
             if reply.complete:  # every token came; only the stream's end was lost
-                yield reply.end(_proof(call, reply.output))
+                yield reply.end(self._proof(call, reply.output))
                 break
             try:
                 admission = self.host.retry(call, reply.prompt + reply.output, reply.rest_of(), reason)
@@ -255,7 +265,7 @@ class _Router:
             call, attempt = resent, reply.next_attempt(request)
         if reply.aborted:
             self.host.aborted_by_sync(call, len(reply.output) - reply.carried)
-            yield reply.cut(_proof(call, reply.output))
+            yield reply.cut(self._proof(call, reply.output))
             return
         if not reply.finished:
             self.host.fail(call, "stream ended without a finish reason")
@@ -293,7 +303,7 @@ class _Router:
                         self.host.call_first_token(call)
                     reply.add(chunk, tokens)
                     if reply.finished:
-                        chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": _proof(call, reply.output)}
+                        chunk["engine_data"] = {**(chunk.get("engine_data") or {}), "tasim": self._proof(call, reply.output)}
                         if chunk.get("completion_usage"):
                             chunk["completion_usage"] = reply.client_usage()
                 yield chunk
@@ -459,10 +469,6 @@ def _dynamo_error(kind: str, message: str) -> Exception:
     return error(message)
 
 
-def _proof(call: Call, output: list[int]) -> dict[str, Any]:
-    return {"request": call.spec.id, "worker": call.worker, "held_s": call.held_s, "output_token_ids": output}
-
-
 def prioritized(request: dict[str, Any], priority: int) -> dict[str, Any]:
     """``request`` as a worker must get it to queue the call at ``priority``: with its
     `routing_priority`, the field Dynamo's frontend fills from ``nvext.agent_hints.priority``."""
@@ -489,9 +495,11 @@ async def _status_server(router: _Router, port: int) -> web.AppRunner:
     async def run_mark(request: web.Request) -> web.Response:
         try:
             body = await request.json()
-            event = router.mark(str(body["kind"]), int(body["step"]), int(body.get("trajectories", 0)))
+            versions = (int(body.get("min_version", 0)), int(body.get("max_version", 0)))
+            event = router.mark(str(body["kind"]), int(body["step"]), int(body.get("trajectories", 0)), str(body.get("group", "")), versions)
         except (ValueError, KeyError, TypeError) as exc:
-            return web.json_response({"error": f"bad mark: {exc} (body: {{kind: {'|'.join(MARKS)}, step: int, trajectories: int}})"}, status=400)
+            shape = "{kind: " + "|".join(MARKS) + ", step: int, trajectories: int, group: str, min_version: int, max_version: int}"
+            return web.json_response({"error": f"bad mark: {exc} (body: {shape})"}, status=400)
         return web.json_response({"t": event.t})
 
     app = decision_app(router.decisions)

@@ -216,6 +216,12 @@ class LiveStack:
         """Log an RL step boundary (rollout_started, rollout_finished, training_started, training_finished)."""
         _post(f"{self.status_url}/run/mark", {"kind": kind, "step": step, "trajectories": trajectories})
 
+    def mark_group_sampled(self, step: int, group: str, min_version: int, max_version: int) -> None:
+        """Log that the trainer's ``step`` took GRPO ``group``, whose calls were served by weight
+        versions ``min_version`` to ``max_version`` (the live summary's staleness)."""
+        body = {"kind": "group_sampled", "step": step, "group": group, "min_version": min_version, "max_version": max_version}
+        _post(f"{self.status_url}/run/mark", body)
+
     def begin_weight_sync(self, version: int, abort: bool) -> dict[str, Any]:
         """``POST /v1/weight_sync/begin``: with ``abort`` the router cuts every call streaming and
         holds new ones until the end; its reply (``aborted``: how many calls it cut)."""

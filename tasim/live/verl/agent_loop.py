@@ -3,7 +3,7 @@
 verl's machinery stays in the path: `AgentLoopManager` splits the batch over its Ray workers,
 each worker instantiates this loop per sample and awaits ``run``, and every LLM call goes through
 the worker's server client (`DynamoProgramClient`). What the loop does per turn comes from the
-row's ``extra_info["tasim"]`` (built by `tasim.live.verl.rollout_driver` from the same program plans the
+row's ``extra_info["tasim"]["samples"]`` (built by `tasim.live.verl.rollout_driver` from the same program plans the
 simulator draws): call the model for the turn's output tokens, wait the tool's latency (divided
 by the time scale), append the observation's token ids (masked 0, as tool output is for verl's
 trainer), and go on. On every exit path the trajectory's program is released with one
@@ -41,7 +41,9 @@ class TasimAgentLoop(AgentLoopBase):
     server_manager: DynamoProgramClient
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        plan = kwargs["extra_info"]["tasim"]
+        # A row is a prompt group; verl runs its samples as sessions 0..n-1 (the V1 trainers
+        # pass ``session_id``; a V0 batch has one sample per row).
+        plan = kwargs["extra_info"]["tasim"]["samples"][kwargs.get("session_id", 0)]
         program: str = plan["program"]
         prompt_ids: list[int] = list(plan["prompt_ids"])
         time_scale: float = plan["time_scale"]
@@ -50,6 +52,7 @@ class TasimAgentLoop(AgentLoopBase):
         response_mask: list[int] = []
         generating = tools = 0.0
         turns = 0
+        versions: dict[str, Any] = {}
         try:
             for turn, (output_tokens, _tool_latency_s, observation) in enumerate(plan["turns"]):
                 if turn:
@@ -64,6 +67,10 @@ class TasimAgentLoop(AgentLoopBase):
                 )
                 generating += time.perf_counter() - started
                 turns += 1
+                # the weight versions the trajectory ran under, as verl's tool agent loop keeps
+                # them: the first call's start, the last call's end
+                versions.setdefault("min_global_steps", result.extra_fields.get("min_global_steps"))
+                versions["max_global_steps"] = result.extra_fields.get("max_global_steps")
                 response_ids += result.token_ids
                 response_mask += [1] * len(result.token_ids)
                 if turn + 1 < len(plan["turns"]):  # no tool after the last call
@@ -85,5 +92,5 @@ class TasimAgentLoop(AgentLoopBase):
             response_mask=response_mask[:budget],
             num_turns=2 * turns,  # user + assistant messages, as verl counts them
             metrics=AgentLoopMetrics(generate_sequences=generating, tool_calls=tools),
-            extra_fields={"tasim_program": program, "tasim_calls": turns},
+            extra_fields={"tasim_program": program, "tasim_calls": turns, **versions},
         )

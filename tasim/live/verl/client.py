@@ -5,7 +5,9 @@ It is an `LLMServerClient` (what `AgentLoopManager` hands to every agent loop) w
 ``generate(request_id, *, prompt_ids, sampling_params, ...)`` POSTs the token ids to
 ``/v1/completions`` instead of calling a verl server actor. verl's ``request_id`` is stable for a
 trajectory, so it is the program id, sent as ``X-Dynamo-Session-ID`` on every turn; the output
-token ids come back in ``nvext.engine_data.tasim``. A call a weight sync cut (the router's
+token ids come back in ``nvext.engine_data.tasim``, with the weight version that served them
+(verl's ``global_steps``, which its partial-rollout client turns into a trajectory's
+min/max version). A call a weight sync cut (the router's
 ``aborted`` flag there: Dynamo's frontend reports the engine's abort as finish reason "stop")
 comes back with the output so far and ``stop_reason="aborted"``, which verl's fully-async client
 sends again with that output appended to the prompt. ``end_program`` sends the one
@@ -62,7 +64,6 @@ class DynamoProgramClient(LLMServerClient):
         self.retry_delay_s = retry_delay_s
         self.timeout_s = timeout_s
         self.decisions_url = decisions_url
-        self.global_steps = 0
         self._session: aiohttp.ClientSession | None = None
         self._pinned: PinnedCalls | None = None
 
@@ -97,7 +98,9 @@ class DynamoProgramClient(LLMServerClient):
             return TokenOutput(
                 token_ids=pinned.output_token_ids,
                 stop_reason="aborted" if pinned.finish_reason == "abort" else "completed",
-                extra_fields={"global_steps": self.global_steps, "num_cached_tokens": pinned.cached_tokens, "worker": pinned.worker},
+                # pinned streams bypass the router, which alone knows the weight version; weight syncs
+                # with aborts are proxy-mode only, so version 0 is what the workers serve here.
+                extra_fields={"global_steps": 0, "num_cached_tokens": pinned.cached_tokens, "worker": pinned.worker},
             )
         reply = await self._post(body, {"x-dynamo-session-id": str(request_id)})
         try:
@@ -110,7 +113,7 @@ class DynamoProgramClient(LLMServerClient):
         return TokenOutput(
             token_ids=list(proof["output_token_ids"]),
             stop_reason="aborted" if proof.get("aborted") or choice.get("finish_reason") == "abort" else "completed",
-            extra_fields={"global_steps": self.global_steps, "num_cached_tokens": int(cached), "worker": proof.get("worker")},
+            extra_fields={"global_steps": int(proof.get("version", 0)), "num_cached_tokens": int(cached), "worker": proof.get("worker")},
         )
 
     async def end_program(self, program_id: str) -> None:

@@ -28,11 +28,9 @@ before the run's clock starts.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +39,9 @@ import numpy as np
 from tasim.config.scenario import RolloutWorkload, Scenario
 from tasim.core.determinism import training_rng
 from tasim.core.errors import LiveError
+from tasim.core.local_ray import init_local_ray
 from tasim.live.clients.tokens import FIRST_TOKEN_ID, PlanTokens
-from tasim.live.stack.launcher import HOST, LiveStack
+from tasim.live.stack.launcher import LiveStack
 from tasim.live.verl.agent_loop import AGENT_NAME
 from tasim.workloads import ProgramPlan, group_plans, rollout_step_plans
 
@@ -61,6 +60,8 @@ class VerlResult:
     cache_resets: list[dict[str, Any]] = field(default_factory=list)  # the workers' replies, per step
     weight_syncs: list[dict[str, Any]] = field(default_factory=list)  # colocate_async: the router's begin replies
     sampled_groups: list[list[str]] = field(default_factory=list)  # colocate_async: the groups each step trains on
+    staleness: list[dict[str, Any]] = field(default_factory=list)  # colocate_async: each sampled group's weight versions
+    step_timings_s: list[dict[str, float]] = field(default_factory=list)  # colocate_async: verl's timings per step (gen, update_actor, ...)
     router_after: dict[str, Any] = field(default_factory=dict)  # the router's program table and call counts at the end
 
 
@@ -138,13 +139,13 @@ def _batch(rows: list[dict[str, Any]]) -> Any:
         non_tensors={
             "raw_prompt": np.array([[{"role": "user", "content": row["program"]}] for row in rows], dtype=object),
             "agent_name": np.array([AGENT_NAME] * len(rows), dtype=object),
-            "extra_info": np.array([{"tasim": row} for row in rows], dtype=object),
+            "extra_info": np.array([{"tasim": {"samples": [row]}} for row in rows], dtype=object),
             "index": np.arange(len(rows)),
         }
     )
 
 
-def verl_config(model_path: Path, prompt_length: int, response_length: int, workers: int, agent_loops: Path) -> Any:
+def verl_config(model_path: Path, prompt_length: int, response_length: int, workers: int, agent_loops: Path, extra: list[str] | None = None) -> Any:
     """verl's trainer config, composed as its entry point does, for rollout only."""
     import verl.trainer.config as trainer_config
     from hydra import compose, initialize_config_dir
@@ -162,16 +163,15 @@ def verl_config(model_path: Path, prompt_length: int, response_length: int, work
                 "actor_rollout_ref.rollout.calculate_log_probs=false",
                 f"data.max_prompt_length={prompt_length}",
                 f"data.max_response_length={response_length}",
+                *(extra or []),
             ],
         )
 
 
 def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, workdir: Path, agent_workers: int = 2) -> VerlResult:
     import ray
-    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 
     from tasim.live.stack.tiny_model import vocab_size
-    from tasim.live.verl.client import DynamoProgramClient, PartialRolloutDynamoClient
 
     workload = rollout_workload(scenario)
     assert stack.model_path is not None
@@ -183,26 +183,19 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
     prompt_length, response_length = _lengths([p for plans in all_plans for p in plans])
     agent_loops = workdir / "agent_loops.yaml"
     agent_loops.write_text(f"- name: {AGENT_NAME}\n  _target_: tasim.live.verl.agent_loop.TasimAgentLoop\n")
-    config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops)
     tokens = PlanTokens(scenario.seed, vocab_size(stack.model_path))
     result = VerlResult()
-    # verl's asynchronous trainers hand the agent loops its partial-rollout client, which sends a
-    # call a weight sync cut again; the sync trainer, the plain one.
-    client_class = DynamoProgramClient if workload.mode == "sync" else PartialRolloutDynamoClient
     # Ray on loopback only, like the rest of the stack.
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False, configure_logging=False, _node_ip_address=HOST)
+    init_local_ray(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
-        client = client_class(config, stack.base_url, stack.model_name, decisions_url=stack.status_url if stack.pinned else None)
-        manager = AgentLoopManager.create(config, llm_client=client)
-        # verl's workers set themselves up on their first batch (seconds each): do that on
-        # trajectories without calls, which never reach the router, before the run's clock starts.
-        idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
-        manager.generate_sequences(_batch([idle] * agent_workers))
-        stack.begin_run()
         if workload.mode == "sync":
-            _sync_steps(manager, stack, all_plans, tokens, scenario, time_scale, result)
+            config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops)
+            _sync_steps(config, stack, all_plans, tokens, scenario, time_scale, agent_workers, result)
         else:
-            asyncio.run(_colocate_async_steps(manager, stack, submissions, tokens, scenario, time_scale, result))
+            from tasim.live.verl.v1_trainer import v1_overrides
+
+            config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops, v1_overrides(workload))
+            _colocate_async(config, stack, submissions, tokens, scenario, time_scale, result)
         status = stack.status()
         result.router_after = {"programs": status["programs"], "requests": status["requests"]}
     finally:
@@ -211,9 +204,27 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
 
 
 def _sync_steps(
-    manager: Any, stack: LiveStack, all_plans: list[list[ProgramPlan]], tokens: PlanTokens, scenario: Scenario, time_scale: float, result: VerlResult
+    config: Any,
+    stack: LiveStack,
+    all_plans: list[list[ProgramPlan]],
+    tokens: PlanTokens,
+    scenario: Scenario,
+    time_scale: float,
+    agent_workers: int,
+    result: VerlResult,
 ) -> None:
+    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+
+    from tasim.live.verl.client import DynamoProgramClient
+
     workload = rollout_workload(scenario)
+    client = DynamoProgramClient(config, stack.base_url, stack.model_name, decisions_url=stack.status_url if stack.pinned else None)
+    manager = AgentLoopManager.create(config, llm_client=client)
+    # verl's workers set themselves up on their first batch (seconds each): do that on
+    # trajectories without calls, which never reach the router, before the run's clock starts.
+    idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
+    manager.generate_sequences(_batch([idle] * agent_workers))
+    stack.begin_run()
     training = training_rng(scenario.seed)
     for step, plans in enumerate(all_plans):
         batch = _batch([_row(plan, tokens, time_scale) for plan in plans])
@@ -237,56 +248,33 @@ def _count(output: Any, result: VerlResult) -> None:
     result.trajectories += len(turns)
 
 
-async def _colocate_async_steps(
-    manager: Any, stack: LiveStack, submissions: list[list[Group]], tokens: PlanTokens, scenario: Scenario, time_scale: float, result: VerlResult
+def _colocate_async(
+    config: Any, stack: LiveStack, submissions: list[list[Group]], tokens: PlanTokens, scenario: Scenario, time_scale: float, result: VerlResult
 ) -> None:
-    """verl's colocated asynchronous schedule, as `tasim.sim.rollout` simulates it: a batch runs
-    ahead; each step samples the oldest finished groups (by submitting step, then by finish),
-    and the engines stop for the update: the router cuts the calls streaming (verl's client
-    sends each again after the sync), the trainer trains, the weights are pushed, and the next
-    batch goes in. Each group is one ``generate_sequences`` call: calls from one event loop
-    overlap on one `AgentLoopManager` (its Ray workers are async actors), so a group finishes
-    on its own. Groups still running after the last step are awaited: the router must end with
-    nothing in flight and no program left."""
+    """verl's `PPOTrainerColocateAsync` plays the schedule (`tasim.live.verl.v1_trainer`): one
+    dataset row per group, in the simulator's submission order."""
+    from tasim.live.verl.v1_trainer import run_colocate_async
+
     workload = rollout_workload(scenario)
-    training = training_rng(scenario.seed)
-    running: dict[asyncio.Task[Any], Group] = {}
-    ready: list[tuple[int, int, Group]] = []  # (submitting step, finish order, group)
-    finish_order = itertools.count()
-
-    async def generate(group: Group) -> Any:
-        # awaited here, verl's generate_sequences gives its coroutine (called from plain code,
-        # it would block in a thread of its own)
-        return await manager.generate_sequences(_batch([_row(plan, tokens, time_scale) for plan in group.plans]))
-
-    def submit(step: int, groups: list[Group]) -> None:
-        stack.mark("rollout_started", step=step, trajectories=sum(len(g.plans) for g in groups))
-        for group in groups:
-            running[asyncio.create_task(generate(group))] = group
-
-    async def collect(until: int) -> None:
-        while len(ready) < until:
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            for task in sorted(done, key=lambda t: running[t].name):
-                _count(task.result(), result)
-                ready.append((running[task].step, next(finish_order), running.pop(task)))
-
-    for step, groups in enumerate(submissions):
-        started = time.perf_counter()
-        submit(step, groups)
-        await collect(workload.prompts_per_step)
-        ready.sort(key=lambda item: item[:2])
-        taken, ready[:] = ready[: workload.prompts_per_step], ready[workload.prompts_per_step :]
-        result.sampled_groups.append([group.name for _, _, group in taken])
-        result.step_wall_s.append(time.perf_counter() - started)
-        # The engines share the trainer's GPUs: they stop (the router aborts what streams) while
-        # it trains, and serve again with the new weights.
-        result.weight_syncs.append(await asyncio.to_thread(stack.begin_weight_sync, step + 1, True))
-        result.cache_resets.append(await asyncio.to_thread(stack.clear_caches))  # the new weights void the KV
-        stack.mark("training_started", step=step)
-        await asyncio.sleep(workload.training_s.sample(training) / time_scale)
-        stack.mark("training_finished", step=step)
-        await asyncio.sleep(workload.weight_sync_s.sample(training) / time_scale)
-        await asyncio.to_thread(stack.end_weight_sync, step + 1)
-        result.steps += 1
-    await collect(len(ready) + len(running))
+    groups = [group for step_groups in submissions for group in step_groups]
+    rows = [
+        {
+            "raw_prompt": [{"role": "user", "content": group.name}],
+            "agent_name": AGENT_NAME,
+            "data_source": "tasim",
+            "extra_info": {"tasim": {"samples": [_row(plan, tokens, time_scale) for plan in group.plans]}},
+            "index": index,
+        }
+        for index, group in enumerate(groups)
+    ]
+    settle_timeout_s = 600.0
+    run = run_colocate_async(config, rows, stack, workload, scenario.seed, time_scale, settle_timeout_s)
+    trainer, weights = run.trainer, run.weights
+    result.steps = trainer.global_steps - 1  # verl counts from 1 and moves past its last step
+    result.trajectories = sum(len(group.plans) for group in groups)
+    result.weight_syncs = weights.began
+    result.cache_resets = weights.cache_resets
+    result.step_wall_s = [timings["step"] for timings in trainer.step_timings_s]
+    result.sampled_groups = [[g.group for g in trainer.sampled if g.step == step] for step in range(result.steps)]
+    result.staleness = [asdict(g) for g in trainer.sampled]
+    result.step_timings_s = trainer.step_timings_s

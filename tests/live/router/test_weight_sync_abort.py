@@ -3,14 +3,16 @@ mocker workers), as verl 0.9.1 syncs: ``POST /v1/weight_sync/begin {"abort": tru
 call streaming, whose client (`DynamoProgramClient`) gets the output so far as an aborted call;
 its retry (prompt plus that output) and a new call made during the sync wait at the router until
 the sync ends, and then complete. Nothing is left in the router, and no request id is used twice.
-verl's own `FullyAsyncLLMServerClient` loop over the same transport resumes a cut turn; a client
-that hangs up mid-stream still stops its call at the worker."""
+verl's own `FullyAsyncLLMServerClient` loop over the same transport (`PartialRolloutDynamoClient`)
+resumes a cut turn; each reply names the weight version that served it; the trainer's report of
+a sampled group is logged; a client that hangs up mid-stream still stops its call at the worker."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,13 +25,12 @@ pytest.importorskip("dynamo.llm")
 pytest.importorskip("verl")
 from conftest import REPO  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
-from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient  # noqa: E402
 
 from tasim.config.scenario import load_scenario  # noqa: E402
 from tasim.core import events as ev  # noqa: E402
 from tasim.live.run import finite_scenario  # noqa: E402
 from tasim.live.stack.launcher import LiveStack  # noqa: E402
-from tasim.live.verl.client import DynamoProgramClient  # noqa: E402
+from tasim.live.verl.client import DynamoProgramClient, PartialRolloutDynamoClient  # noqa: E402
 from tasim.results.eventlog import EVENTS_PLAIN, read_events  # noqa: E402
 
 pytestmark = [pytest.mark.processes, pytest.mark.slow]
@@ -98,6 +99,8 @@ def test_an_aborting_sync_cuts_the_call_and_its_retry_waits_for_the_end(stack: L
     assert out["ended"] == {"version": 1, "ended": True, "released": 0}
     assert retried.stop_reason == "completed" and len(cut.token_ids) + len(retried.token_ids) == LONG
     assert out["new"].stop_reason == "completed" and len(out["new"].token_ids) == 8
+    # each reply names the weight version that served it (verl's global_steps)
+    assert [r.extra_fields["global_steps"] for r in (cut, retried, out["new"])] == [0, 1, 1]
     # Nothing leaked.
     assert status["programs"]["live"] == 0 and status["programs"]["table"] == {}
     assert status["requests"] == {"in_flight": 0, "finished": 2, "failed": 0, "retried": 0, "refused": 0, "session_finals": 2}
@@ -117,14 +120,6 @@ def test_an_aborting_sync_cuts_the_call_and_its_retry_waits_for_the_end(stack: L
     assert stack.alive() == ["worker0", "worker1", "router", "frontend"]
 
 
-class _FullyAsyncOverDynamo(FullyAsyncLLMServerClient, DynamoProgramClient):
-    """verl 0.9.1's partial-rollout retry loop, whose ``super().generate`` is the Dynamo transport."""
-
-    def __init__(self, config: Any, base_url: str, model_name: str) -> None:
-        DynamoProgramClient.__init__(self, config, base_url, model_name)
-        self._only_hybrid = False
-
-
 def test_verls_fully_async_client_resumes_a_cut_call_after_the_sync(stack: LiveStack) -> None:
     """One ``generate`` of verl's `FullyAsyncLLMServerClient`: the sync cuts the first call, the
     loop sends prompt plus partial output 1 s later, the router holds it until the end, and the
@@ -133,7 +128,7 @@ def test_verls_fully_async_client_resumes_a_cut_call_after_the_sync(stack: LiveS
     prompt = list(range(300, 400))
 
     async def go() -> tuple[Any, dict[str, Any], dict[str, Any]]:
-        client = _FullyAsyncOverDynamo(CONFIG, stack.base_url, stack.model_name)
+        client = PartialRolloutDynamoClient(CONFIG, stack.base_url, stack.model_name)
         try:
             turn = asyncio.ensure_future(client.generate("D", prompt_ids=prompt, sampling_params={"max_tokens": LONG, **SAMPLING}))
             while not stack.status()["requests"]["in_flight"]:
@@ -153,9 +148,24 @@ def test_verls_fully_async_client_resumes_a_cut_call_after_the_sync(stack: LiveS
     output, began, status = asyncio.run(go())
     assert began == {"version": 2, "began": True, "aborted": 1}
     assert len(output.token_ids) == LONG and output.stop_reason == "length"
+    # begun under version 1 (the test before synced it), finished under 2: what verl tags the trajectory with
+    assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (1, 2)
     assert status["programs"]["table"] == {}
     counts = {key: status["requests"][key] - before[key] for key in ("in_flight", "finished", "failed", "session_finals")}
     assert counts == {"in_flight": 0, "finished": 1, "failed": 0, "session_finals": 1}  # the cut call is neither
+
+
+def test_a_sampled_group_mark_is_taken_and_a_bad_one_refused(stack: LiveStack) -> None:
+    """The trainer's report of a group it took (the event it logs is checked end to end in
+    tests/live/verl/test_colocate_async.py)."""
+    mark = f"{stack.status_url}/run/mark"
+    taken = _post(mark, {"kind": "group_sampled", "step": 3, "group": "s1.4", "min_version": 1, "max_version": 2})
+    assert set(taken) == {"t"}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _post(mark, {"kind": "group_sampled", "step": 3, "group": "s1.5", "min_version": "one"})
+    assert refused.value.code == 400
+    message = json.loads(refused.value.read())["error"]
+    assert message.startswith("bad mark: ") and "min_version: int" in message
 
 
 def test_a_client_gone_mid_stream_stops_its_call_at_the_worker(stack: LiveStack) -> None:

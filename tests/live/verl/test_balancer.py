@@ -20,6 +20,8 @@ from verl.workers.rollout.llm_server import LLMServerClient  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from verl.workers.rollout.router import get_router_handle  # noqa: E402
 
+from tasim.core.local_ray import init_local_ray  # noqa: E402
+
 pytestmark = pytest.mark.processes  # starts real processes (make test-fast leaves it out)
 
 ROUTER_CLASS = "tasim.live.verl.balancer.TasimLoadBalancer"
@@ -77,7 +79,7 @@ class FakeServer:
 
 @pytest.fixture(scope="module")
 def fleet() -> Any:
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    init_local_ray(num_cpus=4, include_dashboard=False, log_to_driver=False, configure_logging=False)
     servers = {address: FakeServer.remote() for address in ADDRESSES}
     ray.get([server.recorded.remote() for server in servers.values()])  # started (verl imported)
     yield servers
