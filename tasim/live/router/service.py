@@ -118,6 +118,7 @@ class _Router:
         self.running = False
         self.ended = False
         self._tick_task: asyncio.Task[None] | None = None
+        self._without_clear_endpoint: set[int] = set()  # worker instances that serve no clear_kv_blocks
 
     def mark(self, kind: str, step: int, trajectories: int = 0, group: str = "", versions: tuple[int, int] = (0, 0)) -> ev.Event:
         """Log an RL step boundary the driver reports (``POST /run/mark``); ``group_sampled``
@@ -320,10 +321,14 @@ class _Router:
         does not). The workers then publish the removals, which reach the policy as usual."""
         endpoint = self.runtime.endpoint(f"{self.config.namespace}.{self.config.worker_endpoint.split('.')[0]}.clear_kv_blocks")
         client = await endpoint.client()
+        # Wait for the endpoint of workers not looked for yet; one that served none after a
+        # whole wait (the mocker) is not waited for again at the next weight update.
+        unknown = set(self.instance_of.values()) - self._without_clear_endpoint
         deadline = time.monotonic() + CLEAR_DISCOVERY_S
-        while len(client.instance_ids()) < len(self.instance_of) and time.monotonic() < deadline:
+        while not unknown <= set(client.instance_ids()) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         served = set(client.instance_ids())
+        self._without_clear_endpoint |= unknown - served
         replies: dict[str, Any] = {}
         for worker, instance in sorted(self.instance_of.items()):
             if instance not in served:

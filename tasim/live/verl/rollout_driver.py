@@ -14,16 +14,20 @@ training time (divided by the time scale), as a weight update would.
 With ``reset_prefix_cache`` the router empties the workers' prefix caches after each training
 pause through their ``clear_kv_blocks`` endpoint; Dynamo's vLLM and SGLang workers serve it, the
 mocker does not, so the replies (recorded per step) say ``unsupported`` there and caches stay.
-With ``workload.mode: colocate_async`` it plays verl's colocated asynchronous schedule instead
-(`_colocate_async_steps`): groups run ahead of training, and every update is a weight sync that
-aborts at the router (``POST /v1/weight_sync/begin {"abort": true}``); the agent loops then get
-verl's own partial-rollout client (`PartialRolloutDynamoClient`), which sends a cut call again
-(after verl's fixed 1 s, not ``abort_retry_delay_s``) with its output so far. The other
+With ``workload.mode: colocate_async`` verl's own V1 trainer, `PPOTrainerColocateAsync`, runs
+the schedule instead (`tasim.live.verl.v1_trainer`, which says what runs as verl ships it and
+what stands in for the GPU work): its replay buffer, on TransferQueue, takes each step's groups,
+and every update is a weight sync that aborts at the router (``POST /v1/weight_sync/begin
+{"abort": true}``); the agent loops get verl's partial-rollout client
+(`PartialRolloutDynamoClient`), which sends a cut call again (after verl's fixed 1 s, not
+``abort_retry_delay_s``) with its output so far. More steps than ``max_off_policy_span`` are
+refused: verl would drop stale groups and refill from its dataset, whose rows (the simulator's
+groups, numbered by the step that submits them) are drawn before the run. The other
 asynchronous modes are simulated only.
 
-verl runs a batch's trajectories all at once, so ``max_concurrency`` is not applied. verl's workers set themselves up on
-their first batch, which takes seconds; a warm-up batch of call-less trajectories does that
-before the run's clock starts.
+verl runs a batch's trajectories all at once, so ``max_concurrency`` is not applied. verl's
+workers set themselves up on their first batch, which takes seconds; a warm-up batch of
+call-less trajectories does that before the run's clock starts.
 """
 
 from __future__ import annotations
@@ -75,7 +79,9 @@ def rollout_workload(scenario: Scenario) -> RolloutWorkload:
     span = scenario.workload.max_off_policy_span
     if scenario.workload.mode == "colocate_async" and span is not None and scenario.workload.steps > span:
         # a group can then go stale, which the simulator drops and replaces
-        raise VerlDriverError(f"the verl driver runs colocate_async with steps <= max_off_policy_span ({span}); stale groups are simulated only")
+        raise VerlDriverError(
+            f"the verl driver runs colocate_async with steps <= max_off_policy_span ({span}); dropping and refilling stale groups is simulated only"
+        )
     return scenario.workload
 
 
@@ -188,6 +194,11 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
     # Ray on loopback only, like the rest of the stack.
     init_local_ray(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
+        if workload.reset_prefix_cache:
+            # The router learns which workers serve clear_kv_blocks (a 2 s wait on the mocker,
+            # which serves none) now, not at the first update inside the run's clock; the caches
+            # are empty anyway.
+            stack.clear_caches()
         if workload.mode == "sync":
             config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops)
             _sync_steps(config, stack, all_plans, tokens, scenario, time_scale, agent_workers, result)
@@ -195,7 +206,7 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
             from tasim.live.verl.v1_trainer import v1_overrides
 
             config = verl_config(stack.model_path, prompt_length, response_length, agent_workers, agent_loops, v1_overrides(workload))
-            _colocate_async(config, stack, submissions, tokens, scenario, time_scale, result)
+            _colocate_async(config, stack, submissions, tokens, scenario, time_scale, agent_workers, result)
         status = stack.status()
         result.router_after = {"programs": status["programs"], "requests": status["requests"]}
     finally:
@@ -249,7 +260,14 @@ def _count(output: Any, result: VerlResult) -> None:
 
 
 def _colocate_async(
-    config: Any, stack: LiveStack, submissions: list[list[Group]], tokens: PlanTokens, scenario: Scenario, time_scale: float, result: VerlResult
+    config: Any,
+    stack: LiveStack,
+    submissions: list[list[Group]],
+    tokens: PlanTokens,
+    scenario: Scenario,
+    time_scale: float,
+    agent_workers: int,
+    result: VerlResult,
 ) -> None:
     """verl's `PPOTrainerColocateAsync` plays the schedule (`tasim.live.verl.v1_trainer`): one
     dataset row per group, in the simulator's submission order."""
@@ -268,7 +286,7 @@ def _colocate_async(
         for index, group in enumerate(groups)
     ]
     settle_timeout_s = 600.0
-    run = run_colocate_async(config, rows, stack, workload, scenario.seed, time_scale, settle_timeout_s)
+    run = run_colocate_async(config, rows, stack, workload, scenario.seed, time_scale, agent_workers, settle_timeout_s)
     trainer, weights = run.trainer, run.weights
     result.steps = trainer.global_steps - 1  # verl counts from 1 and moves past its last step
     result.trajectories = sum(len(group.plans) for group in groups)

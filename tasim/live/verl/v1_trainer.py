@@ -38,6 +38,7 @@ from typing import Any
 from tasim.config.scenario import RolloutWorkload
 from tasim.core.determinism import training_rng
 from tasim.core.rollout_ids import rollout_group_of
+from tasim.live.clients.tokens import FIRST_TOKEN_ID
 from tasim.live.stack.launcher import LiveStack
 
 SETTLE_POLL_S = 0.2
@@ -97,10 +98,13 @@ class RouterWeightSync:
 
 def trainer_class() -> type:
     """`PPOTrainerColocateAsync` with the stand-ins above (made on call: verl is optional)."""
+    import numpy as np
+    import transfer_queue as tq
     from tensordict import TensorDict
     from torchdata.stateful_dataloader import StatefulDataLoader
     from transfer_queue import KVBatchMeta
     from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
+    from verl.utils import tensordict_utils as tu
     from verl.utils.dataset.rl_dataset import collate_fn
 
     class TasimColocateAsyncTrainer(PPOTrainerColocateAsync):
@@ -131,6 +135,21 @@ def trainer_class() -> type:
 
         def get_llm_client(self) -> Any:
             return self.client
+
+        def warm_up(self, manager: Any, rows: list[dict[str, Any]]) -> None:
+            """verl's agent-loop workers set themselves up on their first groups (seconds): run
+            one call-less group on each through the validation partition, as verl's own
+            validation submits, so that the run's clock starts with them ready."""
+            batch_dict = collate_fn(rows)
+            batch_dict["uid"] = np.array([f"warm-up-{i}" for i in range(len(rows))], dtype=object)
+            batch = tu.get_tensordict(batch_dict)
+            tu.assign_non_tensor_data(batch, "global_steps", self.global_steps)
+            tu.assign_non_tensor_data(batch, "validate", True)
+            tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in rows]
+            tq.kv_batch_put(keys=list(batch["uid"]), partition_id="val", tags=tags)
+            manager.generate_sequences(batch)
+            done, _ = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val", batch_size=len(rows))
+            tq.kv_clear(keys=done.keys, partition_id="val")
 
         # -- rollout: groups named as the simulator names them --------------------------------
 
@@ -254,7 +273,14 @@ class V1Result:
 
 
 def run_colocate_async(
-    config: Any, rows: list[dict[str, Any]], stack: LiveStack, workload: RolloutWorkload, seed: int, time_scale: float, settle_timeout_s: float
+    config: Any,
+    rows: list[dict[str, Any]],
+    stack: LiveStack,
+    workload: RolloutWorkload,
+    seed: int,
+    time_scale: float,
+    agent_workers: int,
+    settle_timeout_s: float,
 ) -> V1Result:
     """Run verl's colocated asynchronous trainer on ``rows`` (Ray is up) until its last step,
     then until the groups it submitted ahead have finished at the router."""
@@ -276,6 +302,9 @@ def run_colocate_async(
             teacher_client=trainer.get_teacher_client(),
             reward_loop_worker_handles=trainer.get_reward_handles(),
         )
+        idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
+        warm_up_rows = [{**rows[0], "extra_info": {"tasim": {"samples": [idle]}}, "__rollout_n__": 1} for _ in range(agent_workers)]
+        trainer.warm_up(manager, warm_up_rows)
         stack.begin_run()
         trainer.fit(manager)
         settle(stack, trainer.group_of_uid, settle_timeout_s)
