@@ -317,19 +317,24 @@ def test_verl_agent_loop_releases_as_the_row_says() -> None:
     pytest.importorskip("verl")
     from types import SimpleNamespace
 
+    from verl.workers.rollout.replica import TokenOutput
+
     from tasim.live.verl.agent_loop import TasimAgentLoop
 
     class Client:
         def __init__(self) -> None:
             self.ended: list[tuple[float, str]] = []
+            self.version = 0  # a weight sync between the two calls: the second is served by version 1
 
         async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, **kwargs: Any) -> Any:
-            return SimpleNamespace(token_ids=[7] * sampling_params["max_tokens"])
+            versions = {"min_global_steps": self.version, "max_global_steps": self.version}
+            self.version += 1
+            return TokenOutput(token_ids=[7] * sampling_params["max_tokens"], extra_fields=versions)
 
         async def end_program(self, program: str) -> None:
             self.ended.append((time.monotonic(), program))
 
-    async def run(release_after_s: float | None) -> tuple[float, list[tuple[float, str]]]:
+    async def run(release_after_s: float | None) -> tuple[float, list[tuple[float, str]], Any]:
         loop = TasimAgentLoop.__new__(TasimAgentLoop)  # its base wants verl's tokenizer and data set
         loop.server_manager = client = Client()
         loop.rollout_config = SimpleNamespace(response_length=64)
@@ -340,13 +345,15 @@ def test_verl_agent_loop_releases_as_the_row_says() -> None:
             "time_scale": 100.0,
             "release_after_s": release_after_s,
         }
-        await loop.run({}, extra_info={"tasim": row})
+        output = await loop.run({}, extra_info={"tasim": {"samples": [row]}})
         returned = time.monotonic()
         await asyncio.sleep(1.0)
-        return returned, client.ended
+        return returned, client.ended, output
 
-    returned, ended = asyncio.run(run(0.0))
+    returned, ended, output = asyncio.run(run(0.0))
     assert [program for _, program in ended] == ["t"] and ended[0][0] <= returned
     assert asyncio.run(run(None))[1] == []
-    returned, ended = asyncio.run(run(20.0))  # 0.2 s of wall time after the trajectory returned
+    # the weight versions, as verl's tool agent loop keeps them: the first call's start, the last call's end
+    assert (output.extra_fields["min_global_steps"], output.extra_fields["max_global_steps"]) == (0, 1)
+    returned, ended, _ = asyncio.run(run(20.0))  # 0.2 s of wall time after the trajectory returned
     assert [program for _, program in ended] == ["t"] and 0.15 <= ended[0][0] - returned < 1.0
