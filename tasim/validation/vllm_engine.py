@@ -62,7 +62,7 @@ try:
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.kv_offload.base import GPULoadStoreSpec, OffloadKey, get_offload_block_hash
     from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
-    from vllm.v1.request import Request
+    from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ValidationUnavailable(
@@ -429,9 +429,21 @@ class VllmEngine:
             self.listener.on_kv(self.worker, stored, removed, now)
 
     def abort_all(self) -> list[tuple[RequestSpec, int]]:
-        raise ValidationUnavailable(f"{self.worker}: aborting requests at a weight sync is not wired to vLLM's scheduler")
+        """End every request as vLLM's ``pause_generation(mode="abort")`` does: its engine core
+        calls ``finish_requests(None, FINISHED_ABORTED)`` between two steps (the step in flight
+        has emitted its tokens), which frees each request's blocks (they stay cached) and
+        returns the requests, running and waiting alike, in the order they were added, as their
+        abort outputs go out. Each comes back with the output tokens it had generated."""
+        if self._tier is not None:
+            raise ValidationUnavailable(f"{self.worker}: aborting requests with a host tier is not modelled (tasim's engine refuses it too)")
+        aborted = self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+        for request in aborted:
+            del self._requests[request.request_id]
+        return [(self._records.pop(request.request_id).spec, request.num_output_tokens) for request in aborted]
 
     def clear_prefix_cache(self, now: float) -> None:
+        # vLLM's own reset (what pause_generation's cache clearing calls): every cached block is
+        # dropped, and refused while a request holds blocks
         if not self.scheduler.reset_prefix_cache():
             raise ValidationUnavailable(f"{self.worker}: vLLM resets its prefix cache only with no request running")
         self.publish_kv(*self._kv_events(), now)
