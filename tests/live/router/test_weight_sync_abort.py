@@ -192,3 +192,45 @@ def test_a_client_gone_mid_stream_stops_its_call_at_the_worker(stack: LiveStack)
 
 def _cancellations(logs: list[Path]) -> int:
     return sum(log.read_text().count("request cancellation received") for log in logs)
+
+
+def test_a_call_cut_on_one_frontend_is_retried_and_finalised_through_another(stack: LiveStack) -> None:
+    """verl-recipe #144's concern: a retry re-routed through another frontend, and the program
+    finalised there. The program table is the router's, whichever frontend a call comes through,
+    so the program ends once, completed, and nothing is left."""
+    sync = f"{stack.status_url}/v1/weight_sync"
+    other_url = stack.add_frontend("frontend2", "round-robin")
+    deadline = time.monotonic() + 60
+    while f'"{stack.model_name}"' not in urllib.request.urlopen(f"{other_url}/v1/models", timeout=10).read().decode():
+        assert time.monotonic() < deadline, "the second frontend never listed the router's model"
+        time.sleep(0.2)
+    prompt = list(range(900, 1000))
+
+    async def go() -> tuple[Any, Any, dict[str, Any]]:
+        here = DynamoProgramClient(CONFIG, stack.base_url, stack.model_name)
+        there = DynamoProgramClient(CONFIG, other_url, stack.model_name)
+        try:
+            first = asyncio.ensure_future(here.generate("E", prompt_ids=prompt, sampling_params={"max_tokens": LONG, **SAMPLING}))
+            while not stack.status()["requests"]["in_flight"]:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(_post, f"{sync}/begin", {"version": 4, "abort": True})
+            cut = await asyncio.wait_for(first, 30)
+            rest_params = {"max_tokens": LONG - len(cut.token_ids), **SAMPLING}
+            retry = asyncio.ensure_future(there.generate("E", prompt_ids=prompt + cut.token_ids, sampling_params=rest_params))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(_post, f"{sync}/end", {"version": 4})
+            rest = await asyncio.wait_for(retry, 60)
+            await there.end_program("E")
+        finally:
+            await here.close()
+            await there.close()
+        return cut, rest, stack.status()
+
+    before = stack.status()["requests"]
+    cut, rest, status = asyncio.run(go())
+    assert cut.stop_reason == "aborted" and rest.stop_reason == "completed"
+    assert len(cut.token_ids) + len(rest.token_ids) == LONG
+    assert status["programs"]["table"] == {} and status["programs"]["live"] == 0
+    counts = {key: status["requests"][key] - before[key] for key in ("in_flight", "finished", "failed", "session_finals")}
+    assert counts == {"in_flight": 0, "finished": 1, "failed": 0, "session_finals": 1}  # the cut call is neither
