@@ -245,17 +245,23 @@ class Simulation(HostCore):
                     yield Alarm(env, run.end, STEP_END_PRIORITY + index)
                     break
                 except Interrupt:
-                    pass  # cut short: sleep until its new end
-            self._runs[worker] = None
-            run.complete(env.now)
-            self.folded_steps += run.steps - 1
-            if run.folds_prefill:
-                self.folded_prefill_steps += run.steps - 1
-            self.folded_copy_steps += run.copied
-            if worker in self._aborting:
-                self._abort_all(engine)
-            if self._check:
-                self._audit(engine)
+                    if self._runs[worker] is not run:
+                        break  # a weight sync ended it at the instant it was cut to
+                    # cut short: sleep until its new end
+            if self._runs[worker] is run:
+                self._end_run(engine, run)
+                if worker in self._aborting:
+                    self._abort_all(engine)
+                if self._check:
+                    self._audit(engine)
+
+    def _end_run(self, engine: StepEngine, run: StepRun) -> None:
+        self._runs[engine.worker] = None
+        run.complete(self.env.now)
+        self.folded_steps += run.steps - 1
+        if run.folds_prefill:
+            self.folded_prefill_steps += run.steps - 1
+        self.folded_copy_steps += run.copied
 
     def _sleep(self, engine: StepEngine, index: int) -> Event:
         """What an engine with nothing to schedule waits for: being woken, or its next KV copy's
@@ -377,10 +383,16 @@ class Simulation(HostCore):
         self._sync_reason = f"weight sync to version {version}"
         self._aborted = self.env.event()
         for worker, engine in self.engines.items():
+            run = self._runs[worker]
+            if run is not None:
+                self._changing(worker)
+                if run.end == now:
+                    # Cut to this instant: its last step ends now, as a stepped engine's step
+                    # ending now has already, so it aborts now, in worker order, as that one does.
+                    self._end_run(engine, run)
             if self._runs[worker] is None:
                 self._abort_all(engine)
             else:
-                self._changing(worker)
                 self._aborting.add(worker)
         if not self._aborting and not self._aborted.triggered:  # every engine stopped at once (none: no abort said so)
             self._aborted.succeed()
