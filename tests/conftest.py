@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tasim.config.scenario import Scenario, parse_scenario
 from tasim.core.cluster_view import ClusterView, WorkerInfo
 from tasim.core.model import BlockHash, RequestSpec
 
@@ -207,3 +208,44 @@ class UnitStep:
 @pytest.fixture
 def recorder() -> Recorder:
     return Recorder()
+
+
+def small_async_rollout(backends: int, mode: str = "colocate_async", **workload: Any) -> Scenario:
+    """verl's asynchronous trainers on a small pool with a fixed 10 ms step: three batches of six
+    three-turn trajectories sharing a 40-token system prompt; every sync stops the engines
+    mid-generation, and with equal steps a sync often begins as one worker's step ends (the
+    vLLM oracle's and the fast-forward tests' case). ``workload`` changes its fields."""
+    return parse_scenario(
+        {
+            "name": "rl-async-small",
+            "duration_s": 600,
+            "cluster": {
+                "backends": backends,
+                "engine": {"block_size": 16, "kv_blocks": 30, "max_num_seqs": 4, "max_num_batched_tokens": 256},
+                "perf": {"model": "fixed", "step_ms": 10.0},
+            },
+            "workload": {
+                "kind": "rl_rollout",
+                "mode": mode,
+                "reset_prefix_cache": True,
+                "prompts_per_step": 2,
+                "samples_per_prompt": 3,
+                "steps": 3,
+                "warmup_batches": 1,
+                "max_concurrency": 8,
+                "turns": 3,
+                "setup_s": 0,
+                "system_prompt_tokens": 40,
+                "task_prompt_tokens": {"kind": "uniform", "low": 20, "high": 120},
+                "output_tokens": {"kind": "uniform", "low": 10, "high": 60},
+                "observation_tokens": 30,
+                "tool_latency_s": 0.05,
+                "training_s": 0.3,
+                "weight_sync_s": 0.1,
+                "abort_retry_delay_s": 0.05,
+                **workload,
+            },
+            "policy": {"name": "round_robin"},
+        },
+        "rl-async-small",
+    )

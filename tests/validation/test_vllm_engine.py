@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import small_async_rollout
 
-from tasim.config.scenario import Scenario, parse_scenario
 from tasim.core import events as ev
 from tasim.sim.engine.scheduler import Engine
 from tasim.sim.simulation import run_simulation
@@ -20,41 +20,7 @@ pytestmark = pytest.mark.processes  # starts vLLM's scheduler (make test-fast le
 
 pytest.importorskip("vllm", reason="the oracle extra (make install) brings vLLM")
 
-STEP_MS = 10.0
-# verl's colocated asynchronous trainer on a small pool: three batches of six three-turn
-# trajectories sharing a 40-token system prompt; every sync stops the engines mid-generation.
-ROLLOUT = {
-    "name": "rl-async-small",
-    "duration_s": 600,
-    "cluster": {"engine": {"block_size": 16, "kv_blocks": 30, "max_num_seqs": 4, "max_num_batched_tokens": 256}},
-    "workload": {
-        "kind": "rl_rollout",
-        "mode": "colocate_async",
-        "reset_prefix_cache": True,
-        "prompts_per_step": 2,
-        "samples_per_prompt": 3,
-        "steps": 3,
-        "warmup_batches": 1,
-        "max_concurrency": 8,
-        "turns": 3,
-        "setup_s": 0,
-        "system_prompt_tokens": 40,
-        "task_prompt_tokens": {"kind": "uniform", "low": 20, "high": 120},
-        "output_tokens": {"kind": "uniform", "low": 10, "high": 60},
-        "observation_tokens": 30,
-        "tool_latency_s": 0.05,
-        "training_s": 0.3,
-        "weight_sync_s": 0.1,
-        "abort_retry_delay_s": 0.05,
-    },
-    "policy": {"name": "round_robin"},
-}
-
-
-def _rollout(backends: int) -> Scenario:
-    raw: dict[str, Any] = json.loads(json.dumps(ROLLOUT))
-    raw["cluster"]["backends"] = backends
-    return parse_scenario(raw, "rl-async-small")
+STEP_MS = 10.0  # as small_async_rollout's fixed step
 
 
 def _aborts(events: list[dict[str, Any]]) -> list[tuple[float, str, str, int]]:
@@ -86,7 +52,7 @@ def test_one_worker_aborts_and_retries_every_call_as_tasim_does(tmp_path: Path) 
     fcfs with newest-first preemption is tasim's order: running calls, then the queue) at the
     same steps with the same output tokens, among them calls preempted and waiting with output
     of their own; every retry then goes as on tasim."""
-    result = validate(_rollout(1), tmp_path, STEP_MS)
+    result = validate(small_async_rollout(1), tmp_path, STEP_MS)
     assert result.mismatches == [], result.mismatches[:3]
     assert result.all_identical
     tasim, vllm = _events(tmp_path / "tasim"), _events(tmp_path / "vllm")
@@ -117,7 +83,7 @@ def test_two_workers_abort_and_retry_as_tasim_does_folded_or_stepped(tmp_path: P
     instant just before, so both engines are between steps and abort at once in worker order,
     w0's calls first. Fast-forwarded, w0's run of decode steps is cut at that instant: its last
     step ends then, so it aborts then too, before w1, as stepped."""
-    scenario = oracle_scenario(_rollout(2), STEP_MS)
+    scenario = oracle_scenario(small_async_rollout(2), STEP_MS)
     from tasim.validation.vllm_engine import VllmEngine
 
     logs, aborts = {}, {}

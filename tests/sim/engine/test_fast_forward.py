@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, small_async_rollout
 
 from tasim.config.scenario import Scenario, load_scenario
 from tasim.core import events as ev
@@ -114,50 +114,14 @@ def test_fast_forward_leaves_the_event_log_unchanged(case: str) -> None:
     assert fast == slow
 
 
-def _async_rollout(mode: str) -> Scenario:
-    """verl's asynchronous trainers on two small workers with a fixed step time, so that weight
-    syncs often begin as one worker's step ends while the other is inside a folded run."""
-    return Scenario.model_validate(
-        {
-            "seed": 5,
-            "duration_s": 600,
-            "cluster": {
-                "backends": 2,
-                "engine": {"block_size": 16, "kv_blocks": 60, "max_num_seqs": 4, "max_num_batched_tokens": 256},
-                "perf": {"model": "fixed", "step_ms": 10.0},
-            },
-            "workload": {
-                "kind": "rl_rollout",
-                "mode": mode,
-                "reset_prefix_cache": True,
-                "prompts_per_step": 4,
-                "samples_per_prompt": 2,
-                "steps": 4,
-                "max_concurrency": 8,
-                "turns": 3,
-                "setup_s": 0,
-                "system_prompt_tokens": 40,
-                "task_prompt_tokens": {"kind": "uniform", "low": 20, "high": 120},
-                "output_tokens": {"kind": "uniform", "low": 10, "high": 120},
-                "observation_tokens": 30,
-                "tool_latency_s": 0.05,
-                "training_s": 0.3,
-                "weight_sync_s": 0.1,
-                "abort_retry_delay_s": 0.05,
-            },
-            "policy": {"name": "round_robin"},
-            "metrics": {"log_kv_events": True},
-        }
-    )
-
-
 @pytest.mark.parametrize("mode", ["colocate_async", "separate_async"])
 def test_fast_forward_across_weight_syncs(mode: str) -> None:
     """A sync that begins at the instant a folded run's step ends: the run is cut to that
     instant and its engine aborts then, in worker order, as a stepped engine whose step ended
     then does (before this, it aborted after the other workers, and the retries went in
     another order)."""
-    scenario = _async_rollout(mode)
+    # separate_async trains in mini-steps that must divide a step's prompts
+    scenario = _kv_logged(small_async_rollout(2, mode, **({"mini_steps": 2} if mode == "separate_async" else {})))
     fast, folded = _log(scenario, fast_forward=True)
     slow, _ = _log(scenario, fast_forward=False)
     assert folded > 0 and any(isinstance(e, ev.RequestRetried) for e in slow)
