@@ -44,6 +44,7 @@ from tasim.config.scenario import RolloutWorkload, Scenario
 from tasim.core.determinism import training_rng
 from tasim.core.errors import LiveError
 from tasim.core.local_ray import init_local_ray
+from tasim.core.rollout_ids import group_id
 from tasim.live.clients.tokens import FIRST_TOKEN_ID, PlanTokens
 from tasim.live.stack.launcher import LiveStack
 from tasim.live.verl.agent_loop import AGENT_NAME
@@ -86,14 +87,15 @@ def rollout_workload(scenario: Scenario) -> RolloutWorkload:
 
 
 LIVE_MODES = ("sync", "colocate_async")
+SETTLE_TIMEOUT_S = 600.0  # colocate_async: how long the groups still running after the last step may take
 
 
 @dataclass
 class Group:
-    """One prompt's ``samples_per_prompt`` trajectories, submitted together (one verl batch)."""
+    """One prompt's ``samples_per_prompt`` trajectories, submitted together (one verl batch),
+    named as the simulator names the group (`tasim.core.rollout_ids.group_id`)."""
 
     name: str
-    step: int
     plans: list[ProgramPlan]
 
 
@@ -108,7 +110,7 @@ def colocate_async_submissions(scenario: Scenario) -> list[list[Group]]:
         groups = []
         for prompt in range(count):
             plans = group_plans(workload, scenario.seed, number, step, prompt, scenario.max_context_tokens)
-            groups.append(Group(f"{step}.{prompt}", step, plans))
+            groups.append(Group(group_id(step, prompt), plans))
             number += 1
         submissions.append(groups)
     return submissions
@@ -129,6 +131,11 @@ def _row(plan: ProgramPlan, tokens: PlanTokens, time_scale: float) -> dict[str, 
         "time_scale": time_scale,
         "release_after_s": plan.release_after_s,
     }
+
+
+def _idle_row(time_scale: float) -> dict[str, Any]:
+    """A trajectory without calls: it warms a verl worker up and never reaches the router."""
+    return {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
 
 
 def _lengths(plans: list[ProgramPlan]) -> tuple[int, int]:
@@ -233,8 +240,7 @@ def _sync_steps(
     manager = AgentLoopManager.create(config, llm_client=client)
     # verl's workers set themselves up on their first batch (seconds each): do that on
     # trajectories without calls, which never reach the router, before the run's clock starts.
-    idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
-    manager.generate_sequences(_batch([idle] * agent_workers))
+    manager.generate_sequences(_batch([_idle_row(time_scale)] * agent_workers))
     stack.begin_run()
     training = training_rng(scenario.seed)
     for step, plans in enumerate(all_plans):
@@ -275,18 +281,20 @@ def _colocate_async(
 
     workload = rollout_workload(scenario)
     groups = [group for step_groups in submissions for group in step_groups]
-    rows = [
-        {
-            "raw_prompt": [{"role": "user", "content": group.name}],
+
+    def row(name: str, samples: list[dict[str, Any]], index: int) -> dict[str, Any]:
+        return {
+            "raw_prompt": [{"role": "user", "content": name}],
             "agent_name": AGENT_NAME,
             "data_source": "tasim",
-            "extra_info": {"tasim": {"samples": [_row(plan, tokens, time_scale) for plan in group.plans]}},
+            "extra_info": {"tasim": {"group": name, "samples": samples}},
             "index": index,
         }
-        for index, group in enumerate(groups)
-    ]
-    settle_timeout_s = 600.0
-    run = run_colocate_async(config, rows, stack, workload, scenario.seed, time_scale, agent_workers, settle_timeout_s)
+
+    rows = [row(group.name, [_row(plan, tokens, time_scale) for plan in group.plans], index) for index, group in enumerate(groups)]
+    # one call-less group per agent-loop worker, one sample each (verl's __rollout_n__)
+    warm_up = [{**row("warm-up", [_idle_row(time_scale)], index), "__rollout_n__": 1} for index in range(agent_workers)]
+    run = run_colocate_async(config, rows, warm_up, stack, workload, scenario.seed, time_scale, SETTLE_TIMEOUT_S)
     trainer, weights = run.trainer, run.weights
     result.steps = trainer.global_steps - 1  # verl counts from 1 and moves past its last step
     result.trajectories = sum(len(group.plans) for group in groups)

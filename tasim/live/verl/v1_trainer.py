@@ -37,8 +37,6 @@ from typing import Any
 
 from tasim.config.scenario import RolloutWorkload
 from tasim.core.determinism import training_rng
-from tasim.core.rollout_ids import rollout_group_of
-from tasim.live.clients.tokens import FIRST_TOKEN_ID
 from tasim.live.stack.launcher import LiveStack
 
 SETTLE_POLL_S = 0.2
@@ -151,7 +149,7 @@ def trainer_class() -> type:
             done, _ = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val", batch_size=len(rows))
             tq.kv_clear(keys=done.keys, partition_id="val")
 
-        # -- rollout: groups named as the simulator names them --------------------------------
+        # -- rollout: the router hears of each step's submissions and of each group by name ---
 
         def on_train_begin(self) -> None:
             # The simulator's step 0 submits its batch and the warm-up batches ahead at once;
@@ -171,9 +169,7 @@ def trainer_class() -> type:
 
         def _submit_batch_to_rollout(self, batch: TensorDict) -> int:
             for uid, extra in zip(batch["uid"], batch["extra_info"], strict=True):
-                group = rollout_group_of(extra["tasim"]["samples"][0]["program"])
-                assert group is not None
-                self.group_of_uid[uid] = group
+                self.group_of_uid[uid] = extra["tasim"]["group"]
             submitted: int = super()._submit_batch_to_rollout(batch)
             return submitted
 
@@ -275,15 +271,16 @@ class V1Result:
 def run_colocate_async(
     config: Any,
     rows: list[dict[str, Any]],
+    warm_up_rows: list[dict[str, Any]],
     stack: LiveStack,
     workload: RolloutWorkload,
     seed: int,
     time_scale: float,
-    agent_workers: int,
     settle_timeout_s: float,
 ) -> V1Result:
     """Run verl's colocated asynchronous trainer on ``rows`` (Ray is up) until its last step,
-    then until the groups it submitted ahead have finished at the router."""
+    then until the groups it submitted ahead have finished at the router; ``warm_up_rows``
+    (call-less, one per agent-loop worker) go first, before the run's clock starts."""
     import transfer_queue as tq
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
@@ -302,8 +299,6 @@ def run_colocate_async(
             teacher_client=trainer.get_teacher_client(),
             reward_loop_worker_handles=trainer.get_reward_handles(),
         )
-        idle = {"program": "warm-up", "prompt_ids": [FIRST_TOKEN_ID], "turns": [], "time_scale": time_scale, "release_after_s": 0.0}
-        warm_up_rows = [{**rows[0], "extra_info": {"tasim": {"samples": [idle]}}, "__rollout_n__": 1} for _ in range(agent_workers)]
         trainer.warm_up(manager, warm_up_rows)
         stack.begin_run()
         trainer.fit(manager)
