@@ -216,6 +216,10 @@ def run_verl_rollout(scenario: Scenario, stack: LiveStack, time_scale: float, wo
             _colocate_async(config, stack, submissions, tokens, scenario, time_scale, agent_workers, result)
         status = stack.status()
         result.router_after = {"programs": status["programs"], "requests": status["requests"]}
+        if workload.mode != "sync":
+            # verl's trainer keeps no per-trajectory output here: the calls are the router's
+            # finished ones (a call a sync cut ends retried, and its retry finishes)
+            result.calls = status["requests"]["finished"]
     finally:
         ray.shutdown()
     return result

@@ -84,6 +84,7 @@ def test_colocate_async_weight_syncs_cut_calls_that_verls_client_resumes(tmp_pat
     # verl's client makes each turn whole: every planned turn finished once (a cut call ends retried).
     finished_turns = Counter(e.program for e in events if isinstance(e, ev.RequestFinished))
     assert finished_turns == {plan.id: len(plan.turns) for plan in plans}
+    assert driver["calls"] == sum(len(plan.turns) for plan in plans)
     arrived = [e.request for e in events if isinstance(e, ev.RequestArrived)]
     assert len(arrived) == len(set(arrived))  # no request id twice
     finished = {e.request for e in events if isinstance(e, ev.RequestFinished)}
