@@ -134,6 +134,8 @@ class _Router:
         elif kind == "training_finished":
             event = ev.TrainingFinished(now, step)
         elif kind == "group_sampled":
+            if not group:
+                raise ValueError("group_sampled names its group")
             event = ev.GroupSampled(now, step, group, *versions)
         else:
             raise ValueError(f"unknown kind {kind!r}")

@@ -166,6 +166,9 @@ def test_a_sampled_group_mark_is_taken_and_a_bad_one_refused(stack: LiveStack) -
     assert refused.value.code == 400
     message = json.loads(refused.value.read())["error"]
     assert message.startswith("bad mark: ") and "min_version: int" in message
+    with pytest.raises(urllib.error.HTTPError) as nameless:
+        _post(mark, {"kind": "group_sampled", "step": 3, "min_version": 1, "max_version": 2})
+    assert nameless.value.code == 400 and "names its group" in json.loads(nameless.value.read())["error"]
 
 
 def test_a_client_gone_mid_stream_stops_its_call_at_the_worker(stack: LiveStack) -> None:
